@@ -1,0 +1,5 @@
+"""The site (hospital) side of fedsgld."""
+
+from .site import Site
+
+__all__ = ["Site"]

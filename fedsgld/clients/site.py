@@ -1,0 +1,86 @@
+"""The site side: a hospital's shard, Poisson sampling, clipped sums, local evaluation.
+
+A site returns only S_k = sum over its Poisson-sampled records of clip_C(g_i + rho z_i);
+never the number of records it sampled. Its randomness (sampling and pre-noise) comes
+from a generator derived from (seed, 1 + site_id, round), so runs are reproducible
+whatever order the sites are called in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from ..core.mechanism import FlatModel, site_step
+from ..privacy.noise import seeded_generator
+
+
+class Site:
+    def __init__(
+        self,
+        site_id: int,
+        x_train: torch.Tensor,
+        y_train: torch.Tensor,
+        x_test: torch.Tensor,
+        y_test: torch.Tensor,
+        model: nn.Module,
+        *,
+        seed: int,
+        chunk_size: int = 256,
+    ) -> None:
+        self.site_id = int(site_id)
+        self.x_train, self.y_train = x_train, y_train
+        self.x_test, self.y_test = x_test, y_test
+        self.fm = FlatModel(model)
+        self.seed = seed
+        self.chunk_size = chunk_size
+
+    @classmethod
+    def from_site_data(cls, data, model: nn.Module, *, seed: int, chunk_size: int = 256) -> Site:
+        return cls(
+            data.site_id, data.x_train, data.y_train, data.x_test, data.y_test, model,
+            seed=seed, chunk_size=chunk_size,
+        )
+
+    @property
+    def num_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    def generator(self, round_: int) -> torch.Generator:
+        return seeded_generator(self.seed, 1 + self.site_id, round_)
+
+    def clipped_sum(
+        self,
+        theta: torch.Tensor,
+        *,
+        round: int,
+        sample_rate: float,
+        clip: float | None,
+        prenoise: float,
+    ) -> torch.Tensor:
+        """This site's contribution to round ``round``: the clipped, pre-noised gradient sum."""
+        return site_step(
+            self.fm,
+            theta,
+            self.x_train,
+            self.y_train,
+            sample_rate=sample_rate,
+            clip=clip,
+            prenoise=prenoise,
+            generator=self.generator(round),
+            chunk_size=self.chunk_size,
+        )
+
+    def predict(self, thetas: Sequence[torch.Tensor], split: str = "test") -> torch.Tensor:
+        """Mean softmax over ``thetas`` (one theta: the plain prediction; several: the
+        Bayesian model average over posterior samples)."""
+        x = self.x_test if split == "test" else self.x_train
+        if len(thetas) == 0:
+            raise ValueError("predict needs at least one parameter vector")
+        probs = torch.zeros(x.shape[0], 0)
+        for i, th in enumerate(thetas):
+            p = self.fm.predict_proba(th, x)
+            probs = p if i == 0 else probs + p
+        return probs / len(thetas)

@@ -1,0 +1,251 @@
+"""Run settings: privacy settings, performance settings and everything else, all frozen.
+
+Only :class:`PrivacySettings` reaches the accountant and the result file's privacy block.
+Every invalid value raises ``ValueError`` naming the setting and its valid range, before
+any work starts. Config files are flat TOML tables whose keys are the field names below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .core.schedules import StepSchedule, sgld_noise_multiplier
+
+METHODS = ("sgd", "dpsgd", "dpsgld")
+PARTITIONS = ("iid", "dirichlet", "quantity")
+ACCOUNTANTS = ("pld", "rdp")
+
+
+def _num(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ValueError(f"{name} must be a number in {lb}{lo}, {hi}{rb}, got {v!r}")
+
+
+def _int(name: str, v: Any, lo: int, hi: int | None = None) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an integer {rng}, got {v!r}")
+
+
+def _choice(name: str, v: Any, options: tuple[str, ...]) -> None:
+    if v not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacySettings:
+    """Everything that determines the privacy guarantee.
+
+    method      sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and
+                step size) | dpsgld (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t,
+                pre-noise rho)
+    epsilon     the budget; training halts before a step that would exceed it
+    delta       target delta of the (epsilon, delta) guarantee, in (0, 1)
+    sample_rate Poisson sampling rate q of every site, in (0, 1]
+    clip        L2 clip bound C of each record's gradient, > 0
+    prenoise    std rho of the per-record pre-noise added before clipping (dpsgld), >= 0
+    lr          step size alpha_0
+    temperature tau of DP-SGLD, > 0
+    noise_multiplier  constant sigma of DP-SGD, > 0
+    decay_gamma, decay_t0  alpha_t = alpha_0 (1 + t / t0) ** (-gamma) for dpsgld (and sgd)
+    accountant  rigorous accountant for the budget check: pld | rdp
+    sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5)
+    """
+
+    method: str = "dpsgld"
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    sample_rate: float = 0.05
+    clip: float = 1.0
+    prenoise: float = 0.0
+    lr: float = 0.1
+    temperature: float = 1.0
+    noise_multiplier: float = 1.0
+    decay_gamma: float = 0.0
+    decay_t0: float = 100.0
+    accountant: str = "pld"
+    sigma_grid: float = 0.01
+
+    def __post_init__(self) -> None:
+        _choice("method", self.method, METHODS)
+        _num("epsilon", self.epsilon, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        _num("sample_rate", self.sample_rate, 0.0, 1.0, lo_open=True)
+        _num("clip", self.clip, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("prenoise", self.prenoise, 0.0, math.inf, hi_open=True)
+        _num("lr", self.lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("temperature", self.temperature, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("noise_multiplier", self.noise_multiplier, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("decay_gamma", self.decay_gamma, 0.0, 1.0)
+        _num("decay_t0", self.decay_t0, 0.0, math.inf, lo_open=True, hi_open=True)
+        _choice("accountant", self.accountant, ACCOUNTANTS)
+        _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
+        if self.method == "dpsgd" and self.decay_gamma != 0.0:
+            raise ValueError("decay_gamma must be 0 for method 'dpsgd' (constant step size and sigma)")
+        if self.method != "dpsgld" and self.prenoise != 0.0:
+            raise ValueError(f"prenoise must be 0 for method {self.method!r} (pre-noise is part of dpsgld)")
+
+    @property
+    def private(self) -> bool:
+        return self.method != "sgd"
+
+    @property
+    def schedule(self) -> StepSchedule:
+        return StepSchedule(self.lr, self.decay_gamma, self.decay_t0)
+
+    def step_size(self, t: int) -> float:
+        return self.schedule(t)
+
+    def sigma(self, t: int) -> float:
+        """Noise multiplier of step t (0 for sgd)."""
+        if self.method == "sgd":
+            return 0.0
+        if self.method == "dpsgd":
+            return self.noise_multiplier
+        return sgld_noise_multiplier(self.step_size(t), self.temperature)
+
+    @property
+    def clip_bound(self) -> float | None:
+        return None if self.method == "sgd" else self.clip
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfSettings:
+    """Settings that change speed and memory, never results or privacy."""
+
+    chunk_size: int = 256
+    threads: int = 0  # 0: leave torch's default
+
+    def __post_init__(self) -> None:
+        _int("chunk_size", self.chunk_size, 1)
+        _int("threads", self.threads, 0, 256)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """What to train on, how long, and what to keep."""
+
+    dataset: str = "mnist5k"
+    data_path: str = ""
+    sites: int = 4
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    test_fraction: float = 0.2
+    model: str = "cnn"
+    rounds: int = 200
+    seed: int = 0
+    weight_decay: float = 0.0
+    eval_every: int = 25
+    burn_in: int = 50
+    thin: int = 10
+    max_samples: int = 20
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        _int("sites", self.sites, 1, 10_000)
+        _choice("partition", self.partition, PARTITIONS)
+        _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        _int("rounds", self.rounds, 1)
+        _int("seed", self.seed, -1)
+        _num("weight_decay", self.weight_decay, 0.0, math.inf, hi_open=True)
+        _int("eval_every", self.eval_every, 0)
+        _int("burn_in", self.burn_in, 0)
+        _int("thin", self.thin, 1)
+        _int("max_samples", self.max_samples, 0)
+        _int("checkpoint_every", self.checkpoint_every, 0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole run: ``privacy``, ``perf`` and ``run`` settings."""
+
+    privacy: PrivacySettings = field(default_factory=PrivacySettings)
+    perf: PerfSettings = field(default_factory=PerfSettings)
+    run: RunSettings = field(default_factory=RunSettings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "privacy": dataclasses.asdict(self.privacy),
+            "perf": dataclasses.asdict(self.perf),
+            "run": dataclasses.asdict(self.run),
+        }
+
+    def flat(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for part in self.to_dict().values():
+            out.update(part)
+        return out
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> Config:
+        """Build from one flat mapping of setting names; unknown names are an error."""
+        groups: dict[type, dict[str, Any]] = {PrivacySettings: {}, PerfSettings: {}, RunSettings: {}}
+        owner = {f.name: g for g in groups for f in fields(g)}
+        unknown = sorted(k for k in values if k not in owner)
+        if unknown:
+            raise ValueError(
+                f"unknown setting(s) {', '.join(unknown)}; valid settings: {', '.join(sorted(owner))}"
+            )
+        for k, v in values.items():
+            cls_ = owner[k]
+            ftype = next(f.type for f in fields(cls_) if f.name == k)
+            if ftype == "float" and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            groups[cls_][k] = v
+        return cls(
+            privacy=PrivacySettings(**groups[PrivacySettings]),
+            perf=PerfSettings(**groups[PerfSettings]),
+            run=RunSettings(**groups[RunSettings]),
+        )
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as a TOML value (numbers, booleans, quoted strings), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = parse_value(v.strip())
+    return out
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a flat TOML config (nested tables are flattened) and apply overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"config file {str(p)!r} does not exist")
+        with p.open("rb") as fh:
+            raw = tomllib.load(fh)
+        for k, v in raw.items():
+            if isinstance(v, dict):
+                values.update(v)
+            else:
+                values[k] = v
+    values.update(overrides or {})
+    return Config.from_flat(values)

@@ -1,0 +1,104 @@
+"""The result directory of a run: results.json, report.md and PNG plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .calibration.plots import plot_reliability_overlay, plot_site_grid  # noqa: E402
+
+METRIC_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.4f}"
+    return str(v)
+
+
+def plot_history(history: list[dict[str, Any]], path: Path, *, budget: float | None) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    r = [h["round"] for h in history]
+    axes[0].plot(r, [h["epsilon"] for h in history], marker=".")
+    if budget is not None:
+        axes[0].axhline(budget, color="red", ls="--", lw=1, label=f"budget {budget:g}")
+        axes[0].legend()
+    axes[0].set(title="epsilon spent (rigorous)", xlabel="round")
+    axes[1].plot(r, [h["test_accuracy"] for h in history], marker=".")
+    axes[1].set(title="pooled test accuracy", xlabel="round")
+    axes[2].plot(r, [h["test_ece"] for h in history], marker=".", label="ECE")
+    axes[2].plot(r, [h["test_nll"] for h in history], marker=".", label="NLL")
+    axes[2].set(title="pooled test NLL / ECE", xlabel="round")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report_markdown(results: dict[str, Any]) -> str:
+    pr = results["privacy"]
+    m = results["metrics"]
+    lines = [
+        f"# fedsgld run: {pr['method']}",
+        "",
+        f"- dataset `{results['config']['dataset']}`, {len(results['sites'])} sites "
+        f"({results['config']['partition']}), model `{results['config']['model']}`, "
+        f"seed {results['seed']} ({results['seed_source']})",
+        f"- steps taken: {pr['steps']} of {results['config']['rounds']}; stopped: {pr['halt_reason']}",
+        f"- privacy: budget epsilon {_fmt(pr['budget'])} at delta {pr['delta']:g}; "
+        + ", ".join(f"{k} {_fmt(v)}" for k, v in pr["epsilon"].items()),
+        f"- {pr['note']}",
+        "",
+        "## Metrics (last iterate)",
+        "",
+        "| | " + " | ".join(METRIC_KEYS) + " |",
+        "|---|" + "---|" * len(METRIC_KEYS),
+    ]
+    rows = [("pooled", m["pooled"])] + [(f"site {k}", v) for k, v in m["sites"].items()]
+    lines += [f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows]
+    if m.get("posterior"):
+        p = m["posterior"]
+        lines += [
+            "",
+            f"## Posterior average over {p['samples']} samples (Bayesian model averaging)",
+            "",
+            "Averaging the softmax over kept iterates is post-processing: it costs no privacy.",
+            "",
+            "| | " + " | ".join(METRIC_KEYS) + " |",
+            "|---|" + "---|" * len(METRIC_KEYS),
+        ]
+        rows = [("pooled", p["pooled"])] + [(f"site {k}", v) for k, v in p["sites"].items()]
+        lines += [f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows]
+    lines += ["", "Plots: `history.png`, `reliability.png`, `reliability_sites.png`.", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(
+    out: Path, results: dict[str, Any], *, last: dict[str, Any], posterior: dict[str, Any] | None
+) -> None:
+    from .engine import RESULTS, write_json
+
+    write_json(out / RESULTS, results)
+    (out / "report.md").write_text(report_markdown(results))
+    if results["history"]:
+        plot_history(results["history"], out / "history.png", budget=results["privacy"]["budget"])
+    curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
+    if posterior is not None:
+        curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+    plot_reliability_overlay(curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test")
+    per_site = {f"site {k}": (p.numpy(), y.numpy()) for k, (p, y) in last["_site_probs"].items()}
+    per_site["pooled"] = curves["last iterate"]
+    plot_site_grid(per_site, out / "reliability_sites.png")

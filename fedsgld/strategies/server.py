@@ -1,0 +1,208 @@
+"""The server's half of a DP-SGLD / DP-SGD / SGD round, independent of any transport.
+
+Round t (one Langevin step):
+  1. ``plan()``: alpha_t = schedule(t), sigma_t (sqrt(2 alpha_t tau) for DP-SGLD, constant
+     for DP-SGD, 0 for SGD). Before anything is released, the accountant checks that one
+     more Poisson-subsampled Gaussian step (q, sigma_t) keeps the rigorous epsilon within
+     the budget; if not, the run halts and says why (the step is never taken).
+  2. The sites return clipped, pre-noised sums S_k (see ``fedsgld.clients``).
+  3. ``apply()``: the step is recorded in the ledger (and the ``on_spend`` hook persists it)
+     BEFORE the noise is drawn, then theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L
+     + lambda theta) with L = q * sum_k N_k. After burn-in every thin-th iterate is kept
+     as a posterior sample (post-processing: no privacy cost).
+
+The Flower strategies and the in-process engine both drive this class, so the maths exists once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..config import PrivacySettings
+from ..core.mechanism import langevin_update
+from ..privacy import BudgetExhausted, PrivacyAccountant
+from ..privacy.noise import seeded_generator
+
+SERVER_STREAM = 0  # generator key part for the server; sites use 1 + site_id
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What every site needs for round ``round`` (all public)."""
+
+    round: int
+    step_size: float
+    sigma: float
+    sample_rate: float
+    clip: float | None
+    prenoise: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class PosteriorSamples:
+    """Keeps every ``thin``-th iterate after ``burn_in`` steps; at most ``max_samples`` (the latest)."""
+
+    def __init__(self, *, burn_in: int, thin: int, max_samples: int) -> None:
+        self.burn_in, self.thin, self.max_samples = burn_in, thin, max_samples
+        self.samples: deque[torch.Tensor] = deque(maxlen=max(max_samples, 1))
+        self.steps: deque[int] = deque(maxlen=max(max_samples, 1))
+
+    def offer(self, step: int, theta: torch.Tensor) -> bool:
+        """``step`` = number of completed updates that produced ``theta``."""
+        if self.max_samples == 0 or step <= self.burn_in or (step - self.burn_in) % self.thin:
+            return False
+        self.samples.append(theta.detach().clone())
+        self.steps.append(step)
+        return True
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples": list(self.samples), "steps": list(self.steps)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.samples.clear()
+        self.steps.clear()
+        for s, t in zip(d["samples"], d["steps"]):
+            self.samples.append(s)
+            self.steps.append(int(t))
+
+
+class LangevinServer:
+    """Server state: parameters, step counter, accountant and posterior samples."""
+
+    def __init__(
+        self,
+        privacy: PrivacySettings,
+        *,
+        theta: torch.Tensor,
+        site_sizes: Sequence[int],
+        seed: int,
+        rounds: int,
+        weight_decay: float = 0.0,
+        posterior: PosteriorSamples | None = None,
+        on_spend: Callable[[PrivacyAccountant], None] | None = None,
+    ) -> None:
+        if len(site_sizes) == 0 or min(site_sizes) < 0 or sum(site_sizes) == 0:
+            raise ValueError(f"site sizes must be >= 0 with a positive total, got {list(site_sizes)}")
+        self.privacy = privacy
+        self.theta = theta.detach().clone().float()
+        self.site_sizes = [int(n) for n in site_sizes]
+        self.expected_batch = privacy.sample_rate * sum(self.site_sizes)
+        self.seed = seed
+        self.rounds = rounds
+        self.weight_decay = weight_decay
+        self.t = 0
+        self.halt_reason: str | None = None
+        self.posterior = posterior or PosteriorSamples(burn_in=0, thin=1, max_samples=0)
+        self.on_spend = on_spend
+        self.accountant: PrivacyAccountant | None = None
+        if privacy.private:
+            self.accountant = PrivacyAccountant(
+                delta=privacy.delta,
+                epsilon_budget=privacy.epsilon,
+                accountant=privacy.accountant,
+                sigma_rel_grid=privacy.sigma_grid,
+            )
+
+    # -- planning ---------------------------------------------------------------
+    def schedule_point(self, t: int) -> tuple[float, float]:
+        """(q, sigma_t) of step t, as the accountant sees it."""
+        return self.privacy.sample_rate, self.privacy.sigma(t)
+
+    def affordable_rounds(self) -> int:
+        """How many of the remaining rounds the budget allows along the planned schedule.
+
+        Also certifies that ledger with the accountant, which makes the per-step checks cheap.
+        """
+        remaining = self.rounds - self.t
+        if self.accountant is None or remaining <= 0:
+            return max(remaining, 0)
+        start = self.t
+        return self.accountant.max_steps(lambda i: self.schedule_point(start + i), limit=remaining)
+
+    def plan(self) -> RoundPlan | None:
+        """The next round's plan, or None when the run is over (``halt_reason`` says why)."""
+        if self.halt_reason is not None:
+            return None
+        if self.t >= self.rounds:
+            self.halt_reason = f"completed {self.rounds} rounds"
+            return None
+        q, sigma = self.schedule_point(self.t)
+        if self.accountant is not None and not self.accountant.check(q, sigma):
+            eps = self.accountant.rigorous_epsilon()
+            self.halt_reason = (
+                f"privacy budget: step {self.t + 1} (sigma={sigma:.4g}) would take epsilon past "
+                f"{self.privacy.epsilon:g} at delta={self.privacy.delta:g}; "
+                f"spent {eps:.4f} in {self.t} steps"
+            )
+            return None
+        p = self.privacy
+        return RoundPlan(
+            round=self.t,
+            step_size=p.step_size(self.t),
+            sigma=sigma,
+            sample_rate=q,
+            clip=p.clip_bound,
+            prenoise=p.prenoise if p.method == "dpsgld" else 0.0,
+        )
+
+    # -- the step ---------------------------------------------------------------
+    def apply(self, plan: RoundPlan, site_sums: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Record the privacy spend, add the noise, take the Langevin step."""
+        if plan.round != self.t:
+            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
+        total = torch.zeros_like(self.theta)
+        for s in site_sums:
+            if s.shape != total.shape:
+                raise ValueError(f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}")
+            total += s
+        if self.accountant is not None:
+            try:
+                self.accountant.step(plan.sample_rate, plan.sigma)
+            except BudgetExhausted as err:  # plan() checked; this guards misuse
+                self.halt_reason = f"privacy budget: {err}"
+                raise
+            if self.on_spend is not None:
+                self.on_spend(self.accountant)
+        noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
+        self.theta = langevin_update(
+            self.theta,
+            total,
+            step_size=plan.step_size,
+            noise_std=noise_std,
+            expected_batch=self.expected_batch,
+            weight_decay=self.weight_decay,
+            generator=seeded_generator(self.seed, SERVER_STREAM, self.t),
+        )
+        self.t += 1
+        self.posterior.offer(self.t, self.theta)
+        return self.theta
+
+    # -- reporting and checkpoints -----------------------------------------------
+    def epsilon(self) -> dict[str, float]:
+        if self.accountant is None:
+            return {}
+        return self.accountant.epsilon()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "theta": self.theta.clone(),
+            "t": self.t,
+            "halt_reason": self.halt_reason,
+            "posterior": self.posterior.state_dict(),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.theta = d["theta"].clone()
+        self.t = int(d["t"])
+        self.halt_reason = d.get("halt_reason")
+        self.posterior.load_state_dict(d["posterior"])
