@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
 
+    bench = sub.add_parser("benchmark", help="several methods and seeds at the same (epsilon, delta)")
+    bench.add_argument("config", help="TOML config with a [benchmark] table (see simulations/)")
+    bench.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
+    bench.add_argument("--out", default=None, help="output directory (default: a new one under runs/)")
+    bench.add_argument("--no-progress", action="store_true")
+    bench.set_defaults(func=lambda a: __import__("fedsgld.benchmark", fromlist=["x"]).main_benchmark(a))
+
     priv = sub.add_parser("privacy", help="epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows")
     privacy_cli.add_arguments(priv)
     priv.set_defaults(func=privacy_cli.run)

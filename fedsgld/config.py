@@ -24,6 +24,7 @@ from .core.schedules import StepSchedule, sgld_noise_multiplier
 METHODS = ("sgd", "dpsgd", "dpsgld")
 PARTITIONS = ("iid", "dirichlet", "quantity")
 ACCOUNTANTS = ("pld", "rdp")
+MODELS = ("cnn", "mlp", "logreg", "timm_head")
 
 
 def _num(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> None:
@@ -147,6 +148,10 @@ class RunSettings:
     dirichlet_alpha: float = 0.5
     test_fraction: float = 0.2
     model: str = "cnn"
+    backbone: str = "efficientnet_b1"  # model "timm_head": frozen timm backbone + two dense layers
+    backbone_weights: str = ""  # local weights file; empty: random initialisation (warned)
+    image_size: int = 64  # images are resized to this for the backbone
+    hidden: int = 64  # hidden width of the mlp and timm_head models
     rounds: int = 200
     seed: int = 0
     weight_decay: float = 0.0
@@ -161,6 +166,9 @@ class RunSettings:
         _choice("partition", self.partition, PARTITIONS)
         _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        _choice("model", self.model, MODELS)
+        _int("image_size", self.image_size, 8, 1024)
+        _int("hidden", self.hidden, 1, 100_000)
         _int("rounds", self.rounds, 1)
         _int("seed", self.seed, -1)
         _num("weight_decay", self.weight_decay, 0.0, math.inf, hi_open=True)

@@ -96,15 +96,28 @@ class Federation:
             seed=self.seed,
         )
         log(describe_sites(self.site_data))
+        if run.model == "timm_head":
+            self.site_data = [self._backbone_features(d) for d in self.site_data]
+        input_shape = tuple(self.site_data[0].x_train.shape[1:])
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             self.model = build_model(
-                run.model, input_shape=tuple(ds.x.shape[1:]), num_classes=ds.num_classes
+                run.model, input_shape=input_shape, num_classes=ds.num_classes, hidden=run.hidden
             )
         self.sites = [
             Site.from_site_data(d, self.model, seed=self.seed, chunk_size=perf.chunk_size)
             for d in self.site_data
         ]
+
+    def _backbone_features(self, d):
+        """Replace a site's images by frozen-backbone features (computed once, cached on disk)."""
+        from dataclasses import replace
+
+        from .models.backbone import cached_features
+
+        run = self.config.run
+        kw = dict(name=run.backbone, weights=run.backbone_weights or None, image_size=run.image_size)
+        return replace(d, x_train=cached_features(d.x_train, **kw), x_test=cached_features(d.x_test, **kw))
 
     def make_server(self, on_spend=None) -> LangevinServer:
         run = self.config.run
@@ -316,4 +329,5 @@ def run(
     write_outputs(out, results, last=last, posterior=post)
     log(f"results in {out}")
     results["out_dir"] = str(out)
+    results["_eval"] = {"last": last, "posterior": post}  # in-memory predictions, not in the file
     return results

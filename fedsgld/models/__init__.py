@@ -37,11 +37,16 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-MODELS = ("cnn", "mlp", "logreg")
+MODELS = ("cnn", "mlp", "logreg", "timm_head")
 
 
-def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build a model by name for inputs of ``input_shape`` (one record, no batch axis)."""
+def build_model(
+    name: str, *, input_shape: tuple[int, ...], num_classes: int, hidden: int = 64
+) -> nn.Module:
+    """Build a model by name for inputs of ``input_shape`` (one record, no batch axis).
+
+    ``timm_head`` is the trainable part of a frozen-backbone model: its inputs are the
+    backbone's features (see ``fedsgld.models.backbone``)."""
     in_features = 1
     for s in input_shape:
         in_features *= int(s)
@@ -50,7 +55,11 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) ->
             raise ValueError(f"model 'cnn' needs 1x28x28 images, got input shape {tuple(input_shape)}")
         return PaperCNN(num_classes=num_classes)
     if name == "mlp":
-        return MLP(in_features, num_classes)
+        return MLP(in_features, num_classes, hidden=hidden)
+    if name == "timm_head":
+        from .backbone import DenseHead
+
+        return DenseHead(in_features, num_classes, hidden=hidden)
     if name == "logreg":
         return LogisticRegression(in_features, num_classes)
     raise ValueError(f"model must be one of {', '.join(MODELS)}; got {name!r}")
