@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import __version__
@@ -45,10 +47,25 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
+def _finite(obj: Any) -> Any:
+    """Strict JSON: non-finite floats become null (e.g. SGD's epsilon, an undefined AUC)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _finite(obj.item())
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
+    """Write strict JSON atomically (non-finite floats as null)."""
+
     def _w(p: Path) -> None:
         with p.open("w") as fh:
-            json.dump(obj, fh, indent=2, default=_json_default)
+            json.dump(_finite(obj), fh, indent=2, default=_json_default, allow_nan=False)
             fh.flush()
             os.fsync(fh.fileno())
 

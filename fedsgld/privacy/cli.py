@@ -1,0 +1,425 @@
+"""``fedsgld privacy``: epsilon of a DP-SGD / DP-SGLD schedule, or the steps a budget allows.
+
+    fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
+                    (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+                    [--accountant pld|rdp] [--sigma-grid R] [--json]
+
+Each step is a Poisson-subsampled Gaussian mechanism (rate q, noise multiplier sigma_t on
+records clipped to norm C), add/remove-one adjacency. sigma_t is either constant
+(``--noise-multiplier``, DP-SGD) or the DP-SGLD schedule sigma_t = sqrt(2 alpha_t tau) with
+alpha_t = A0 (1 + t / T0)^(-G), t = 0, 1, ...
+
+Three epsilons are printed: "gdp" (the Gaussian-DP CLT of the paper; approximate, it can
+UNDER-estimate epsilon), "pld" and "rdp" (rigorous upper bounds). Budgets, including the
+step count printed for ``--epsilon``, use the rigorous accountant ``--accountant``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..core.schedules import StepSchedule, sgld_noise_multiplier
+from .accountant import PrivacyAccountant
+from .gdp import gdp_delta, gdp_mu
+
+DEFAULT_SCHEDULE_GRID = 0.01
+DEFAULT_DECAY_T0 = 100.0
+DEFAULT_LIMIT = 1_000_000
+
+
+class _UsageError(ValueError):
+    """A bad option value: reported argparse-style, exit code 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fedsgld privacy`` options to ``parser``."""
+    parser.description = __doc__.split("\n\n")[0]
+    parser.add_argument(
+        "--sample-rate",
+        type=float,
+        required=True,
+        metavar="Q",
+        help="Poisson sampling rate q, in (0, 1]",
+    )
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument(
+        "--steps", type=int, metavar="T", help="number of steps, >= 0: print their epsilon"
+    )
+    length.add_argument(
+        "--epsilon",
+        type=float,
+        metavar="E",
+        help="epsilon budget, > 0: print how many steps it allows (rigorous accountant)",
+    )
+    parser.add_argument(
+        "--delta", type=float, required=True, metavar="D", help="target delta, in (0, 1)"
+    )
+    parser.add_argument(
+        "--noise-multiplier",
+        type=float,
+        metavar="S",
+        help="constant noise multiplier sigma > 0 (DP-SGD)",
+    )
+    parser.add_argument(
+        "--lr", type=float, metavar="A0", help="DP-SGLD step size alpha_0 > 0 (with --temperature)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        metavar="TAU",
+        help="DP-SGLD temperature tau > 0; sigma_t = sqrt(2 alpha_t tau)",
+    )
+    parser.add_argument(
+        "--decay-gamma",
+        type=float,
+        metavar="G",
+        help="step-size decay exponent in [0, 1]: alpha_t = A0 (1 + t/T0)^-G (default 0: constant)",
+    )
+    parser.add_argument(
+        "--decay-t0",
+        type=float,
+        metavar="T0",
+        help=f"decay time scale T0 > 0 (default {DEFAULT_DECAY_T0:g})",
+    )
+    parser.add_argument(
+        "--accountant",
+        choices=("pld", "rdp"),
+        default="pld",
+        help="rigorous accountant used for budgets (default pld)",
+    )
+    parser.add_argument(
+        "--sigma-grid",
+        type=float,
+        metavar="R",
+        help=(
+            "relative grid in [0, 0.5) on which each sigma_t is rounded DOWN for accounting "
+            f"(conservative); default 0 (exact) for --noise-multiplier, {DEFAULT_SCHEDULE_GRID:g} "
+            "for a DP-SGLD schedule"
+        ),
+    )
+    parser.add_argument(
+        "--pld-discretization",
+        type=float,
+        default=1e-3,
+        metavar="H",
+        help="PLD value discretization interval in (0, 0.1] (default 1e-3; smaller is tighter, slower)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"with --epsilon: search at most N steps, >= 1 (default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (non-finite numbers are written as null)",
+    )
+    parser.set_defaults(_privacy_parser=parser)
+
+
+def _number(args: argparse.Namespace, attr: str) -> float | None:
+    value = getattr(args, attr, None)
+    if value is None:
+        return None
+    return float(value)
+
+
+def _in_range(
+    option: str,
+    value: float | None,
+    lo: float,
+    hi: float,
+    *,
+    lo_open: bool,
+    hi_open: bool,
+    text: str,
+) -> float:
+    if value is None:
+        raise _UsageError(f"{option} is required")
+    ok = (
+        not math.isnan(value)
+        and (value > lo if lo_open else value >= lo)
+        and (value < hi if hi_open else value <= hi)
+    )
+    if not ok:
+        raise _UsageError(f"{option} must be in {text}, got {value:g}")
+    return value
+
+
+def _positive(option: str, value: float | None) -> float:
+    return _in_range(option, value, 0.0, math.inf, lo_open=True, hi_open=True, text="(0, inf)")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate the options; return the settings, or raise _UsageError naming the option."""
+    q = _in_range(
+        "--sample-rate",
+        _number(args, "sample_rate"),
+        0.0,
+        1.0,
+        lo_open=True,
+        hi_open=False,
+        text="(0, 1]",
+    )
+    delta = _in_range(
+        "--delta", _number(args, "delta"), 0.0, 1.0, lo_open=True, hi_open=True, text="(0, 1)"
+    )
+    steps, budget = getattr(args, "steps", None), _number(args, "epsilon")
+    if (steps is None) == (budget is None):
+        raise _UsageError("give exactly one of --steps T and --epsilon E")
+    if steps is not None and (int(steps) != steps or steps < 0):
+        raise _UsageError(f"--steps must be an integer >= 0, got {steps}")
+    if budget is not None:
+        budget = _positive("--epsilon", budget)
+    limit = getattr(args, "limit", DEFAULT_LIMIT)
+    if budget is not None and (int(limit) != limit or limit < 1):
+        raise _UsageError(f"--limit must be an integer >= 1, got {limit}")
+
+    sigma = _number(args, "noise_multiplier")
+    lr, tau = _number(args, "lr"), _number(args, "temperature")
+    gamma, t0 = _number(args, "decay_gamma"), _number(args, "decay_t0")
+    if sigma is not None:
+        given = [
+            o
+            for o, v in (
+                ("--lr", lr),
+                ("--temperature", tau),
+                ("--decay-gamma", gamma),
+                ("--decay-t0", t0),
+            )
+            if v is not None
+        ]
+        if given:
+            raise _UsageError(
+                f"--noise-multiplier (constant sigma) cannot be combined with {', '.join(given)}"
+            )
+        sigma = _positive("--noise-multiplier", sigma)
+        schedule = None
+    else:
+        if lr is None and tau is None:
+            raise _UsageError(
+                "give --noise-multiplier S, or --lr A0 and --temperature TAU (DP-SGLD)"
+            )
+        lr = _positive("--lr", lr)
+        tau = _positive("--temperature", tau)
+        gamma = 0.0 if gamma is None else gamma
+        gamma = _in_range(
+            "--decay-gamma", gamma, 0.0, 1.0, lo_open=False, hi_open=False, text="[0, 1]"
+        )
+        t0 = _positive("--decay-t0", DEFAULT_DECAY_T0 if t0 is None else t0)
+        schedule = StepSchedule(lr, gamma, t0)
+
+    grid = _number(args, "sigma_grid")
+    if grid is None:
+        grid = 0.0 if schedule is None else DEFAULT_SCHEDULE_GRID
+    grid = _in_range("--sigma-grid", grid, 0.0, 0.5, lo_open=False, hi_open=True, text="[0, 0.5)")
+    h = _number(args, "pld_discretization")
+    h = _in_range(
+        "--pld-discretization",
+        1e-3 if h is None else h,
+        0.0,
+        0.1,
+        lo_open=True,
+        hi_open=False,
+        text="(0, 0.1]",
+    )
+    accountant = getattr(args, "accountant", "pld")
+    if accountant not in ("pld", "rdp"):
+        raise _UsageError(f"--accountant must be one of pld, rdp, got {accountant!r}")
+
+    def point(t: int) -> tuple[float, float]:
+        if schedule is None:
+            return q, sigma
+        return q, sgld_noise_multiplier(schedule(t), tau)
+
+    return {
+        "q": q,
+        "delta": delta,
+        "steps": None if steps is None else int(steps),
+        "budget": budget,
+        "limit": int(limit),
+        "sigma": sigma,
+        "lr": lr,
+        "tau": tau,
+        "gamma": gamma,
+        "t0": t0,
+        "grid": grid,
+        "pld_discretization": h,
+        "accountant": accountant,
+        "point": point,
+        "constant": schedule is None,
+    }
+
+
+def _ledger(
+    acc: PrivacyAccountant, s: dict[str, Any], steps: int
+) -> list[tuple[float, float, int]]:
+    if s["constant"]:  # one entry; no need to walk the steps
+        return [(s["q"], acc.bucket(s["sigma"]), steps)] if steps > 0 else []
+    return acc.ledger_after(s["point"], steps)
+
+
+def _gdp_max_steps(
+    point: Callable[[int], tuple[float, float]],
+    bucket: Callable[[float], float],
+    *,
+    budget: float,
+    delta: float,
+    limit: int,
+    constant: bool,
+) -> int:
+    """Largest T <= limit whose GDP-CLT epsilon (same bucketed sigmas) is <= budget."""
+    # epsilon is increasing in mu: find the largest admissible mu^2, then walk the steps
+    lo, hi = 0.0, 1.0
+    while gdp_delta(budget, hi) <= delta:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if gdp_delta(budget, mid) <= delta:
+            lo = mid
+        else:
+            hi = mid
+    mu2_max = lo * lo
+
+    def per_step(t: int) -> float:
+        q, sigma = point(t)
+        return gdp_mu([(q, bucket(sigma), 1)]) ** 2
+
+    if constant:
+        inc = per_step(0)
+        if inc == 0.0:
+            return limit
+        t = min(limit, int(mu2_max / inc) if math.isfinite(inc) else 0)
+    else:
+        t, total = 0, 0.0
+        while t < limit:
+            total += per_step(t)
+            if total > mu2_max:
+                break
+            t += 1
+    return t
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def _describe_noise(s: dict[str, Any], steps: int) -> str:
+    if s["constant"]:
+        text = f"constant noise multiplier sigma = {s['sigma']:g}"
+    else:
+        first = s["point"](0)[1]
+        last = s["point"](max(steps - 1, 0))[1]
+        text = (
+            f"DP-SGLD sigma_t = sqrt(2 alpha_t tau), alpha_t = {s['lr']:g} (1 + t/{s['t0']:g})^-{s['gamma']:g}, "
+            f"tau = {s['tau']:g}: sigma from {first:.4g} (t=0) to {last:.4g} (t={max(steps - 1, 0)})"
+        )
+    if s["grid"] > 0:
+        text += (
+            f"; sigma rounded DOWN to a {s['grid']:g} relative grid for accounting (conservative)"
+        )
+    return text
+
+
+def _epsilon_lines(eps: dict[str, float], rigorous: str) -> list[str]:
+    labels = {
+        "gdp": "approximate (Gaussian-DP CLT, the paper's accountant): can UNDER-estimate epsilon",
+        "pld": "rigorous (privacy loss distributions, pessimistic)",
+        "rdp": "rigorous (Renyi DP)",
+    }
+    lines = []
+    for name in ("gdp", "pld", "rdp"):
+        tag = "; used for budgets" if name == rigorous else ""
+        lines.append(f"  {name}  {eps[name]:.4f}   {labels[name]}{tag}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``fedsgld privacy``; returns the exit code (2 for a bad option value)."""
+    parser = getattr(args, "_privacy_parser", None)
+    try:
+        s = _settings(args)
+    except (_UsageError, ValueError) as err:
+        prog = parser.prog if parser is not None else "fedsgld privacy"
+        if parser is not None:
+            parser.print_usage(sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
+
+    acc = PrivacyAccountant(
+        delta=s["delta"],
+        epsilon_budget=s["budget"],
+        accountant=s["accountant"],
+        sigma_rel_grid=s["grid"],
+        pld_discretization=s["pld_discretization"],
+    )
+    if s["budget"] is None:
+        steps = s["steps"]
+    else:
+        steps = acc.max_steps(s["point"], limit=s["limit"])
+    ledger = _ledger(acc, s, steps)
+    eps = acc.epsilon(ledger)
+    mu = gdp_mu(ledger)
+
+    if s["budget"] is not None:
+        gdp_steps = _gdp_max_steps(
+            s["point"],
+            acc.bucket,
+            budget=s["budget"],
+            delta=s["delta"],
+            limit=s["limit"],
+            constant=s["constant"],
+        )
+        if getattr(args, "json", False):
+            out = {
+                "max_steps": steps,
+                "mu": _finite(mu),
+                "delta": s["delta"],
+                "epsilon": {k: _finite(v) for k, v in eps.items()},
+                "budget": s["budget"],
+            }
+            print(json.dumps(out))
+            return 0
+        at_least = "at least " if steps >= s["limit"] else ""
+        gdp_at_least = "at least " if gdp_steps >= s["limit"] else ""
+        lines = [
+            f"budget epsilon = {s['budget']:g} at delta = {s['delta']:g}, sample rate q = {s['q']:g}",
+            f"noise: {_describe_noise(s, steps)}",
+            f"allows {at_least}{steps} steps under the rigorous accountant '{s['accountant']}' (used for budgets)",
+            f"  (the Gaussian-DP CLT would allow {gdp_at_least}{gdp_steps} steps: approximate, not a valid bound)",
+        ]
+        if at_least:
+            lines.append(f"  search stopped at --limit {s['limit']}")
+        lines += [
+            f"at {steps} steps: mu (Gaussian DP, CLT) = {mu:.4f}",
+            f"epsilon at delta = {s['delta']:g}:",
+        ]
+        lines += _epsilon_lines(eps, s["accountant"])
+        print("\n".join(lines))
+        return 0
+
+    if getattr(args, "json", False):
+        out = {
+            "mu": _finite(mu),
+            "delta": s["delta"],
+            "steps": steps,
+            "epsilon": {k: _finite(v) for k, v in eps.items()},
+        }
+        print(json.dumps(out))
+        return 0
+    lines = [
+        f"{steps} steps at sample rate q = {s['q']:g}, delta = {s['delta']:g}",
+        f"noise: {_describe_noise(s, steps)}",
+        f"mu (Gaussian DP, CLT) = {mu:.4f}",
+        f"epsilon at delta = {s['delta']:g}:",
+    ]
+    lines += _epsilon_lines(eps, s["accountant"])
+    print("\n".join(lines))
+    return 0
