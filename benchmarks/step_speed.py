@@ -48,8 +48,13 @@ def make_dpsgld(batch, chunk_size):
             fm, state["theta"], x, y, clip=1.0, prenoise=0.01, generator=gen, chunk_size=chunk_size
         )
         state["theta"] = langevin_update(
-            state["theta"], s, step_size=0.1, noise_std=1.0, expected_batch=float(batch),
-            weight_decay=0.0, generator=gen,
+            state["theta"],
+            s,
+            step_size=0.1,
+            noise_std=1.0,
+            expected_batch=float(batch),
+            weight_decay=0.0,
+            generator=gen,
         )
         state["t"] += 1
 
@@ -62,7 +67,9 @@ def make_opacus(batch):
 
     model = GradSampleModule(PaperCNN())
     opt = DPOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0, max_grad_norm=1.0,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
         expected_batch_size=batch,
     )
 
@@ -104,7 +111,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(sps))
         return
-    print(f"paper CNN, batch {args.batch}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    print(
+        f"paper CNN, batch {args.batch}, {torch.get_num_threads()} threads, median of {args.repeats}"
+    )
     for k, v in sps.items():
         print(f"  {k:7s} {v:9.0f} samples/s   step time x{sps['sgd'] / v:.2f} of plain SGD")
 

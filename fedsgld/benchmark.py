@@ -37,7 +37,12 @@ TABLE_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
 
 
 def calibrate_noise_multiplier(
-    *, sample_rate: float, steps: int, epsilon: float, delta: float, accountant: str = "pld",
+    *,
+    sample_rate: float,
+    steps: int,
+    epsilon: float,
+    delta: float,
+    accountant: str = "pld",
     tol: float = 1e-3,
 ) -> float:
     """Smallest constant sigma (within ``tol``) whose ``steps`` steps keep epsilon <= budget.
@@ -79,17 +84,23 @@ def _aggregate(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: _mean_std([b[k] for b in blocks]) for k in TABLE_METRICS}
 
 
-def load_benchmark(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Config, dict[str, Any]]:
+def load_benchmark(
+    path: str | Path, overrides: dict[str, Any] | None = None
+) -> tuple[Config, dict[str, Any]]:
     with Path(path).open("rb") as fh:
         raw = tomllib.load(fh)
     bench = dict(raw.pop("benchmark", {}))
     methods = bench.get("methods", ["sgd", "dpsgd", "dpsgld"])
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
-        raise ValueError(f"benchmark.methods must be a non-empty list from {', '.join(METHODS)}; got {methods!r}")
+        raise ValueError(
+            f"benchmark.methods must be a non-empty list from {', '.join(METHODS)}; got {methods!r}"
+        )
     seeds = bench.get("seeds", [0])
     if not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise ValueError(f"benchmark.seeds must be a non-empty list of integers >= 0; got {seeds!r}")
+        raise ValueError(
+            f"benchmark.seeds must be a non-empty list of integers >= 0; got {seeds!r}"
+        )
     bench["methods"], bench["seeds"] = methods, seeds
     bench.setdefault("calibrate_dpsgd", True)
     flat: dict[str, Any] = {}
@@ -103,7 +114,11 @@ def load_benchmark(path: str | Path, overrides: dict[str, Any] | None = None) ->
 
 
 def run_benchmark(
-    config: Config, bench: dict[str, Any], *, out_dir: str | Path | None = None, progress: bool = True,
+    config: Config,
+    bench: dict[str, Any],
+    *,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
     from . import engine
@@ -115,8 +130,11 @@ def run_benchmark(
     dpsgd_sigma = None
     if "dpsgd" in bench["methods"] and bench["calibrate_dpsgd"]:
         dpsgd_sigma = calibrate_noise_multiplier(
-            sample_rate=base["sample_rate"], steps=base["rounds"], epsilon=base["epsilon"],
-            delta=base["delta"], accountant=base["accountant"],
+            sample_rate=base["sample_rate"],
+            steps=base["rounds"],
+            epsilon=base["epsilon"],
+            delta=base["delta"],
+            accountant=base["accountant"],
         )
         log(f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps")
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -134,7 +152,9 @@ def run_benchmark(
                 over["decay_gamma"] = 0.0
             cfg = Config.from_flat({**base, **over})
             log(f"== {method}, seed {seed}")
-            res = engine.run(cfg, out_dir=out / "runs" / f"{method}-seed{seed}", progress=progress, log=log)
+            res = engine.run(
+                cfg, out_dir=out / "runs" / f"{method}-seed{seed}", progress=progress, log=log
+            )
             entry = {
                 "seed": seed,
                 "steps": res["privacy"]["steps"],
@@ -151,7 +171,12 @@ def run_benchmark(
             post = res["metrics"].get("posterior")
             if method == "dpsgld" and post is not None:
                 rows.setdefault("dpsgld+bma", []).append(
-                    {**entry, "pooled": post["pooled"], "sites": post["sites"], "samples": post["samples"]}
+                    {
+                        **entry,
+                        "pooled": post["pooled"],
+                        "sites": post["sites"],
+                        "samples": post["samples"],
+                    }
                 )
                 if seed == bench["seeds"][0]:
                     p = ev["posterior"]
@@ -179,7 +204,9 @@ def run_benchmark(
     }
     write_json(out / "benchmark.json", result)
     (out / "benchmark.md").write_text(benchmark_markdown(result))
-    plot_reliability_overlay(curves, out / "reliability_methods.png", title="pooled test, all methods")
+    plot_reliability_overlay(
+        curves, out / "reliability_methods.png", title="pooled test, all methods"
+    )
     log(f"benchmark written to {out}")
     result["out_dir"] = str(out)
     return result
@@ -222,7 +249,9 @@ def benchmark_markdown(result: dict[str, Any]) -> str:
         f"seeds {result['benchmark']['seeds']}.",
     ]
     if result["dpsgd_noise_multiplier"]:
-        lines.append(f"DP-SGD noise multiplier calibrated to {result['dpsgd_noise_multiplier']:.4f}.")
+        lines.append(
+            f"DP-SGD noise multiplier calibrated to {result['dpsgd_noise_multiplier']:.4f}."
+        )
     lines += ["", "## Pooled test metrics (mean ± std over seeds)", ""]
     cols = ["accuracy", "nll", "brier", "ece", "auc"]
     lines.append("| method | steps | epsilon (pld) | " + " | ".join(cols) + " |")
@@ -231,7 +260,9 @@ def benchmark_markdown(result: dict[str, Any]) -> str:
         cells = [f"{t['pooled'][c]['mean']:.4f} ± {t['pooled'][c]['std']:.4f}" for c in cols]
         eps = t["epsilon"]["pld"]["mean"]
         eps_s = "inf" if math.isinf(eps) else f"{eps:.3f}"
-        lines.append(f"| {method} | {t['steps']['mean']:.0f} | {eps_s} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {method} | {t['steps']['mean']:.0f} | {eps_s} | " + " | ".join(cells) + " |"
+        )
     lines += ["", "## Per site: accuracy / ECE (mean over seeds)", ""]
     methods = list(result["table"])
     lines.append("| site | " + " | ".join(methods) + " |")
@@ -263,4 +294,3 @@ def main_benchmark(args) -> int:
 
 
 __all__ = ["calibrate_noise_multiplier", "load_benchmark", "main_benchmark", "run_benchmark"]
-

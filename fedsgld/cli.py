@@ -1,8 +1,8 @@
 """The ``fedsgld`` command.
 
-    fedsgld simulate CONFIG [--set key=value ...] [--out DIR] [--resume]
-    fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
-                    (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+fedsgld simulate CONFIG [--set key=value ...] [--out DIR] [--resume]
+fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
+                (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
 """
 
 from __future__ import annotations
@@ -52,20 +52,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="run a federation on this machine (in-process engine)")
     sim.add_argument("config", help="TOML config file (see simulations/)")
-    sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    sim.add_argument("--out", default=None, help="result directory (default: a new one under runs/)")
-    sim.add_argument("--resume", action="store_true", help="resume the run in --out from its checkpoint")
+    sim.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
+    )
+    sim.add_argument(
+        "--out", default=None, help="result directory (default: a new one under runs/)"
+    )
+    sim.add_argument(
+        "--resume", action="store_true", help="resume the run in --out from its checkpoint"
+    )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
 
-    bench = sub.add_parser("benchmark", help="several methods and seeds at the same (epsilon, delta)")
+    bench = sub.add_parser(
+        "benchmark", help="several methods and seeds at the same (epsilon, delta)"
+    )
     bench.add_argument("config", help="TOML config with a [benchmark] table (see simulations/)")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
-    bench.add_argument("--out", default=None, help="output directory (default: a new one under runs/)")
+    bench.add_argument(
+        "--out", default=None, help="output directory (default: a new one under runs/)"
+    )
     bench.add_argument("--no-progress", action="store_true")
-    bench.set_defaults(func=lambda a: __import__("fedsgld.benchmark", fromlist=["x"]).main_benchmark(a))
+    bench.set_defaults(
+        func=lambda a: __import__("fedsgld.benchmark", fromlist=["x"]).main_benchmark(a)
+    )
 
-    priv = sub.add_parser("privacy", help="epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows")
+    priv = sub.add_parser(
+        "privacy", help="epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows"
+    )
     privacy_cli.add_arguments(priv)
     priv.set_defaults(func=privacy_cli.run)
     return parser

@@ -27,7 +27,9 @@ ACCOUNTANTS = ("pld", "rdp")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
 
 
-def _num(name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> None:
+def _num(
+    name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if ok:
         ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
@@ -64,6 +66,10 @@ class PrivacySettings:
     temperature tau of DP-SGLD, > 0
     noise_multiplier  constant sigma of DP-SGD, > 0
     decay_gamma, decay_t0  alpha_t = alpha_0 (1 + t / t0) ** (-gamma) for dpsgld (and sgd)
+
+    One config serves every method: settings that belong to another method are kept in
+    the result file but do not apply (dpsgd: constant step size and sigma, no pre-noise,
+    no temperature; sgd: no clipping, no noise; dpsgld: no noise_multiplier).
     accountant  rigorous accountant for the budget check: pld | rdp
     sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5)
     """
@@ -96,10 +102,6 @@ class PrivacySettings:
         _num("decay_t0", self.decay_t0, 0.0, math.inf, lo_open=True, hi_open=True)
         _choice("accountant", self.accountant, ACCOUNTANTS)
         _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
-        if self.method == "dpsgd" and self.decay_gamma != 0.0:
-            raise ValueError("decay_gamma must be 0 for method 'dpsgd' (constant step size and sigma)")
-        if self.method != "dpsgld" and self.prenoise != 0.0:
-            raise ValueError(f"prenoise must be 0 for method {self.method!r} (pre-noise is part of dpsgld)")
 
     @property
     def private(self) -> bool:
@@ -107,7 +109,14 @@ class PrivacySettings:
 
     @property
     def schedule(self) -> StepSchedule:
-        return StepSchedule(self.lr, self.decay_gamma, self.decay_t0)
+        """DP-SGD keeps its step size constant; SGD and DP-SGLD use the decay settings."""
+        gamma = 0.0 if self.method == "dpsgd" else self.decay_gamma
+        return StepSchedule(self.lr, gamma, self.decay_t0)
+
+    @property
+    def applied_prenoise(self) -> float:
+        """Pre-noise is part of DP-SGLD only."""
+        return self.prenoise if self.method == "dpsgld" else 0.0
 
     def step_size(self, t: int) -> float:
         return self.schedule(t)
@@ -203,7 +212,11 @@ class Config:
     @classmethod
     def from_flat(cls, values: dict[str, Any]) -> Config:
         """Build from one flat mapping of setting names; unknown names are an error."""
-        groups: dict[type, dict[str, Any]] = {PrivacySettings: {}, PerfSettings: {}, RunSettings: {}}
+        groups: dict[type, dict[str, Any]] = {
+            PrivacySettings: {},
+            PerfSettings: {},
+            RunSettings: {},
+        }
         owner = {f.name: g for g in groups for f in fields(g)}
         unknown = sorted(k for k in values if k not in owner)
         if unknown:

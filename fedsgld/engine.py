@@ -133,8 +133,12 @@ class Federation:
         from .models.backbone import cached_features
 
         run = self.config.run
-        kw = dict(name=run.backbone, weights=run.backbone_weights or None, image_size=run.image_size)
-        return replace(d, x_train=cached_features(d.x_train, **kw), x_test=cached_features(d.x_test, **kw))
+        kw = dict(
+            name=run.backbone, weights=run.backbone_weights or None, image_size=run.image_size
+        )
+        return replace(
+            d, x_train=cached_features(d.x_train, **kw), x_test=cached_features(d.x_test, **kw)
+        )
 
     def make_server(self, on_spend=None) -> LangevinServer:
         run = self.config.run
@@ -165,7 +169,9 @@ class Federation:
             "sites": per_site,
             "_probs": probs,
             "_labels": labels,
-            "_site_probs": {s.site_id: (p, s.y_test) for s, p in zip(self.sites, all_p)},
+            "_site_probs": {
+                s.site_id: (p, s.y_test) for s, p in zip(self.sites, all_p, strict=False)
+            },
         }
 
     def site_table(self) -> list[dict[str, Any]]:
@@ -245,7 +251,9 @@ def run(
     if resume:
         ckpt = torch.load(out / CHECKPOINT, weights_only=False)
         if ckpt["config"] != {k: v for k, v in config.flat().items() if k not in ("threads",)}:
-            raise ValueError("resume: the config differs from the checkpoint's; resume with the same config")
+            raise ValueError(
+                "resume: the config differs from the checkpoint's; resume with the same config"
+            )
         if config.run.seed == -1:  # keep the OS-drawn seed of the original run
             config = Config.from_flat({**config.flat(), "seed": int(ckpt["seed"])})
 
@@ -262,7 +270,9 @@ def run(
         history = ckpt["history"]
         if server.accountant is not None and ledger_path.is_file():
             server.accountant.load_state_dict(json.loads(ledger_path.read_text()))
-        log(f"resumed at round {server.t}; ledger holds {server.accountant.steps if server.accountant else 0} steps")
+        log(
+            f"resumed at round {server.t}; ledger holds {server.accountant.steps if server.accountant else 0} steps"
+        )
 
     def checkpoint() -> None:
         state = {
@@ -282,7 +292,9 @@ def run(
             f"{config.run.rounds - server.t} rounds"
         )
     run_cfg = config.run
-    bar = tqdm(total=run_cfg.rounds, initial=server.t, disable=not progress, desc=config.privacy.method)
+    bar = tqdm(
+        total=run_cfg.rounds, initial=server.t, disable=not progress, desc=config.privacy.method
+    )
     last_eps, last_loss = 0.0, float("nan")
     while (plan := server.plan()) is not None:
         sums = [
@@ -338,8 +350,12 @@ def run(
             "sites": last["sites"],
             "posterior": None
             if post is None
-            else {"pooled": post["pooled"], "sites": post["sites"], "samples": len(server.posterior),
-                  "sample_steps": list(server.posterior.steps)},
+            else {
+                "pooled": post["pooled"],
+                "sites": post["sites"],
+                "samples": len(server.posterior),
+                "sample_steps": list(server.posterior.steps),
+            },
         },
         "wall_time_s": time.perf_counter() - t_start,
     }

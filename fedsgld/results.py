@@ -68,7 +68,9 @@ def report_markdown(results: dict[str, Any]) -> str:
         "|---|" + "---|" * len(METRIC_KEYS),
     ]
     rows = [("pooled", m["pooled"])] + [(f"site {k}", v) for k, v in m["sites"].items()]
-    lines += [f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows]
+    lines += [
+        f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
+    ]
     if m.get("posterior"):
         p = m["posterior"]
         lines += [
@@ -81,7 +83,9 @@ def report_markdown(results: dict[str, Any]) -> str:
             "|---|" + "---|" * len(METRIC_KEYS),
         ]
         rows = [("pooled", p["pooled"])] + [(f"site {k}", v) for k, v in p["sites"].items()]
-        lines += [f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows]
+        lines += [
+            f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
+        ]
     lines += ["", "Plots: `history.png`, `reliability.png`, `reliability_sites.png`.", ""]
     return "\n".join(lines)
 
@@ -98,7 +102,9 @@ def write_outputs(
     curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
     if posterior is not None:
         curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
-    plot_reliability_overlay(curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test")
+    plot_reliability_overlay(
+        curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test"
+    )
     per_site = {f"site {k}": (p.numpy(), y.numpy()) for k, (p, y) in last["_site_probs"].items()}
     per_site["pooled"] = curves["last iterate"]
     plot_site_grid(per_site, out / "reliability_sites.png")

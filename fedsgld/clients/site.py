@@ -40,8 +40,14 @@ class Site:
     @classmethod
     def from_site_data(cls, data, model: nn.Module, *, seed: int, chunk_size: int = 256) -> Site:
         return cls(
-            data.site_id, data.x_train, data.y_train, data.x_test, data.y_test, model,
-            seed=seed, chunk_size=chunk_size,
+            data.site_id,
+            data.x_train,
+            data.y_train,
+            data.x_test,
+            data.y_test,
+            model,
+            seed=seed,
+            chunk_size=chunk_size,
         )
 
     @property

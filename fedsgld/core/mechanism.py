@@ -58,7 +58,9 @@ class FlatModel:
         if theta.shape != (self.size,):
             raise ValueError(f"theta must have shape ({self.size},), got {tuple(theta.shape)}")
         out = {}
-        for name, chunk, shape in zip(self.names, theta.split(self.numels), self.shapes):
+        for name, chunk, shape in zip(
+            self.names, theta.split(self.numels), self.shapes, strict=False
+        ):
             out[name] = chunk.view(shape)
         return out
 
@@ -69,7 +71,9 @@ class FlatModel:
         out = self.logits(theta, x.unsqueeze(0))
         return F.cross_entropy(out, y.unsqueeze(0))
 
-    def per_record_grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def per_record_grads(
+        self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
         """(B, P) matrix of per-record loss gradients, vectorised with torch.func."""
         return self._per_record(theta.detach(), x, y)
 
@@ -81,7 +85,9 @@ class FlatModel:
         return g
 
     @torch.no_grad()
-    def predict_proba(self, theta: torch.Tensor, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+    def predict_proba(
+        self, theta: torch.Tensor, x: torch.Tensor, batch: int = 2048
+    ) -> torch.Tensor:
         return torch.cat([self.logits(theta, xb).softmax(-1) for xb in x.split(batch)])
 
 
@@ -144,7 +150,14 @@ def site_step(
     """
     idx = poisson_sample(x.shape[0], sample_rate=sample_rate, generator=generator)
     return clipped_gradient_sum(
-        fm, theta, x[idx], y[idx], clip=clip, prenoise=prenoise, generator=generator, chunk_size=chunk_size
+        fm,
+        theta,
+        x[idx],
+        y[idx],
+        clip=clip,
+        prenoise=prenoise,
+        generator=generator,
+        chunk_size=chunk_size,
     )
 
 
@@ -167,7 +180,9 @@ def langevin_update(
         raise ValueError(f"expected batch size must be > 0, got {expected_batch!r}")
     if not (math.isfinite(step_size) and step_size > 0):
         raise ValueError(f"step size must be finite and > 0, got {step_size!r}")
-    noisy = summed + gaussian_noise(summed.shape, std=noise_std, generator=generator, dtype=summed.dtype)
+    noisy = summed + gaussian_noise(
+        summed.shape, std=noise_std, generator=generator, dtype=summed.dtype
+    )
     g = noisy / expected_batch
     if weight_decay:
         g = g + weight_decay * theta

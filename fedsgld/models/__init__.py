@@ -52,7 +52,9 @@ def build_model(
         in_features *= int(s)
     if name == "cnn":
         if tuple(input_shape) != (1, 28, 28):
-            raise ValueError(f"model 'cnn' needs 1x28x28 images, got input shape {tuple(input_shape)}")
+            raise ValueError(
+                f"model 'cnn' needs 1x28x28 images, got input shape {tuple(input_shape)}"
+            )
         return PaperCNN(num_classes=num_classes)
     if name == "mlp":
         return MLP(in_features, num_classes, hidden=hidden)

@@ -61,9 +61,13 @@ def load_backbone(name: str, *, weights: str | None = None, in_chans: int = 1) -
         missing, unexpected = model.load_state_dict(state, strict=False)
         bad_missing = [k for k in missing if not k.startswith(("classifier", "fc", "head"))]
         if bad_missing:
-            raise ValueError(f"backbone_weights {weights!r} lacks {len(bad_missing)} backbone tensors, e.g. {bad_missing[:3]}")
+            raise ValueError(
+                f"backbone_weights {weights!r} lacks {len(bad_missing)} backbone tensors, e.g. {bad_missing[:3]}"
+            )
         if unexpected:
-            warnings.warn(f"backbone_weights: ignored {len(unexpected)} unexpected tensors", stacklevel=2)
+            warnings.warn(
+                f"backbone_weights: ignored {len(unexpected)} unexpected tensors", stacklevel=2
+            )
     else:
         warnings.warn(
             f"NO PRETRAINED WEIGHTS for backbone {name!r}: it is RANDOMLY INITIALISED. Give "
@@ -84,19 +88,29 @@ def extract_features(
     out = []
     for xb in x.split(batch):
         if xb.shape[-1] != image_size or xb.shape[-2] != image_size:
-            xb = F.interpolate(xb, size=(image_size, image_size), mode="bilinear", align_corners=False)
+            xb = F.interpolate(
+                xb, size=(image_size, image_size), mode="bilinear", align_corners=False
+            )
         out.append(backbone(xb).float())
     return torch.cat(out) if out else torch.zeros(0, getattr(backbone, "num_features", 0))
 
 
 def cached_features(
-    x: torch.Tensor, *, name: str, weights: str | None, image_size: int, cache_dir: str | None = None
+    x: torch.Tensor,
+    *,
+    name: str,
+    weights: str | None,
+    image_size: int,
+    cache_dir: str | None = None,
 ) -> torch.Tensor:
     """``extract_features`` with an on-disk cache keyed by inputs, backbone, weights and size."""
     h = hashlib.sha256()
     h.update(x.detach().contiguous().numpy().tobytes())
     h.update(f"{name}|{image_size}|{_file_digest(weights) if weights else 'random'}".encode())
-    root = Path(cache_dir or os.environ.get("FEDSGLD_CACHE", Path.home() / ".cache" / "fedsgld" / "features"))
+    root = Path(
+        cache_dir
+        or os.environ.get("FEDSGLD_CACHE", Path.home() / ".cache" / "fedsgld" / "features")
+    )
     path = root / f"{h.hexdigest()[:24]}.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)

@@ -71,7 +71,7 @@ class PosteriorSamples:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.samples.clear()
         self.steps.clear()
-        for s, t in zip(d["samples"], d["steps"]):
+        for s, t in zip(d["samples"], d["steps"], strict=False):
             self.samples.append(s)
             self.steps.append(int(t))
 
@@ -92,7 +92,9 @@ class LangevinServer:
         on_spend: Callable[[PrivacyAccountant], None] | None = None,
     ) -> None:
         if len(site_sizes) == 0 or min(site_sizes) < 0 or sum(site_sizes) == 0:
-            raise ValueError(f"site sizes must be >= 0 with a positive total, got {list(site_sizes)}")
+            raise ValueError(
+                f"site sizes must be >= 0 with a positive total, got {list(site_sizes)}"
+            )
         self.privacy = privacy
         self.theta = theta.detach().clone().float()
         self.site_sizes = [int(n) for n in site_sizes]
@@ -102,7 +104,12 @@ class LangevinServer:
         self.weight_decay = weight_decay
         self.t = 0
         self.halt_reason: str | None = None
-        self.posterior = posterior or PosteriorSamples(burn_in=0, thin=1, max_samples=0)
+        # "is None": an empty PosteriorSamples is falsy (it defines __len__)
+        self.posterior = (
+            posterior
+            if posterior is not None
+            else PosteriorSamples(burn_in=0, thin=1, max_samples=0)
+        )
         self.on_spend = on_spend
         self.accountant: PrivacyAccountant | None = None
         if privacy.private:
@@ -152,7 +159,7 @@ class LangevinServer:
             sigma=sigma,
             sample_rate=q,
             clip=p.clip_bound,
-            prenoise=p.prenoise if p.method == "dpsgld" else 0.0,
+            prenoise=p.applied_prenoise,
         )
 
     # -- the step ---------------------------------------------------------------
@@ -163,7 +170,9 @@ class LangevinServer:
         total = torch.zeros_like(self.theta)
         for s in site_sums:
             if s.shape != total.shape:
-                raise ValueError(f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}")
+                raise ValueError(
+                    f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}"
+                )
             total += s
         if self.accountant is not None:
             try:

@@ -66,7 +66,7 @@ def test_clipped_sum_matches_loop_and_chunking(cnn_batch):
     loop = _loop_grads(fm, theta, x, y)
     norms = loop.norm(dim=1)
     clip = float(norms.median())  # some rows clipped, some not
-    expected = sum(g * min(1.0, clip / n) for g, n in zip(loop, norms))
+    expected = sum(g * min(1.0, clip / n) for g, n in zip(loop, norms, strict=False))
     for chunk in (2, 4, 256):
         got = clipped_gradient_sum(fm, theta, x, y, clip=clip, chunk_size=chunk)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -92,7 +92,9 @@ def test_prenoise_is_added_before_clipping():
     rho = 0.5
     raw = clip_and_sum(g, clip=1e9, prenoise=rho, generator=gen)
     rows = gaussian_noise((4000, 3), std=rho, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(raw, rows.sum(0), rtol=1e-4, atol=1e-3)  # unclipped: sum of the pre-noise
+    torch.testing.assert_close(
+        raw, rows.sum(0), rtol=1e-4, atol=1e-3
+    )  # unclipped: sum of the pre-noise
     assert stats.kstest(rows.flatten().numpy(), "norm", args=(0, rho)).pvalue > 1e-3
     gen = torch.Generator().manual_seed(1)
     clipped = clip_and_sum(g, clip=0.1, prenoise=rho, generator=gen)
@@ -153,8 +155,13 @@ def test_zero_gradient_drift_matches_promised_noise():
     for a in alphas:
         sigma = math.sqrt(2 * a * tau)
         theta = langevin_update(
-            theta, torch.zeros(P), step_size=a, noise_std=sigma * C, expected_batch=L,
-            weight_decay=0.0, generator=gen,
+            theta,
+            torch.zeros(P),
+            step_size=a,
+            noise_std=sigma * C,
+            expected_batch=L,
+            weight_decay=0.0,
+            generator=gen,
         )
         var += (a * sigma * C / L) ** 2
     sd = math.sqrt(var)
@@ -167,8 +174,13 @@ def test_zero_gradient_drift_matches_promised_noise():
 def test_weight_decay_is_the_gaussian_prior_gradient():
     theta = torch.tensor([1.0, -2.0])
     out = langevin_update(
-        theta, torch.tensor([0.5, 0.5]), step_size=0.1, noise_std=0.0, expected_batch=2.0,
-        weight_decay=0.3, generator=torch.Generator(),
+        theta,
+        torch.tensor([0.5, 0.5]),
+        step_size=0.1,
+        noise_std=0.0,
+        expected_batch=2.0,
+        weight_decay=0.3,
+        generator=torch.Generator(),
     )
     torch.testing.assert_close(out, theta - 0.1 * (torch.tensor([0.25, 0.25]) + 0.3 * theta))
 
@@ -178,7 +190,9 @@ def test_mlp_per_record_grads_match_loop():
     fm = FlatModel(MLP(12, 3, hidden=8))
     x, y = torch.randn(5, 12), torch.randint(0, 3, (5,))
     theta = fm.flatten()
-    torch.testing.assert_close(fm.per_record_grads(theta, x, y), _loop_grads(fm, theta, x, y), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        fm.per_record_grads(theta, x, y), _loop_grads(fm, theta, x, y), rtol=1e-4, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("tau", [1.0])
@@ -204,8 +218,13 @@ def test_langevin_on_gaussian_target_recovers_mean_and_covariance(tau):
         th = theta.view(chains, 2)
         summed = (N * (th - xbar) @ At.T).reshape(-1)  # sum_i A (theta - x_i)
         theta = langevin_update(
-            theta, summed, step_size=alpha, noise_std=sigma * C, expected_batch=float(N),
-            weight_decay=0.0, generator=gen,
+            theta,
+            summed,
+            step_size=alpha,
+            noise_std=sigma * C,
+            expected_batch=float(N),
+            weight_decay=0.0,
+            generator=gen,
         )
     samples = theta.view(chains, 2).numpy()
     M = np.eye(2) - alpha * A
@@ -217,4 +236,6 @@ def test_langevin_on_gaussian_target_recovers_mean_and_covariance(tau):
     rel = np.abs(emp - Sigma) / np.sqrt(np.outer(np.diag(Sigma), np.diag(Sigma)))
     assert rel.max() < 0.1, (emp, Sigma)
     # the test can tell a wrong temperature: 1.5 tau gives a covariance 50 % larger
-    assert (np.abs(emp - 1.5 * Sigma) / np.sqrt(np.outer(np.diag(Sigma), np.diag(Sigma)))).max() > 0.2
+    assert (
+        np.abs(emp - 1.5 * Sigma) / np.sqrt(np.outer(np.diag(Sigma), np.diag(Sigma)))
+    ).max() > 0.2

@@ -42,7 +42,13 @@ def test_result_directory_has_everything(tmp_path):
     res = _run(tmp_path, "a")
     out = tmp_path / "a"
     on_disk = json.loads((out / "results.json").read_text())
-    for f in ("report.md", "history.png", "reliability.png", "reliability_sites.png", "ledger.json"):
+    for f in (
+        "report.md",
+        "history.png",
+        "reliability.png",
+        "reliability_sites.png",
+        "ledger.json",
+    ):
         assert (out / f).stat().st_size > 0, f
     pr = on_disk["privacy"]
     assert pr["steps"] == 12 and not pr["halted"]
@@ -60,8 +66,8 @@ def test_result_directory_has_everything(tmp_path):
 
 def test_same_seed_same_trajectory_and_training_helps(tmp_path):
     a = _run(tmp_path, "a", rounds=30)
-    b = _run(tmp_path, "b", rounds=30)
-    c = _run(tmp_path, "c", rounds=30, seed=4)
+    _run(tmp_path, "b", rounds=30)
+    _run(tmp_path, "c", rounds=30, seed=4)
     ta = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)["server"]["theta"]
     tb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["server"]["theta"]
     tc = torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=False)["server"]["theta"]
@@ -103,7 +109,9 @@ def test_resume_after_crash_keeps_the_spent_budget(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="resume"):
         _run(tmp_path, "crash")
     cfg = load_config(None, SMALL)
-    res = engine.run(cfg, out_dir=tmp_path / "crash", resume=True, progress=False, log=lambda s: None)
+    res = engine.run(
+        cfg, out_dir=tmp_path / "crash", resume=True, progress=False, log=lambda s: None
+    )
     pr = res["privacy"]
     assert pr["steps"] == 12
     assert pr["ledger_steps"] == 14  # rounds 5 and 6 were released twice and are counted twice
@@ -117,7 +125,9 @@ def test_resume_after_crash_keeps_the_spent_budget(tmp_path, monkeypatch):
 def test_sgd_and_dpsgd_run(tmp_path):
     sgd = _run(tmp_path, "sgd", method="sgd", prenoise=0.0, decay_gamma=0.0)
     assert sgd["privacy"]["budget"] is None and sgd["privacy"]["ledger"] == []
-    dp = _run(tmp_path, "dpsgd", method="dpsgd", prenoise=0.0, decay_gamma=0.0, noise_multiplier=1.0)
+    dp = _run(
+        tmp_path, "dpsgd", method="dpsgd", prenoise=0.0, decay_gamma=0.0, noise_multiplier=1.0
+    )
     assert [e[1] for e in dp["privacy"]["ledger"]] == [pytest.approx(1.0, rel=0.011)]
 
 
@@ -146,6 +156,18 @@ def test_bad_settings_are_rejected_with_the_setting_named(key, value, match):
 def test_cli_simulate_reports_bad_settings(tmp_path, capsys):
     from fedsgld.cli import main
 
-    assert main(["simulate", "simulations/demo.toml", "--set", "temperature=0", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "simulate",
+                "simulations/demo.toml",
+                "--set",
+                "temperature=0",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "temperature" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # nothing started
