@@ -3,6 +3,7 @@
   sgd     plain SGD: forward, backward of the mean loss, parameter update
   dpsgld  fedsgld's DP-SGLD step: per-record gradients (torch.func), pre-noise, clipping,
           clipped sum, server noise sigma*C and the Langevin update
+  dpsgld_no_prenoise  the same with rho = 0 (pre-noise is B x P Gaussian draws per step)
   opacus  Opacus' DP-SGD step (GradSampleModule hooks + DPOptimizer)
 
 All three are timed in the same process, interleaved over repeats, and reported with
@@ -38,14 +39,21 @@ def make_sgd(batch):
     return step
 
 
-def make_dpsgld(batch, chunk_size):
+def make_dpsgld(batch, chunk_size, prenoise=0.01):
     fm = FlatModel(PaperCNN())
     state = {"theta": fm.flatten(), "t": 0}
     gen = seeded_generator(0, 1)
 
     def step(x, y):
         s = clipped_gradient_sum(
-            fm, state["theta"], x, y, clip=1.0, prenoise=0.01, generator=gen, chunk_size=chunk_size
+            fm,
+            state["theta"],
+            x,
+            y,
+            clip=1.0,
+            prenoise=prenoise,
+            generator=gen,
+            chunk_size=chunk_size,
         )
         state["theta"] = langevin_update(
             state["theta"],
@@ -96,6 +104,7 @@ def main() -> None:
     steps = {
         "sgd": make_sgd(args.batch),
         "dpsgld": make_dpsgld(args.batch, args.chunk_size),
+        "dpsgld_no_prenoise": make_dpsgld(args.batch, args.chunk_size, prenoise=0.0),
         "opacus": make_opacus(args.batch),
     }
     for fn in steps.values():
@@ -115,7 +124,7 @@ def main() -> None:
         f"paper CNN, batch {args.batch}, {torch.get_num_threads()} threads, median of {args.repeats}"
     )
     for k, v in sps.items():
-        print(f"  {k:7s} {v:9.0f} samples/s   step time x{sps['sgd'] / v:.2f} of plain SGD")
+        print(f"  {k:18s} {v:9.0f} samples/s   step time x{sps['sgd'] / v:.2f} of plain SGD")
 
 
 if __name__ == "__main__":

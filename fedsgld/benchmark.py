@@ -70,9 +70,12 @@ def calibrate_noise_multiplier(
 
 
 def _mean_std(values: list[float]) -> dict[str, float]:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
+    """Mean and sample standard deviation, skipping NaN/None; infinite values give inf."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    if any(math.isinf(v) for v in vals):
+        return {"mean": float("inf"), "std": float("nan"), "n": len(vals)}
     return {
         "mean": statistics.fmean(vals),
         "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,

@@ -263,6 +263,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ValueError(f"config file {str(p)!r} does not exist")
         with p.open("rb") as fh:
             raw = tomllib.load(fh)
+        raw.pop("benchmark", None)  # read by `fedsgld benchmark`; one file serves both commands
         for k, v in raw.items():
             if isinstance(v, dict):
                 values.update(v)

@@ -30,12 +30,14 @@ def clip_and_sum(
     ``clip=None`` means no clipping (non-private SGD). ``prenoise > 0`` needs a generator.
     """
     if per_record.dim() != 2:
-        raise ValueError(f"per_record must be (records, params), got shape {tuple(per_record.shape)}")
+        raise ValueError(
+            f"per_record must be (records, params), got shape {tuple(per_record.shape)}"
+        )
     g = per_record
     if prenoise > 0.0:
         if generator is None:
             raise ValueError("prenoise > 0 needs an explicit torch.Generator")
-        g = g + gaussian_noise(g.shape, std=prenoise, generator=generator, dtype=g.dtype)
+        g = gaussian_noise(g.shape, std=prenoise, generator=generator, dtype=g.dtype).add_(g)
     if clip is None:
         return g.sum(dim=0)
     norms = torch.linalg.vector_norm(g, dim=1)

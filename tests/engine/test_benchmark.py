@@ -1,0 +1,116 @@
+"""fedsgld benchmark end to end on small data, and the frozen-backbone (timm) path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedsgld.benchmark import calibrate_noise_multiplier, load_benchmark, run_benchmark
+from fedsgld.cli import main
+from fedsgld.privacy import PrivacyAccountant
+
+BENCH_TOML = """
+dataset = "synthetic"
+model = "mlp"
+sites = 2
+rounds = 15
+sample_rate = 0.2
+lr = 0.2
+temperature = 2.0
+decay_gamma = 0.5
+decay_t0 = 5.0
+prenoise = 0.01
+epsilon = 20.0
+eval_every = 0
+burn_in = 5
+thin = 2
+max_samples = 3
+checkpoint_every = 0
+
+[benchmark]
+methods = ["sgd", "dpsgd", "dpsgld"]
+seeds = [0, 1]
+"""
+
+
+def test_calibrated_dpsgd_sigma_spends_at_most_the_budget():
+    sigma = calibrate_noise_multiplier(sample_rate=0.05, steps=200, epsilon=2.0, delta=1e-5)
+    acc = PrivacyAccountant(delta=1e-5, sigma_rel_grid=0.0)
+    assert acc.rigorous_epsilon([(0.05, sigma, 200)]) <= 2.0
+    assert acc.rigorous_epsilon([(0.05, sigma * 0.99, 200)]) > 2.0 * 0.98  # and it is tight
+
+
+def test_benchmark_table_and_finding(tmp_path):
+    cfg_path = tmp_path / "b.toml"
+    cfg_path.write_text(BENCH_TOML)
+    config, bench = load_benchmark(cfg_path)
+    res = run_benchmark(config, bench, out_dir=tmp_path / "out", progress=False, log=lambda s: None)
+    out = tmp_path / "out"
+    data = json.loads((out / "benchmark.json").read_text())
+    assert set(data["table"]) == {"sgd", "dpsgd", "dpsgld", "dpsgld+bma"}
+    for method, t in data["table"].items():
+        assert t["pooled"]["ece"]["n"] == 2, method
+        assert set(t["sites"]) == {"0", "1"}
+    for m in ("dpsgd", "dpsgld"):
+        for run in data["runs"][m]:
+            assert run["epsilon"]["pld"] <= 20.0
+    assert "dpsgld" in data["finding"] and "statement" in data["finding"]["dpsgld"]
+    md = (out / "benchmark.md").read_text()
+    assert "Does the paper's finding hold?" in md and "| dpsgld+bma |" in md
+    assert (out / "reliability_methods.png").stat().st_size > 5000
+    assert res["dpsgd_noise_multiplier"] > 0
+
+
+def test_benchmark_rejects_bad_method(tmp_path, capsys):
+    cfg_path = tmp_path / "b.toml"
+    cfg_path.write_text(BENCH_TOML.replace('"sgd", "dpsgd"', '"sgd", "adam"'))
+    assert main(["benchmark", str(cfg_path), "--out", str(tmp_path / "o")]) == 2
+    assert "benchmark.methods" in capsys.readouterr().err
+
+
+def _write_pneumonia_npz(path, rng, n=(60, 12, 20), size=28):
+    arrays = {}
+    for split, k in zip(("train", "val", "test"), n):
+        arrays[f"{split}_images"] = rng.integers(0, 256, (k, size, size), dtype=np.uint8)
+        arrays[f"{split}_labels"] = rng.integers(0, 2, (k, 1), dtype=np.uint8)
+    np.savez_compressed(path, **arrays)
+
+
+def test_pneumonia_frozen_backbone_runs_with_random_weights(tmp_path, monkeypatch):
+    pytest.importorskip("timm")
+    monkeypatch.setenv("FEDSGLD_CACHE", str(tmp_path / "cache"))
+    npz = tmp_path / "pneumoniamnist.npz"
+    _write_pneumonia_npz(npz, np.random.default_rng(0))
+    args = [
+        "simulate",
+        "simulations/pneumonia_table2.toml",
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--set",
+        f'data_path="{npz}"',
+        "--set",
+        "backbone=efficientnet_b0",
+        "--set",
+        "image_size=32",
+        "--set",
+        "rounds=4",
+        "--set",
+        "eval_every=2",
+        "--set",
+        "burn_in=1",
+        "--set",
+        "thin=1",
+        "--set",
+        "sample_rate=0.3",
+    ]
+    with pytest.warns(UserWarning, match="RANDOMLY INITIALISED"):
+        assert main(args) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["privacy"]["steps"] == 4 and res["config"]["model"] == "timm_head"
+    assert set(res["metrics"]["sites"]) == {"0", "1", "2"}
+    assert 0.0 <= res["metrics"]["pooled"]["auc"] <= 1.0
+    cached = list((tmp_path / "cache").glob("*.pt"))
+    assert len(cached) == 6  # train and test features of 3 sites, computed once each
