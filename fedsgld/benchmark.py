@@ -43,17 +43,21 @@ def calibrate_noise_multiplier(
     epsilon: float,
     delta: float,
     accountant: str = "pld",
+    sigma_grid: float = 0.0,
     tol: float = 1e-3,
 ) -> float:
     """Smallest constant sigma (within ``tol``) whose ``steps`` steps keep epsilon <= budget.
 
+    ``sigma_grid`` is the run's accounting grid: sigma is judged after the same conservative
+    rounding down that the run's accountant applies, so the run really gets ``steps`` steps.
+
     Bisection on sigma with the rigorous accountant; returns the upper end of the final
     bracket, so the returned sigma never overspends.
     """
-    acc = PrivacyAccountant(delta=delta, accountant=accountant, sigma_rel_grid=0.0)
+    acc = PrivacyAccountant(delta=delta, accountant=accountant, sigma_rel_grid=sigma_grid)
 
     def eps(sigma: float) -> float:
-        return acc.epsilon(ledger=[(sample_rate, sigma, steps)])[accountant]
+        return acc.rigorous_epsilon(ledger=[(sample_rate, acc.bucket(sigma), steps)])
 
     lo, hi = 0.3, 1.0
     while eps(hi) > epsilon:
@@ -138,6 +142,7 @@ def run_benchmark(
             epsilon=base["epsilon"],
             delta=base["delta"],
             accountant=base["accountant"],
+            sigma_grid=base["sigma_grid"],
         )
         log(f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps")
     rows: dict[str, list[dict[str, Any]]] = {}

@@ -296,6 +296,24 @@ def run(
         total=run_cfg.rounds, initial=server.t, disable=not progress, desc=config.privacy.method
     )
     last_eps, last_loss = 0.0, float("nan")
+    last_plan = None
+
+    def record(t: int, plan) -> tuple[float, float]:
+        ev = fed.evaluate([server.theta])["pooled"]
+        eps = server.accountant.rigorous_epsilon() if server.accountant else float("inf")
+        history.append(
+            {
+                "round": t,
+                "step_size": plan.step_size,
+                "sigma": plan.sigma,
+                "epsilon": eps,
+                "test_nll": ev["nll"],
+                "test_accuracy": ev["accuracy"],
+                "test_ece": ev["ece"],
+            }
+        )
+        return eps, ev["nll"]
+
     while (plan := server.plan()) is not None:
         sums = [
             s.clipped_sum(
@@ -309,26 +327,16 @@ def run(
         ]
         server.apply(plan, sums)
         t = server.t
+        last_plan = plan
         if run_cfg.eval_every and (t % run_cfg.eval_every == 0 or t == run_cfg.rounds):
-            ev = fed.evaluate([server.theta])["pooled"]
-            last_eps = server.accountant.rigorous_epsilon() if server.accountant else float("inf")
-            last_loss = ev["nll"]
-            history.append(
-                {
-                    "round": t,
-                    "step_size": plan.step_size,
-                    "sigma": plan.sigma,
-                    "epsilon": last_eps,
-                    "test_nll": ev["nll"],
-                    "test_accuracy": ev["accuracy"],
-                    "test_ece": ev["ece"],
-                }
-            )
+            last_eps, last_loss = record(t, plan)
         if run_cfg.checkpoint_every and t % run_cfg.checkpoint_every == 0:
             checkpoint()
         bar.set_postfix(eps=f"{last_eps:.3f}", loss=f"{last_loss:.3f}", refresh=False)
         bar.update(1)
     bar.close()
+    if run_cfg.eval_every and last_plan is not None and (not history or history[-1]["round"] != server.t):
+        record(server.t, last_plan)  # the point where the budget (or a crash-resume) ended it
     log(f"stopped after {server.t} rounds: {server.halt_reason}")
     checkpoint()
 

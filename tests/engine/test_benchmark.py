@@ -114,3 +114,9 @@ def test_pneumonia_frozen_backbone_runs_with_random_weights(tmp_path, monkeypatc
     assert 0.0 <= res["metrics"]["pooled"]["auc"] <= 1.0
     cached = list((tmp_path / "cache").glob("*.pt"))
     assert len(cached) == 6  # train and test features of 3 sites, computed once each
+
+
+def test_calibrated_sigma_survives_the_runs_sigma_bucketing():
+    sigma = calibrate_noise_multiplier(sample_rate=0.05, steps=150, epsilon=2.0, delta=1e-5, sigma_grid=0.01)
+    acc = PrivacyAccountant(delta=1e-5, epsilon_budget=2.0, sigma_rel_grid=0.01)
+    assert acc.max_steps(lambda t: (0.05, sigma), limit=150) == 150
