@@ -11,7 +11,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .calibration.plots import plot_reliability_overlay, plot_site_grid  # noqa: E402
+from .calibration.plots import (  # noqa: E402
+    plot_confidence_histogram,
+    plot_reliability_overlay,
+    plot_site_grid,
+)
 
 METRIC_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
 
@@ -86,7 +90,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines += [
             f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
         ]
-    lines += ["", "Plots: `history.png`, `reliability.png`, `reliability_sites.png`.", ""]
+    lines += ["", "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.", ""]
     return "\n".join(lines)
 
 
@@ -108,3 +112,6 @@ def write_outputs(
     per_site = {f"site {k}": (p.numpy(), y.numpy()) for k, (p, y) in last["_site_probs"].items()}
     per_site["pooled"] = curves["last iterate"]
     plot_site_grid(per_site, out / "reliability_sites.png")
+    plot_confidence_histogram(
+        *curves["last iterate"], out / "confidence.png", title=f"{results['privacy']['method']}: pooled test"
+    )

@@ -47,6 +47,7 @@ def test_result_directory_has_everything(tmp_path):
         "history.png",
         "reliability.png",
         "reliability_sites.png",
+        "confidence.png",
         "ledger.json",
     ):
         assert (out / f).stat().st_size > 0, f
