@@ -21,7 +21,8 @@ else:  # pragma: no cover
 
 from .core.schedules import StepSchedule, sgld_noise_multiplier
 
-METHODS = ("sgd", "dpsgd", "dpsgld")
+METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
+OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("iid", "dirichlet", "quantity")
 ACCOUNTANTS = ("pld", "rdp")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
@@ -56,7 +57,8 @@ class PrivacySettings:
 
     method      sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and
                 step size) | dpsgld (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t,
-                pre-noise rho)
+                pre-noise rho) | dpvi (DP variational inference: clipped per-record ELBO
+                gradients, constant sigma) | vi (non-private variational inference)
     epsilon     the budget; training halts before a step that would exceed it
     delta       target delta of the (epsilon, delta) guarantee, in (0, 1)
     sample_rate Poisson sampling rate q of every site, in (0, 1]
@@ -105,12 +107,16 @@ class PrivacySettings:
 
     @property
     def private(self) -> bool:
-        return self.method != "sgd"
+        return self.method not in ("sgd", "vi")
+
+    @property
+    def variational(self) -> bool:
+        return self.method in ("dpvi", "vi")
 
     @property
     def schedule(self) -> StepSchedule:
         """DP-SGD keeps its step size constant; SGD and DP-SGLD use the decay settings."""
-        gamma = 0.0 if self.method == "dpsgd" else self.decay_gamma
+        gamma = self.decay_gamma if self.method in ("sgd", "dpsgld") else 0.0
         return StepSchedule(self.lr, gamma, self.decay_t0)
 
     @property
@@ -123,15 +129,15 @@ class PrivacySettings:
 
     def sigma(self, t: int) -> float:
         """Noise multiplier of step t (0 for sgd)."""
-        if self.method == "sgd":
+        if not self.private:
             return 0.0
-        if self.method == "dpsgd":
+        if self.method in ("dpsgd", "dpvi"):
             return self.noise_multiplier
         return sgld_noise_multiplier(self.step_size(t), self.temperature)
 
     @property
     def clip_bound(self) -> float | None:
-        return None if self.method == "sgd" else self.clip
+        return self.clip if self.private else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +175,11 @@ class RunSettings:
     thin: int = 10
     max_samples: int = 20
     checkpoint_every: int = 50
+    # variational inference (methods dpvi and vi); the optimiser is post-processing
+    optimizer: str = "sgd"  # sgd | adam
+    prior_std: float = 1.0  # Gaussian prior N(0, prior_std^2 I) of the KL term
+    vi_init_std: float = 0.001  # initial std of q
+    vi_samples: int = 20  # Monte-Carlo draws from q for predictions
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -186,6 +197,10 @@ class RunSettings:
         _int("thin", self.thin, 1)
         _int("max_samples", self.max_samples, 0)
         _int("checkpoint_every", self.checkpoint_every, 0)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _num("prior_std", self.prior_std, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("vi_init_std", self.vi_init_std, 0.0, math.inf, lo_open=True, hi_open=True)
+        _int("vi_samples", self.vi_samples, 1, 10_000)
 
 
 @dataclass(frozen=True)

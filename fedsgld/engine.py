@@ -122,9 +122,26 @@ class Federation:
                 run.model, input_shape=input_shape, num_classes=ds.num_classes, hidden=run.hidden
             )
         self.sites = [
-            Site.from_site_data(d, self.model, seed=self.seed, chunk_size=perf.chunk_size)
+            Site.from_site_data(
+                d,
+                self.model,
+                seed=self.seed,
+                chunk_size=perf.chunk_size,
+                flat_model=self.flat_model(),
+            )
             for d in self.site_data
         ]
+
+    def flat_model(self):
+        """The parameter view each site computes gradients in: theta, or phi = [mu, rho] for VI."""
+        if not self.config.privacy.variational:
+            return None
+        from .vi import VariationalModel
+
+        run = self.config.run
+        return VariationalModel(
+            self.model, init_std=run.vi_init_std, predict_samples=run.vi_samples
+        )
 
     def _backbone_features(self, d):
         """Replace a site's images by frozen-backbone features (computed once, cached on disk)."""
@@ -153,6 +170,8 @@ class Federation:
                 burn_in=run.burn_in, thin=run.thin, max_samples=run.max_samples
             ),
             on_spend=on_spend,
+            prior_std=run.prior_std,
+            optimizer=run.optimizer,
         )
 
     def evaluate(self, thetas: list[torch.Tensor]) -> dict[str, Any]:
@@ -201,7 +220,7 @@ def _privacy_block(server: LangevinServer, config: Config) -> dict[str, Any]:
         block.update(
             ledger=[],
             epsilon={"gdp": float("inf"), "pld": float("inf"), "rdp": float("inf")},
-            note="method 'sgd' adds no noise and has no privacy guarantee",
+            note=f"method '{p.method}' adds no noise and has no privacy guarantee",
         )
         return block
     acc = server.accountant
@@ -335,7 +354,11 @@ def run(
         bar.set_postfix(eps=f"{last_eps:.3f}", loss=f"{last_loss:.3f}", refresh=False)
         bar.update(1)
     bar.close()
-    if run_cfg.eval_every and last_plan is not None and (not history or history[-1]["round"] != server.t):
+    if (
+        run_cfg.eval_every
+        and last_plan is not None
+        and (not history or history[-1]["round"] != server.t)
+    ):
         record(server.t, last_plan)  # the point where the budget (or a crash-resume) ended it
     log(f"stopped after {server.t} rounds: {server.halt_reason}")
     checkpoint()

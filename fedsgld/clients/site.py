@@ -29,16 +29,25 @@ class Site:
         *,
         seed: int,
         chunk_size: int = 256,
+        flat_model: FlatModel | None = None,
     ) -> None:
         self.site_id = int(site_id)
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test, y_test
-        self.fm = FlatModel(model)
+        self.fm = flat_model if flat_model is not None else FlatModel(model)
         self.seed = seed
         self.chunk_size = chunk_size
 
     @classmethod
-    def from_site_data(cls, data, model: nn.Module, *, seed: int, chunk_size: int = 256) -> Site:
+    def from_site_data(
+        cls,
+        data,
+        model: nn.Module,
+        *,
+        seed: int,
+        chunk_size: int = 256,
+        flat_model: FlatModel | None = None,
+    ) -> Site:
         return cls(
             data.site_id,
             data.x_train,
@@ -48,6 +57,7 @@ class Site:
             model,
             seed=seed,
             chunk_size=chunk_size,
+            flat_model=flat_model,
         )
 
     @property
@@ -67,6 +77,9 @@ class Site:
         prenoise: float,
     ) -> torch.Tensor:
         """This site's contribution to round ``round``: the clipped, pre-noised gradient sum."""
+        gen = self.generator(round)
+        if hasattr(self.fm, "begin_step"):  # variational models draw their eps for this step
+            self.fm.begin_step(gen)
         return site_step(
             self.fm,
             theta,
@@ -75,7 +88,7 @@ class Site:
             sample_rate=sample_rate,
             clip=clip,
             prenoise=prenoise,
-            generator=self.generator(round),
+            generator=gen,
             chunk_size=self.chunk_size,
         )
 

@@ -45,7 +45,8 @@ class FlatModel:
         self.names = [n for n, _ in named]
         self.shapes = [tuple(p.shape) for _, p in named]
         self.numels = [p.numel() for _, p in named]
-        self.size = int(sum(self.numels))
+        self.theta_size = int(sum(self.numels))  # network weights
+        self.size = self.theta_size  # what the optimiser moves (2x for variational models)
         self.buffers = {n: b.detach() for n, b in module.named_buffers()}
         self._per_record = vmap(grad(self._loss_one), in_dims=(None, 0, 0))
 
@@ -55,8 +56,10 @@ class FlatModel:
         return torch.cat([params[n].detach().reshape(-1) for n in self.names]).float().clone()
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        if theta.shape != (self.size,):
-            raise ValueError(f"theta must have shape ({self.size},), got {tuple(theta.shape)}")
+        if theta.shape != (self.theta_size,):
+            raise ValueError(
+                f"theta must have shape ({self.theta_size},), got {tuple(theta.shape)}"
+            )
         out = {}
         for name, chunk, shape in zip(
             self.names, theta.split(self.numels), self.shapes, strict=False

@@ -90,6 +90,8 @@ class LangevinServer:
         weight_decay: float = 0.0,
         posterior: PosteriorSamples | None = None,
         on_spend: Callable[[PrivacyAccountant], None] | None = None,
+        prior_std: float = 1.0,
+        optimizer: str = "sgd",
     ) -> None:
         if len(site_sizes) == 0 or min(site_sizes) < 0 or sum(site_sizes) == 0:
             raise ValueError(
@@ -111,6 +113,13 @@ class LangevinServer:
             else PosteriorSamples(burn_in=0, thin=1, max_samples=0)
         )
         self.on_spend = on_spend
+        self.prior_std = prior_std
+        self.optimizer = optimizer
+        self.adam = None
+        if privacy.variational and optimizer == "adam":
+            from ..vi import Adam
+
+            self.adam = Adam(self.theta.shape[0])
         self.accountant: PrivacyAccountant | None = None
         if privacy.private:
             self.accountant = PrivacyAccountant(
@@ -183,18 +192,36 @@ class LangevinServer:
             if self.on_spend is not None:
                 self.on_spend(self.accountant)
         noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
-        self.theta = langevin_update(
-            self.theta,
-            total,
-            step_size=plan.step_size,
-            noise_std=noise_std,
-            expected_batch=self.expected_batch,
-            weight_decay=self.weight_decay,
-            generator=seeded_generator(self.seed, SERVER_STREAM, self.t),
-        )
+        if self.privacy.variational:
+            self.theta = self._vi_update(plan, total, noise_std)
+        else:
+            self.theta = langevin_update(
+                self.theta,
+                total,
+                step_size=plan.step_size,
+                noise_std=noise_std,
+                expected_batch=self.expected_batch,
+                weight_decay=self.weight_decay,
+                generator=seeded_generator(self.seed, SERVER_STREAM, self.t),
+            )
         self.t += 1
         self.posterior.offer(self.t, self.theta)
         return self.theta
+
+    def _vi_update(self, plan: RoundPlan, total: torch.Tensor, noise_std: float) -> torch.Tensor:
+        """DPVI: g = (sum_k S_k + N(0, (sigma C)^2 I)) / L + grad KL(q || prior) / sum_k N_k,
+        then an SGD or Adam step on phi = [mu, rho]. The KL gradient is added after the
+        noise and is not clipped: it touches no record."""
+        from ..privacy.noise import gaussian_noise
+        from ..vi import kl_gradient
+
+        gen = seeded_generator(self.seed, SERVER_STREAM, self.t)
+        noisy = total + gaussian_noise(total.shape, std=noise_std, generator=gen)
+        g = noisy / self.expected_batch + kl_gradient(self.theta, prior_std=self.prior_std) / sum(
+            self.site_sizes
+        )
+        direction = self.adam.direction(g) if self.adam is not None else g
+        return self.theta - plan.step_size * direction
 
     # -- reporting and checkpoints -----------------------------------------------
     def epsilon(self) -> dict[str, float]:
@@ -208,6 +235,7 @@ class LangevinServer:
             "t": self.t,
             "halt_reason": self.halt_reason,
             "posterior": self.posterior.state_dict(),
+            "adam": self.adam.state_dict() if self.adam is not None else None,
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -215,3 +243,5 @@ class LangevinServer:
         self.t = int(d["t"])
         self.halt_reason = d.get("halt_reason")
         self.posterior.load_state_dict(d["posterior"])
+        if self.adam is not None and d.get("adam") is not None:
+            self.adam.load_state_dict(d["adam"])
