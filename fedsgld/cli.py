@@ -82,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     privacy_cli.add_arguments(priv)
     priv.set_defaults(func=privacy_cli.run)
+
+    from .pate import cli as pate_cli
+
+    pate = sub.add_parser("pate", help="PATE: teachers per site, noisy votes, a student")
+    pate_cli.add_pate_arguments(pate)
+    pate.set_defaults(func=pate_cli.run_pate_command)
+    pate_an = sub.add_parser("pate-analysis", help="epsilons of a saved PATE vote file")
+    pate_cli.add_analysis_arguments(pate_an)
+    pate_an.set_defaults(func=pate_cli.run_analysis_command)
     return parser
 
 
