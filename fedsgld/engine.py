@@ -90,6 +90,17 @@ def new_run_dir(base: str | Path = "runs", tag: str = "run") -> Path:
     return d
 
 
+def variational_view(config: Config, model: torch.nn.Module):
+    """For VI methods the sites' parameter view phi = [mu, rho] over ``model``; else None
+    (the plain view theta). The engine and the Flower apps both build sites with it."""
+    if not config.privacy.variational:
+        return None
+    from .vi import VariationalModel
+
+    run = config.run
+    return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
+
+
 class Federation:
     """Sites + server built from a :class:`Config` (shared by the engine and the Flower apps)."""
 
@@ -134,14 +145,7 @@ class Federation:
 
     def flat_model(self):
         """The parameter view each site computes gradients in: theta, or phi = [mu, rho] for VI."""
-        if not self.config.privacy.variational:
-            return None
-        from .vi import VariationalModel
-
-        run = self.config.run
-        return VariationalModel(
-            self.model, init_std=run.vi_init_std, predict_samples=run.vi_samples
-        )
+        return variational_view(self.config, self.model)
 
     def _backbone_features(self, d):
         """Replace a site's images by frozen-backbone features (computed once, cached on disk)."""

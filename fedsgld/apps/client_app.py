@@ -1,0 +1,30 @@
+"""The ClientApp: one SuperNode, one or more sites (``[tool.flwr.app.components] clientapp``).
+
+``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
+pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
+the site's test-split predictions and calibration report. See :mod:`fedsgld.clients.flower`.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from ..clients.flower import handle_evaluate, handle_query, handle_train
+
+app = ClientApp()
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    return handle_query(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return handle_train(msg, context)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return handle_evaluate(msg, context)

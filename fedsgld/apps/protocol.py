@@ -1,0 +1,106 @@
+"""What the ServerApp and the ClientApp say to each other, and the Flower run config.
+
+Three message types, one (node, site) pair per message (a SuperNode may host several sites):
+
+``query``     server -> node: ``run`` (ConfigRecord: the flat run config, seed resolved).
+              reply: ``sites`` (ConfigRecord, key ``json``: a JSON list with one entry per
+              hosted site: site id, n_train, n_test, num_classes, input_shape,
+              label_histogram). Site sizes are public in DP-SGLD (L = q * sum_k N_k).
+``train``     server -> node: ``theta`` (ArrayRecord ``{"theta": float32 (P,)}``), ``plan``
+              (ConfigRecord: site-id, round, sample-rate, prenoise, clip (absent: no
+              clipping, method sgd)), ``run``.
+              reply: ``sum`` (ArrayRecord ``{"sum": float32 (P,)}``: the clipped, pre-noised
+              gradient sum S_k) and ``meta`` (MetricRecord ``{"site-id", "round"}``).
+              Never the realised batch size.
+``evaluate``  server -> node: ``thetas`` (ArrayRecord ``{"0": theta_0, ...}``), ``eval``
+              (ConfigRecord: site-id, groups = JSON ``{"last": [0], "posterior": [1, ...]}``),
+              ``run``. reply: ``reports`` (ConfigRecord ``json``: calibration_report of each
+              group's mean softmax on the site's test split), ``pred-<group>`` (ArrayRecord
+              ``{"probs"}``), ``labels`` (ArrayRecord ``{"labels"}``) and ``meta``.
+              The test-split predictions let the server compute pooled calibration
+              metrics and plots exactly as the in-process engine does (trusted server).
+
+The run config of a Flower run has the keys of ``fedsgld simulate``'s config (see
+``fedsgld.config``) plus the Flower-only keys in :data:`FLOWER_KEYS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from flwr.app import ConfigRecord
+
+from ..config import Config
+
+QUERY = "query"
+TRAIN = "train"
+EVALUATE = "evaluate"
+
+# Flower-only run-config keys and their defaults.
+FLOWER_KEYS: dict[str, Any] = {
+    "out": "",  # result directory; empty: a new directory under runs/
+    "resume": False,  # resume the run in `out` from its checkpoint
+    "round-timeout": 600.0,  # seconds to wait for the replies of one round
+    "wait-for-sites": 600.0,  # seconds to wait until every site has a connected node
+    "poll-interval": 0.2,  # seconds between polls for replies (Flower's own loop sleeps 3 s)
+}
+
+# Settings that determine a site's shard (and so the cache key of a node's sites).
+DATA_KEYS = (
+    "dataset",
+    "data_path",
+    "sites",
+    "partition",
+    "dirichlet_alpha",
+    "test_fraction",
+    "model",
+    "backbone",
+    "backbone_weights",
+    "image_size",
+    "hidden",
+    "seed",
+    "chunk_size",
+)
+
+
+def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
+    """Build the :class:`Config` and the Flower-only options from a Flower run config.
+
+    Unknown keys raise ``ValueError`` naming them (from :meth:`Config.from_flat`).
+    """
+    opts = dict(FLOWER_KEYS)
+    flat: dict[str, Any] = {}
+    for k, v in run_config.items():
+        if k in FLOWER_KEYS:
+            opts[k] = v
+        else:
+            flat[k] = v
+    config = Config.from_flat(flat)
+    if not isinstance(opts["out"], str):
+        raise ValueError(f"out must be a string (a directory), got {opts['out']!r}")
+    if not isinstance(opts["resume"], bool):
+        raise ValueError(f"resume must be true or false, got {opts['resume']!r}")
+    for k in ("round-timeout", "wait-for-sites", "poll-interval"):
+        v = opts[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{k} must be a number of seconds > 0, got {v!r}")
+        opts[k] = float(v)
+    return config, opts
+
+
+def run_record(config: Config) -> ConfigRecord:
+    """The flat config (seed resolved by the server) as sent with every message."""
+    return ConfigRecord({k: v for k, v in config.flat().items()})
+
+
+def config_from_record(rec: ConfigRecord) -> Config:
+    return Config.from_flat(dict(rec.items()))
+
+
+def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:
+    """A key for everything that determines the sites a node hosts and their shards."""
+    flat = config.flat()
+    key = {"config": {k: flat[k] for k in DATA_KEYS if k in flat}, "node": dict(sorted(node_config.items()))}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]

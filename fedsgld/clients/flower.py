@@ -1,0 +1,321 @@
+"""The site side of the Flower federation: which sites a SuperNode hosts, and its replies.
+
+A SuperNode hosts one or more sites (hospitals). Which ones, and where their records
+come from, is set by the node's ``node_config``:
+
+``partition-id`` / ``num-partitions``  (Flower's simulation sets these) the node hosts the
+    sites k < ``sites`` with ``k % num-partitions == partition-id``; their shards are the
+    engine's split (:class:`fedsgld.engine.Federation`: same dataset, same ``make_sites``
+    call, same seed), so a seeded Flower run and the in-process engine see the same data.
+``site-id``  the node hosts exactly this site (a deployment: one SuperNode per hospital).
+``data-path``  where this node finds the dataset files (overrides the run config's
+    ``data_path``); the shard is still the engine's split of that dataset.
+``site-data``  an ``.npz`` file holding this site's own records (``x_train``, ``y_train``,
+    ``x_test``, ``y_test``, optionally ``num_classes``); needs ``site-id``; no split.
+    ``python -m fedsgld.apps.export_sites`` writes such files from a config.
+
+A node prepares its shards once per run: in a process-level cache (simulation: the Ray
+actor lives on) and in ``context.state`` (deployment: every message starts a new
+process, but the node's state persists for the whole run). Every computation is the
+core's: :meth:`fedsgld.clients.Site.clipped_sum` for training and
+:meth:`~fedsgld.clients.Site.predict` for evaluation. The reply to a training message is
+the clipped, pre-noised sum S_k and the site id, never the realised batch size.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from ..apps.protocol import config_from_record, data_fingerprint
+from ..config import Config
+from .site import Site
+
+log = logging.getLogger("fedsgld.site")
+
+STATE_META = "fedsgld.sites"
+STATE_SHARD = "fedsgld.shard-{}"
+STATE_LIMIT_BYTES = 256 * 2**20  # shards larger than this are rebuilt, not kept in context.state
+
+
+@dataclass
+class SiteShard:
+    """A site's records (the fields of ``fedsgld.data.SiteData`` that a site needs)."""
+
+    site_id: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int = 0
+
+    def label_histogram(self, split: str = "train") -> list[int]:
+        """Number of records of each class (as ``fedsgld.data.SiteData.label_histogram``)."""
+        y = self.y_train if split == "train" else self.y_test
+        return torch.bincount(y, minlength=self.num_classes).tolist()
+
+
+@dataclass
+class HostedSites:
+    """The sites one node hosts, ready to train."""
+
+    key: str
+    sites: dict[int, Site]
+    info: list[dict[str, Any]]
+    num_classes: int
+
+
+_CACHE: dict[str, HostedSites] = {}
+
+
+def _hosted_ids(config: Config, node_config: dict[str, Any]) -> list[int]:
+    k = config.run.sites
+    if "site-id" in node_config:
+        sid = node_config["site-id"]
+        if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < k:
+            raise ValueError(f"node config site-id must be an integer in [0, {k - 1}], got {sid!r}")
+        return [sid]
+    if "partition-id" in node_config and "num-partitions" in node_config:
+        pid, npart = node_config["partition-id"], node_config["num-partitions"]
+        if not (isinstance(pid, int) and isinstance(npart, int) and 0 <= pid < npart):
+            raise ValueError(f"bad node config partition-id={pid!r} num-partitions={npart!r}")
+        return [s for s in range(k) if s % npart == pid]
+    raise ValueError(
+        "node config must name the site(s) this node hosts: site-id=K, or "
+        "partition-id=P num-partitions=N (set by Flower's simulation)"
+    )
+
+
+def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
+    from ..engine import variational_view
+
+    return Site.from_site_data(
+        shard,
+        model,
+        seed=config.run.seed,
+        chunk_size=config.perf.chunk_size,
+        flat_model=variational_view(config, model),
+    )
+
+
+def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    from ..models import build_model
+
+    with torch.random.fork_rng():
+        torch.manual_seed(config.run.seed)
+        return build_model(
+            config.run.model, input_shape=input_shape, num_classes=num_classes, hidden=config.run.hidden
+        )
+
+
+def _info(shard: Any, num_classes: int) -> dict[str, Any]:
+    return {
+        "site": int(shard.site_id),
+        "n_train": int(shard.x_train.shape[0]),
+        "n_test": int(shard.x_test.shape[0]),
+        "num_classes": int(num_classes),
+        "input_shape": [int(s) for s in shard.x_train.shape[1:]],
+        "label_histogram": shard.label_histogram("train"),
+    }
+
+
+def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"node config site-data: no file {str(p)!r}")
+    with np.load(p, allow_pickle=False) as z:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(z.files)
+        if missing:
+            raise ValueError(f"site-data {str(p)!r} lacks {sorted(missing)}")
+        shard = SiteShard(
+            site_id=site_id,
+            x_train=torch.from_numpy(np.ascontiguousarray(z["x_train"], dtype=np.float32)),
+            y_train=torch.from_numpy(z["y_train"].astype(np.int64)),
+            x_test=torch.from_numpy(np.ascontiguousarray(z["x_test"], dtype=np.float32)),
+            y_test=torch.from_numpy(z["y_test"].astype(np.int64)),
+        )
+        if "num_classes" in z.files:
+            num_classes = int(z["num_classes"])
+        else:
+            num_classes = int(max(shard.y_train.max(), shard.y_test.max())) + 1
+            log.warning("site-data %s has no num_classes; using %d from its labels", p, num_classes)
+    shard.num_classes = num_classes
+    if config.run.model == "timm_head":
+        from ..engine import Federation
+
+        # the engine's own feature step (frozen backbone, cached on disk)
+        shard = Federation._backbone_features(SimpleNamespace(config=config), shard)
+    return shard, num_classes
+
+
+def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites:
+    ids = _hosted_ids(config, node_config)
+    if "site-data" in node_config:
+        if "site-id" not in node_config:
+            raise ValueError("node config site-data needs site-id")
+        shard, num_classes = _load_npz(config, str(node_config["site-data"]), ids[0])
+        model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
+        sites = {ids[0]: _site_from_shard(config, shard, model)}
+        return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
+    from ..engine import Federation
+
+    if "data-path" in node_config:
+        config = Config.from_flat({**config.flat(), "data_path": str(node_config["data-path"])})
+    fed = Federation(config, log=log.info)  # the engine's data split, model and sites
+    sites = {k: fed.sites[k] for k in ids}
+    info = [_info(fed.site_data[k], fed.num_classes) for k in ids]
+    return HostedSites(key, sites, info, fed.num_classes)
+
+
+def _to_state(context: Context, hosted: HostedSites) -> None:
+    size = sum(
+        t.element_size() * t.numel()
+        for s in hosted.sites.values()
+        for t in (s.x_train, s.y_train, s.x_test, s.y_test)
+    )
+    if size > STATE_LIMIT_BYTES:
+        return
+    for k, s in hosted.sites.items():
+        context.state[STATE_SHARD.format(k)] = ArrayRecord(
+            {
+                "x_train": Array(s.x_train.numpy()),
+                "y_train": Array(s.y_train.numpy()),
+                "x_test": Array(s.x_test.numpy()),
+                "y_test": Array(s.y_test.numpy()),
+            }
+        )
+    context.state[STATE_META] = ConfigRecord(
+        {"key": hosted.key, "info": json.dumps(hosted.info), "num_classes": hosted.num_classes}
+    )
+
+
+def _from_state(context: Context, config: Config, key: str) -> HostedSites | None:
+    meta = context.state.get(STATE_META)
+    if not isinstance(meta, ConfigRecord) or meta.get("key") != key:
+        return None
+    info = json.loads(str(meta["info"]))
+    num_classes = int(meta["num_classes"])
+    model = None
+    sites: dict[int, Site] = {}
+    for entry in info:
+        rec = context.state.get(STATE_SHARD.format(entry["site"]))
+        if not isinstance(rec, ArrayRecord):
+            return None
+        arr = {n: torch.from_numpy(rec[n].numpy().copy()) for n in ("x_train", "y_train", "x_test", "y_test")}
+        shard = SiteShard(site_id=int(entry["site"]), num_classes=num_classes, **arr)
+        if model is None:
+            model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
+        sites[shard.site_id] = _site_from_shard(config, shard, model)
+    return HostedSites(key, sites, info, num_classes)
+
+
+def hosted_sites(context: Context, config: Config) -> HostedSites:
+    """The sites this node hosts for ``config`` (built once, then cached)."""
+    node_config = dict(context.node_config)
+    key = data_fingerprint(config, node_config)
+    hosted = _CACHE.get(key)
+    if hosted is None:
+        hosted = _from_state(context, config, key)
+        if hosted is None:
+            hosted = _build(config, node_config, key)
+            _to_state(context, hosted)
+        _CACHE.clear()  # one run's shards per process
+        _CACHE[key] = hosted
+    return hosted
+
+
+def _site(hosted: HostedSites, site_id: Any) -> Site:
+    if isinstance(site_id, bool) or not isinstance(site_id, int) or site_id not in hosted.sites:
+        raise ValueError(f"this node does not host site {site_id!r} (it hosts {sorted(hosted.sites)})")
+    return hosted.sites[site_id]
+
+
+def _threads(config: Config) -> None:
+    if config.perf.threads:
+        torch.set_num_threads(config.perf.threads)
+
+
+# -- message handlers (the ClientApp's @train / @evaluate / @query call these) -----------
+
+
+def handle_query(msg: Message, context: Context) -> Message:
+    config = config_from_record(msg.content["run"])
+    hosted = hosted_sites(context, config)
+    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(hosted.info)})}), reply_to=msg)
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum."""
+    config = config_from_record(msg.content["run"])
+    _threads(config)
+    plan = msg.content["plan"]
+    site = _site(hosted_sites(context, config), plan["site-id"])
+    theta = torch.from_numpy(msg.content["theta"]["theta"].numpy().copy())
+    clip = plan.get("clip")
+    total = site.clipped_sum(
+        theta,
+        round=int(plan["round"]),
+        sample_rate=float(plan["sample-rate"]),
+        clip=None if clip is None else float(clip),
+        prenoise=float(plan["prenoise"]),
+    )
+    content = RecordDict(
+        {
+            "sum": ArrayRecord({"sum": Array(total.detach().numpy().astype(np.float32, copy=False))}),
+            "meta": MetricRecord({"site-id": site.site_id, "round": int(plan["round"])}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """Mean softmax of each group of parameter vectors on the site's test split."""
+    from ..calibration import calibration_report
+
+    config = config_from_record(msg.content["run"])
+    _threads(config)
+    ev = msg.content["eval"]
+    site = _site(hosted_sites(context, config), ev["site-id"])
+    thetas = msg.content["thetas"]
+    groups: dict[str, list[int]] = json.loads(str(ev["groups"]))
+    labels = site.y_test.numpy()
+    records: dict[str, Any] = {
+        "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),
+        "meta": MetricRecord({"site-id": site.site_id}),
+    }
+    reports = {}
+    for name, idx in groups.items():
+        ths = [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
+        probs = site.predict(ths).numpy()
+        reports[name] = calibration_report(probs, labels)
+        records[f"pred-{name}"] = ArrayRecord({"probs": Array(probs.astype(np.float32, copy=False))})
+    records["reports"] = ConfigRecord({"json": json.dumps(reports, default=_json_default)})
+    return Message(RecordDict(records), reply_to=msg)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+__all__ = [
+    "HostedSites",
+    "SiteShard",
+    "handle_evaluate",
+    "handle_query",
+    "handle_train",
+    "hosted_sites",
+]

@@ -1,0 +1,301 @@
+"""The ServerApp and ClientApp over an in-process Grid: equivalence, reply checks, failures, resume.
+
+These drive the very code Flower runs (``fedsgld.apps.server_app:app`` and
+``fedsgld.apps.client_app:app``) through :class:`fedsgld.apps.local_grid.LocalGrid`, so
+they take seconds; ``test_flower_simulation.py`` and ``test_flower_deploy.py`` run the
+same apps under Flower's simulation and a real deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from flower_support import ROOT, SMALL
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+
+from fedsgld import engine
+from fedsgld.apps.local_grid import run_local
+from fedsgld.apps.protocol import FLOWER_KEYS, split_run_config
+from fedsgld.apps.runner import SitesUnavailable
+from fedsgld.config import Config, load_config
+from fedsgld.strategies.flower import AllSitesFailed
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def _theta(out):
+    return torch.load(out / "checkpoint.pt", weights_only=False)["server"]
+
+
+def _results(out):
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The in-process engine on SMALL (the reference trajectory)."""
+    out = tmp_path_factory.mktemp("engine") / "ref"
+    engine.run(load_config(None, SMALL), out_dir=out, progress=False, log=lambda s: None)
+    return out
+
+
+def _local(tmp_path, name, *, fault=None, num_nodes=None, node_configs=None, **over):
+    out = tmp_path / name
+    run_local(
+        {**SMALL, **over, "out": str(out)},
+        num_nodes=num_nodes,
+        node_configs=node_configs,
+        fault=fault,
+        shuffle_seed=7,
+    )
+    return out
+
+
+def _site(msg: Message) -> int:
+    return int(msg.content["plan"]["site-id"])
+
+
+def _round(msg: Message) -> int:
+    return int(msg.content["plan"]["round"])
+
+
+def _replace_sum(ins: Message, reply: Message, value: np.ndarray, **extra) -> Message:
+    meta = reply.content["meta"]
+    content = RecordDict(
+        {
+            "sum": ArrayRecord({"sum": Array(value)}),
+            "meta": MetricRecord({"site-id": int(meta["site-id"]), "round": int(meta["round"])}),
+            **extra,
+        }
+    )
+    return Message(content, reply_to=ins)
+
+
+def _fault(rule):
+    """A LocalGrid fault hook: ``rule(instruction, reply)`` for train messages only."""
+
+    def hook(ins: Message, reply: Message):
+        if ins.metadata.message_type != "train":
+            return reply
+        return rule(ins, reply)
+
+    return hook
+
+
+# -- equivalence with the in-process engine ------------------------------------------------
+
+
+def test_flower_apps_on_local_grid_equal_the_engine_bitwise(tmp_path, reference):
+    # 2 nodes host 3 sites (node 0: sites 0 and 2), replies come back shuffled, node ids are
+    # random: sorting by site id and (seed, site, round) generators give the same trajectory.
+    out = _local(tmp_path, "flower", num_nodes=2)
+    ref, got = _theta(reference), _theta(out)
+    assert torch.equal(got["theta"], ref["theta"])
+    assert got["t"] == ref["t"] == 12
+    assert got["posterior"]["steps"] == ref["posterior"]["steps"] == [8, 10, 12]
+    for a, b in zip(got["posterior"]["samples"], ref["posterior"]["samples"]):
+        assert torch.equal(a, b)
+    r, e = _results(out), _results(reference)
+    assert r["engine"] == "flower" and e["engine"] == "in-process"
+    assert r["privacy"]["ledger"] == e["privacy"]["ledger"]
+    assert r["privacy"]["epsilon"] == e["privacy"]["epsilon"]
+    assert r["history"] == e["history"]
+    assert r["metrics"]["pooled"] == e["metrics"]["pooled"]
+    assert r["metrics"]["sites"] == e["metrics"]["sites"]
+    assert r["metrics"]["posterior"] == e["metrics"]["posterior"]
+    assert r["sites"] == e["sites"]
+    assert r["flower"]["dropped_replies"] == []
+    for f in ("report.md", "history.png", "reliability.png", "reliability_sites.png", "ledger.json"):
+        assert (out / f).stat().st_size > 0, f
+
+
+def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
+    """The deployment path: each node reads its own .npz (written by export_sites)."""
+    from fedsgld.apps.export_sites import export_sites
+
+    paths = export_sites(load_config(None, SMALL), tmp_path / "data")
+    ncs = [{"site-id": k, "site-data": str(p)} for k, p in enumerate(paths)]
+    out = _local(tmp_path, "npz", node_configs=ncs)
+    assert torch.equal(_theta(out)["theta"], _theta(reference)["theta"])
+
+
+def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
+    """Deployment starts a new process per message: the node's shards come from context.state."""
+    from fedsgld.apps.local_grid import LocalGrid
+    from fedsgld.apps.protocol import run_record
+    from fedsgld.clients import flower as site_side
+    from fedsgld.engine import Federation
+
+    config = Config.from_flat(SMALL)
+    grid = LocalGrid.partitions(__import__("fedsgld.apps.client_app", fromlist=["app"]).app, 2)
+    ctx = next(iter(grid.contexts.values()))
+    hosted = site_side.hosted_sites(ctx, config)
+    assert sorted(hosted.sites) == [0, 2]
+    theta = torch.randn(hosted.sites[0].fm.size)
+    before = hosted.sites[2].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
+    site_side._CACHE.clear()  # a new process: no Python-level cache
+
+    def no_rebuild(*a, **k):
+        raise AssertionError("the shard was rebuilt instead of read from context.state")
+
+    monkeypatch.setattr(Federation, "__init__", no_rebuild)
+    again = site_side.hosted_sites(ctx, config)
+    assert sorted(again.sites) == [0, 2]
+    after = again.sites[2].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
+    assert torch.equal(before, after)
+    assert run_record(config)["seed"] == 3
+
+
+# -- bad replies, failures -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def zero_reply_run(tmp_path_factory):
+    """The run in which site 1 sends an all-zero sum in round 5 (no record sampled)."""
+
+    def zero(ins, reply):
+        if _site(ins) == 1 and _round(ins) == 5:
+            return _replace_sum(ins, reply, np.zeros_like(reply.content["sum"]["sum"].numpy()))
+        return reply
+
+    return _local(tmp_path_factory.mktemp("zero"), "zero", fault=_fault(zero))
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("nan", "non-finite"),
+        ("shape", "expected float32"),
+        ("float64", "expected float32"),
+        ("norm", "exceeds N_k C"),
+        ("extra-record", "reply records"),
+        ("wrong-site", "was asked for site 1"),
+        ("error", "error reply"),
+        ("lost", "no reply"),
+    ],
+)
+def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(tmp_path, zero_reply_run, kind, reason):
+    """Site 1's reply in round 5 is bad: it is dropped with a logged reason, the run goes
+    on, and the step equals one where site 1 sent an all-zero sum (no record sampled)."""
+    size = {}
+
+    def bad(ins, reply):
+        if _site(ins) != 1 or _round(ins) != 5:
+            return reply
+        s = reply.content["sum"]["sum"].numpy()
+        size["p"] = s.size
+        if kind == "nan":
+            return _replace_sum(ins, reply, np.full_like(s, np.nan))
+        if kind == "shape":
+            return _replace_sum(ins, reply, s[:-1].copy())
+        if kind == "float64":
+            return _replace_sum(ins, reply, s.astype(np.float64))
+        if kind == "norm":
+            return _replace_sum(ins, reply, np.full_like(s, 1e6))
+        if kind == "extra-record":
+            return _replace_sum(ins, reply, s, n=MetricRecord({"batch-size": 17}))
+        if kind == "wrong-site":
+            m = _replace_sum(ins, reply, s)
+            m.content["meta"]["site-id"] = 0
+            return m
+        if kind == "error":
+            return Message(Error(2, "Traceback: RuntimeError: disk full"), reply_to=ins)
+        return None  # lost
+
+    # a lost reply is waited for until round-timeout, then dropped
+    out = _local(tmp_path, "bad", fault=_fault(bad), **{"round-timeout": 1.0})
+    ref = zero_reply_run
+    r = _results(out)
+    drops = r["flower"]["dropped_replies"]
+    assert len(drops) == 1 and drops[0]["round"] == 5 and drops[0]["kind"] == "train"
+    assert reason in drops[0]["reason"]
+    assert r["privacy"]["steps"] == 12 and r["privacy"]["ledger_steps"] == 12
+    assert r["privacy"]["ledger"] == _results(ref)["privacy"]["ledger"]
+    assert torch.equal(_theta(out)["theta"], _theta(ref)["theta"])
+
+
+def test_every_site_failing_stops_the_run_with_a_clear_error(tmp_path):
+    def all_fail(ins, reply):
+        if _round(ins) == 4:
+            return Message(Error(2, "ClientApp crashed"), reply_to=ins)
+        return reply
+
+    with pytest.raises(AllSitesFailed, match="round 4: every site failed.*no step was taken"):
+        _local(tmp_path, "fail", fault=_fault(all_fail))
+    out = tmp_path / "fail"
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert sum(e[2] for e in ledger["ledger"]) == 4  # rounds 0..3 spent, round 4 not
+    assert _theta(out)["t"] == 4  # checkpointed where it stopped
+    assert not (out / "results.json").exists()
+
+
+def test_missing_sites_are_reported_after_the_wait(tmp_path):
+    with pytest.raises(SitesUnavailable, match=r"sites \[1, 2\] had no working node"):
+        _local(tmp_path, "few", node_configs=[{"site-id": 0}], **{"wait-for-sites": 0.5})
+
+
+def test_a_misconfigured_node_is_named_in_the_error(tmp_path):
+    ncs = [{"site-id": 0}, {"site-id": 1}, {"nothing": 1}]
+    with pytest.raises(SitesUnavailable, match="node config must name the site"):
+        _local(tmp_path, "bad-node", node_configs=ncs, **{"wait-for-sites": 0.5})
+
+
+# -- crash and resume ------------------------------------------------------------------------
+
+
+def test_resume_after_a_server_crash_keeps_the_spent_budget(tmp_path, reference):
+    def crash(ins, reply):
+        if _round(ins) == 7:
+            raise RuntimeError("server crashed")
+        return reply
+
+    with pytest.raises(RuntimeError, match="server crashed"):
+        _local(tmp_path, "crash", fault=_fault(crash))
+    out = tmp_path / "crash"
+    assert sum(e[2] for e in json.loads((out / "ledger.json").read_text())["ledger"]) == 7
+    with pytest.raises(ValueError, match="resume"):  # a fresh run into the same directory
+        _local(tmp_path, "crash")
+    _local(tmp_path, "crash", resume=True)
+    r = _results(out)
+    assert r["privacy"]["steps"] == 12
+    assert r["privacy"]["ledger_steps"] == 14  # rounds 5 and 6 were released twice: both counted
+    assert r["privacy"]["epsilon"]["pld"] > _results(reference)["privacy"]["epsilon"]["pld"]
+    assert torch.equal(_theta(out)["theta"], _theta(reference)["theta"])
+    with pytest.raises(ValueError, match="config differs"):
+        _local(tmp_path, "crash", resume=True, lr=0.3)
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_pyproject_run_config_has_every_setting_and_works():
+    with (ROOT / "pyproject.toml").open("rb") as fh:
+        py = tomllib.load(fh)
+    app = py["tool"]["flwr"]["app"]
+    assert app["components"] == {
+        "serverapp": "fedsgld.apps.server_app:app",
+        "clientapp": "fedsgld.apps.client_app:app",
+    }
+    defaults = app["config"]
+    assert set(defaults) == set(Config().flat()) | set(FLOWER_KEYS)
+    config, opts = split_run_config(defaults)
+    assert config.privacy.method == "dpsgld" and opts["out"] == "" and opts["resume"] is False
+    demo = load_config(ROOT / "simulations" / "demo.toml")
+    for k, v in demo.flat().items():
+        if k not in ("rounds", "burn_in", "thin", "max_samples", "eval_every", "checkpoint_every"):
+            assert config.flat()[k] == v, k
+    assert config.run.rounds <= 100
+
+
+def test_unknown_run_config_keys_are_named():
+    with pytest.raises(ValueError, match="no_such_key"):
+        split_run_config({"no_such_key": 1})
+    with pytest.raises(ValueError, match="round-timeout"):
+        split_run_config({"round-timeout": 0})
