@@ -21,6 +21,7 @@ else:  # pragma: no cover
 
 from .core.schedules import StepSchedule, sgld_noise_multiplier
 
+PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
 OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("iid", "dirichlet", "quantity")
@@ -74,6 +75,12 @@ class PrivacySettings:
     no temperature; sgd: no clipping, no noise; dpsgld: no noise_multiplier).
     accountant  rigorous accountant for the budget check: pld | rdp
     sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5)
+    noise_placement  server (default: sites send clipped sums, the server adds the noise
+                and takes one step per round) | sites (each site takes local_steps noisy
+                steps on its own records per round, the server averages; sgd, dpsgd and
+                dpsgld only)
+    local_steps local steps per round with noise_placement = sites, >= 1 (must be 1 with
+                server placement)
     """
 
     method: str = "dpsgld"
@@ -89,6 +96,8 @@ class PrivacySettings:
     decay_t0: float = 100.0
     accountant: str = "pld"
     sigma_grid: float = 0.01
+    noise_placement: str = "server"
+    local_steps: int = 1
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -104,6 +113,18 @@ class PrivacySettings:
         _num("decay_t0", self.decay_t0, 0.0, math.inf, lo_open=True, hi_open=True)
         _choice("accountant", self.accountant, ACCOUNTANTS)
         _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
+        _choice("noise_placement", self.noise_placement, PLACEMENTS)
+        _int("local_steps", self.local_steps, 1, 10_000)
+        if self.noise_placement == "server" and self.local_steps != 1:
+            raise ValueError(
+                f"local_steps must be 1 with noise_placement = 'server' (one step per round), "
+                f"got {self.local_steps}; set noise_placement = 'sites' for local steps"
+            )
+        if self.noise_placement == "sites" and self.variational:
+            raise ValueError(
+                f"noise_placement = 'sites' supports methods sgd, dpsgd and dpsgld, got "
+                f"method {self.method!r}; use noise_placement = 'server'"
+            )
 
     @property
     def private(self) -> bool:

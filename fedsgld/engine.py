@@ -217,6 +217,8 @@ def _privacy_block(server: LangevinServer, config: Config) -> dict[str, Any]:
         "delta": p.delta,
         "budget": p.epsilon if p.private else None,
         "steps": server.t,
+        "noise_placement": p.noise_placement,
+        "local_steps": server.local_steps,
         "halted": bool(server.halt_reason and server.halt_reason.startswith("privacy budget")),
         "halt_reason": server.halt_reason,
     }
@@ -239,6 +241,13 @@ def _privacy_block(server: LangevinServer, config: Config) -> dict[str, Any]:
             f"'{acc.rigorous_name}'. Sigma is rounded down to a {p.sigma_grid:g} relative grid "
             "for accounting (conservative). ledger_steps can exceed steps after a resume: "
             "steps whose output was lost in a crash stay counted."
+            + (
+                f" Noise at the sites: 'steps' counts rounds of {server.local_steps} local steps; "
+                "the ledger is each site's own (every site uses the same q and sigma_t, so it "
+                "is also the worst site's)."
+                if server.local
+                else ""
+            )
         ),
     )
     return block
@@ -338,17 +347,34 @@ def run(
         return eps, ev["nll"]
 
     while (plan := server.plan()) is not None:
-        sums = [
-            s.clipped_sum(
-                server.theta,
-                round=plan.round,
-                sample_rate=plan.sample_rate,
-                clip=plan.clip,
-                prenoise=plan.prenoise,
-            )
-            for s in fed.sites
-        ]
-        server.apply(plan, sums)
+        if server.local:  # noise at the sites: local steps, then the average
+            server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
+            thetas = [
+                (
+                    s.num_train,
+                    s.local_round(
+                        server.theta,
+                        first_step=plan.first_step,
+                        local_steps=plan.local_steps,
+                        privacy=config.privacy,
+                        weight_decay=run_cfg.weight_decay,
+                    ),
+                )
+                for s in fed.sites
+            ]
+            server.finish_local_round(plan, thetas)
+        else:
+            sums = [
+                s.clipped_sum(
+                    server.theta,
+                    round=plan.round,
+                    sample_rate=plan.sample_rate,
+                    clip=plan.clip,
+                    prenoise=plan.prenoise,
+                )
+                for s in fed.sites
+            ]
+            server.apply(plan, sums)
         t = server.t
         last_plan = plan
         if run_cfg.eval_every and (t % run_cfg.eval_every == 0 or t == run_cfg.rounds):

@@ -259,6 +259,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     plan = msg.content["plan"]
     site = _site(hosted_sites(context, config), plan["site-id"])
     theta = torch.from_numpy(msg.content["theta"]["theta"].numpy().copy())
+    if config.privacy.noise_placement == "sites":
+        return _local_round(msg, config, site, theta)
     clip = plan.get("clip")
     total = site.clipped_sum(
         theta,
@@ -271,6 +273,33 @@ def handle_train(msg: Message, context: Context) -> Message:
         {
             "sum": ArrayRecord({"sum": Array(total.detach().numpy().astype(np.float32, copy=False))}),
             "meta": MetricRecord({"site-id": site.site_id, "round": int(plan["round"])}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) -> Message:
+    """Noise at the sites: this site's local DP-SGLD steps, noise added here; the reply is
+    the site's parameters. Step sizes and noise come from the run config's privacy
+    settings; the plan only says which steps, and must agree with those settings."""
+    plan = msg.content["plan"]
+    rnd, e = int(plan["round"]), config.privacy.local_steps
+    if plan.get("local-steps") != e or plan.get("first-step") != rnd * e:
+        raise ValueError(
+            f"plan asks for local-steps={plan.get('local-steps')!r} first-step="
+            f"{plan.get('first-step')!r}; the run config gives {e} local steps from step {rnd * e}"
+        )
+    new = site.local_round(
+        theta,
+        first_step=rnd * e,
+        local_steps=e,
+        privacy=config.privacy,
+        weight_decay=config.run.weight_decay,
+    )
+    content = RecordDict(
+        {
+            "theta": ArrayRecord({"theta": Array(new.detach().numpy().astype(np.float32, copy=False))}),
+            "meta": MetricRecord({"site-id": site.site_id, "round": rnd}),
         }
     )
     return Message(content, reply_to=msg)

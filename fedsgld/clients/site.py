@@ -4,6 +4,10 @@ A site returns only S_k = sum over its Poisson-sampled records of clip_C(g_i + r
 never the number of records it sampled. Its randomness (sampling and pre-noise) comes
 from a generator derived from (seed, 1 + site_id, round), so runs are reproducible
 whatever order the sites are called in.
+
+With ``noise_placement = "sites"`` a site instead runs :meth:`Site.local_round`: several
+DP-SGLD steps on its own records, adding the Gaussian noise itself (from the stream
+(seed, 1 + site_id, step, LOCAL_NOISE_STREAM)), and returns its parameters.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..core.mechanism import FlatModel, site_step
+from ..core.mechanism import FlatModel, langevin_update, site_step
 from ..privacy.noise import seeded_generator
+
+LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
 
 
 class Site:
@@ -91,6 +97,50 @@ class Site:
             generator=gen,
             chunk_size=self.chunk_size,
         )
+
+    def local_round(
+        self,
+        theta: torch.Tensor,
+        *,
+        first_step: int,
+        local_steps: int,
+        privacy,
+        weight_decay: float = 0.0,
+    ) -> torch.Tensor:
+        """``local_steps`` noisy Langevin steps on this site's records (noise placement "sites").
+
+        Step t = first_step + i: S = clipped, pre-noised sum over a Poisson sample (rate q)
+        of the site's records, then theta <- theta - alpha_t ((S + sigma_t C xi) / L_k +
+        lambda theta) with L_k = q N_k. alpha_t and sigma_t come from the site's own privacy
+        settings (a :class:`fedsgld.config.PrivacySettings`), not from the server.
+        """
+        if self.num_train == 0:
+            return theta.clone()
+        q, clip = privacy.sample_rate, privacy.clip_bound
+        expected = q * self.num_train
+        for i in range(local_steps):
+            t = first_step + i
+            s = site_step(
+                self.fm,
+                theta,
+                self.x_train,
+                self.y_train,
+                sample_rate=q,
+                clip=clip,
+                prenoise=privacy.applied_prenoise,
+                generator=self.generator(t),
+                chunk_size=self.chunk_size,
+            )
+            theta = langevin_update(
+                theta,
+                s,
+                step_size=privacy.step_size(t),
+                noise_std=privacy.sigma(t) * clip if clip is not None else 0.0,
+                expected_batch=expected,
+                weight_decay=weight_decay,
+                generator=seeded_generator(self.seed, 1 + self.site_id, t, LOCAL_NOISE_STREAM),
+            )
+        return theta
 
     def predict(self, thetas: Sequence[torch.Tensor], split: str = "test") -> torch.Tensor:
         """Mean softmax over ``thetas`` (one theta: the plain prediction; several: the

@@ -129,6 +129,7 @@ def check_train_reply(
     plan: RoundPlan,
     entry: SiteEntry | None,
     size: int,
+    key: str = "sum",
 ) -> torch.Tensor:
     """Validate one training reply; return S_k or raise :class:`ReplyRejected`.
 
@@ -137,7 +138,8 @@ def check_train_reply(
     records ``sum`` (ArrayRecord ``{"sum"}``) and ``meta`` (MetricRecord with ``site-id``
     and ``round``); it comes from that site's node and names that site and round; S_k is
     float32 of shape (P,), finite, and (with clipping) ||S_k|| <= N_k C, a bound no
-    correct site can exceed.
+    correct site can exceed. With noise at the sites (``key="theta"``) the reply holds the
+    site's parameters after its local steps instead: same checks except the norm bound.
     """
     if entry is None:
         raise ReplyRejected("the reply answers no instruction of this round")
@@ -147,8 +149,8 @@ def check_train_reply(
     if not msg.has_content():
         raise ReplyRejected("reply has no content")
     keys = sorted(msg.content.keys())
-    if keys != ["meta", "sum"]:
-        raise ReplyRejected(f"reply records {keys}, expected ['meta', 'sum']")
+    if keys != sorted(["meta", key]):
+        raise ReplyRejected(f"reply records {keys}, expected {sorted(['meta', key])}")
     sid = _site_id_of(msg)
     node = _src(msg)
     if sid != entry.site or node != entry.node_id:
@@ -158,11 +160,11 @@ def check_train_reply(
     rnd = msg.content["meta"].get("round")
     if rnd != plan.round:
         raise ReplyRejected(f"reply is for round {rnd!r}, expected {plan.round}")
-    nd = _decode_vector(msg.content["sum"], "sum", size=size, dtype="float32")
+    nd = _decode_vector(msg.content[key], key, size=size, dtype="float32")
     if not np.isfinite(nd).all():
-        raise ReplyRejected("sum has non-finite values")
+        raise ReplyRejected(f"{key} has non-finite values")
     s = torch.from_numpy(nd.copy())
-    if plan.clip is not None:
+    if plan.clip is not None and key == "sum":
         bound = entry.n_train * plan.clip * (1.0 + NORM_SLACK) + 1e-6
         norm = float(torch.linalg.vector_norm(s.double()))
         if norm > bound:
@@ -221,6 +223,9 @@ class LangevinStrategy(Strategy):
         if plan is None:
             return []
         arrays = self._theta_record(arrays)
+        if self.server.local:
+            # noise at the sites: their releases are counted before any site runs
+            self.server.begin_local_round(plan)
         msgs = []
         for sid, entry in self.directory.items():
             rec: dict[str, Any] = {
@@ -231,6 +236,9 @@ class LangevinStrategy(Strategy):
             }
             if plan.clip is not None:
                 rec["clip"] = plan.clip
+            if self.server.local:
+                rec["local-steps"] = plan.local_steps
+                rec["first-step"] = plan.first_step
             for k, v in (config or {}).items():
                 rec.setdefault(k, v)
             content = RecordDict({"theta": arrays, "plan": ConfigRecord(rec), "run": self.run})
@@ -275,18 +283,30 @@ class LangevinStrategy(Strategy):
             replies,
             plan.round,
             "train",
-            lambda m, e: check_train_reply(m, plan=plan, entry=e, size=self.size),
+            lambda m, e: check_train_reply(
+                m, plan=plan, entry=e, size=self.size, key="theta" if self.server.local else "sum"
+            ),
         )
         if not good:
             reasons = "; ".join(
                 f"site {d.site}: {d.reason}" for d in self.drops if d.round == plan.round and d.kind == "train"
             )
+            spent = (
+                "its local steps stay counted in the ledger"
+                if self.server.local
+                else "no privacy was spent"
+            )
             raise AllSitesFailed(
-                f"round {plan.round}: every site failed, so no step was taken and no privacy "
-                f"was spent ({reasons})"
+                f"round {plan.round}: every site failed, so no step was taken and {spent} "
+                f"({reasons})"
             )
         self.last_train_sites = sorted(good)
-        self.server.apply(plan, [good[k] for k in sorted(good)])
+        if self.server.local:
+            self.server.finish_local_round(
+                plan, [(self.directory[k].n_train, good[k]) for k in sorted(good)]
+            )
+        else:
+            self.server.apply(plan, [good[k] for k in sorted(good)])
         metrics: dict[str, Any] = {
             "round": plan.round,
             "sites-ok": len(good),

@@ -41,6 +41,8 @@ class RoundPlan:
     sample_rate: float
     clip: float | None
     prenoise: float
+    local_steps: int = 1  # noise_placement "sites": local steps first_step .. first_step + local_steps - 1
+    first_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +122,9 @@ class LangevinServer:
             from ..vi import Adam
 
             self.adam = Adam(self.theta.shape[0])
+        # noise_placement "sites": round r runs local steps r E .. r E + E - 1 at every site
+        self.local = privacy.noise_placement == "sites"
+        self.local_steps = privacy.local_steps if self.local else 1
         self.accountant: PrivacyAccountant | None = None
         if privacy.private:
             self.accountant = PrivacyAccountant(
@@ -142,8 +147,11 @@ class LangevinServer:
         remaining = self.rounds - self.t
         if self.accountant is None or remaining <= 0:
             return max(remaining, 0)
-        start = self.t
-        return self.accountant.max_steps(lambda i: self.schedule_point(start + i), limit=remaining)
+        e, start = self.local_steps, self.t * self.local_steps
+        steps = self.accountant.max_steps(
+            lambda i: self.schedule_point(start + i), limit=remaining * e
+        )
+        return steps // e
 
     def plan(self) -> RoundPlan | None:
         """The next round's plan, or None when the run is over (``halt_reason`` says why)."""
@@ -152,28 +160,40 @@ class LangevinServer:
         if self.t >= self.rounds:
             self.halt_reason = f"completed {self.rounds} rounds"
             return None
-        q, sigma = self.schedule_point(self.t)
-        if self.accountant is not None and not self.accountant.check(q, sigma):
-            eps = self.accountant.rigorous_epsilon()
-            self.halt_reason = (
-                f"privacy budget: step {self.t + 1} (sigma={sigma:.4g}) would take epsilon past "
-                f"{self.privacy.epsilon:g} at delta={self.privacy.delta:g}; "
-                f"spent {eps:.4f} in {self.t} steps"
-            )
-            return None
+        e = self.local_steps
+        first = self.t * e
+        q, sigma = self.schedule_point(first)
+        if self.accountant is not None:
+            if e == 1:
+                ok = self.accountant.check(q, sigma)
+            else:
+                ok = self.accountant.max_steps(lambda i: self.schedule_point(first + i), limit=e) == e
+            if not ok:
+                eps = self.accountant.rigorous_epsilon()
+                what = f"step {self.t + 1}" if not self.local else f"round {self.t + 1} ({e} local steps)"
+                self.halt_reason = (
+                    f"privacy budget: {what} (sigma={sigma:.4g}) would take epsilon past "
+                    f"{self.privacy.epsilon:g} at delta={self.privacy.delta:g}; "
+                    f"spent {eps:.4f} in {self.accountant.steps} steps"
+                )
+                return None
         p = self.privacy
         return RoundPlan(
             round=self.t,
-            step_size=p.step_size(self.t),
+            step_size=p.step_size(first),
             sigma=sigma,
             sample_rate=q,
             clip=p.clip_bound,
             prenoise=p.applied_prenoise,
+            local_steps=e,
+            first_step=first if self.local else None,
         )
 
     # -- the step ---------------------------------------------------------------
     def apply(self, plan: RoundPlan, site_sums: Sequence[torch.Tensor]) -> torch.Tensor:
         """Record the privacy spend, add the noise, take the Langevin step."""
+        if self.local:
+            raise ValueError("noise_placement = 'sites': use begin_local_round / finish_local_round")
         if plan.round != self.t:
             raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
         total = torch.zeros_like(self.theta)
@@ -204,6 +224,46 @@ class LangevinServer:
                 weight_decay=self.weight_decay,
                 generator=seeded_generator(self.seed, SERVER_STREAM, self.t),
             )
+        self.t += 1
+        self.posterior.offer(self.t, self.theta)
+        return self.theta
+
+    # -- noise placement "sites" -----------------------------------------------------
+    def begin_local_round(self, plan: RoundPlan) -> None:
+        """Record the round's local steps in the ledger BEFORE any site runs them.
+
+        With noise at the sites every site releases its own noisy iterates, each local step a
+        Poisson-subsampled Gaussian (q, sigma_t) on that site's records. Every site uses the
+        same q and sigma schedule, so every site's ledger equals this one and the worst
+        site's epsilon is this ledger's; a site that fails the round is counted anyway.
+        """
+        if not self.local:
+            raise ValueError("begin_local_round needs noise_placement = 'sites'")
+        if plan.round != self.t or plan.first_step != self.t * self.local_steps:
+            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
+        if self.accountant is not None:
+            for i in range(plan.local_steps):
+                try:
+                    self.accountant.step(*self.schedule_point(plan.first_step + i))
+                except BudgetExhausted as err:  # plan() checked; this guards misuse
+                    self.halt_reason = f"privacy budget: {err}"
+                    raise
+            if self.on_spend is not None:
+                self.on_spend(self.accountant)
+
+    def finish_local_round(self, plan: RoundPlan, site_thetas: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """theta <- sum_k N_k theta_k / sum_k N_k over the sites that answered (post-processing)."""
+        if plan.round != self.t:
+            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
+        if not site_thetas:
+            raise ValueError("finish_local_round needs at least one site's parameters")
+        total_n = sum(n for n, _ in site_thetas)
+        new = torch.zeros_like(self.theta)
+        for n, th in site_thetas:
+            if th.shape != new.shape:
+                raise ValueError(f"site parameters have shape {tuple(th.shape)}, expected {tuple(new.shape)}")
+            new += (n / total_n) * th.float()
+        self.theta = new
         self.t += 1
         self.posterior.offer(self.t, self.theta)
         return self.theta

@@ -299,3 +299,28 @@ def test_unknown_run_config_keys_are_named():
         split_run_config({"no_such_key": 1})
     with pytest.raises(ValueError, match="round-timeout"):
         split_run_config({"round-timeout": 0})
+
+
+# -- the other methods and the other noise placement over the same apps -----------------------
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"noise_placement": "sites", "local_steps": 2, "rounds": 6},
+        {"method": "dpvi", "noise_multiplier": 1.5, "lr": 0.05, "optimizer": "adam", "rounds": 6},
+    ],
+    ids=["sites-placement", "dpvi"],
+)
+def test_other_placements_and_methods_equal_the_engine(tmp_path, over):
+    cfg = {**SMALL, **over}
+    ref = tmp_path / "engine"
+    engine.run(load_config(None, cfg), out_dir=ref, progress=False, log=lambda s: None)
+    out = _local(tmp_path, "flower", num_nodes=2, **over)
+    assert torch.equal(_theta(out)["theta"], _theta(ref)["theta"])
+    r, e = _results(out), _results(ref)
+    assert r["privacy"]["ledger"] == e["privacy"]["ledger"]
+    assert r["privacy"]["epsilon"]["pld"] <= cfg["epsilon"]
+    assert r["metrics"]["pooled"] == e["metrics"]["pooled"]
+    if "local_steps" in over:
+        assert r["privacy"]["ledger_steps"] == 2 * r["privacy"]["steps"] == 12
