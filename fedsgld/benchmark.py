@@ -8,6 +8,9 @@ The config is a flat TOML file of run settings (like ``fedsgld simulate``'s) plu
     seeds = [0, 1, 2]
     calibrate_dpsgd = true   # choose DP-SGD's sigma so that `rounds` steps spend exactly the budget
 
+    [benchmark.overrides.sgd]  # settings of one method only (here: its own step size)
+    lr = 0.05
+
 Every (method, seed) is one ordinary run (its own result directory under OUT/runs/). The
 benchmark writes OUT/benchmark.json and OUT/benchmark.md (mean and standard deviation over
 seeds, per method, pooled and per site), OUT/reliability_methods.png (the methods'
@@ -32,6 +35,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+# the paper's finding: DP-SGLD better calibrated than DP-SGD at a similar accuracy, i.e.
+# lower ECE and at most this much lower accuracy
+ACCURACY_SLACK = 0.02
 
 TABLE_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
 
@@ -110,6 +117,17 @@ def load_benchmark(
         )
     bench["methods"], bench["seeds"] = methods, seeds
     bench.setdefault("calibrate_dpsgd", True)
+    per_method = bench.setdefault("overrides", {})
+    if not isinstance(per_method, dict):
+        raise ValueError("benchmark.overrides must be a table of per-method tables")
+    for m, over in per_method.items():
+        if m not in methods or not isinstance(over, dict):
+            raise ValueError(
+                f"benchmark.overrides.{m}: must name one of the benchmark's methods "
+                f"({', '.join(methods)}) and hold settings"
+            )
+        if "method" in over or "seed" in over:
+            raise ValueError(f"benchmark.overrides.{m}: 'method' and 'seed' cannot be overridden")
     flat: dict[str, Any] = {}
     for k, v in raw.items():
         if isinstance(v, dict):
@@ -117,7 +135,13 @@ def load_benchmark(
         else:
             flat[k] = v
     flat.update(overrides or {})
-    return Config.from_flat(flat), bench
+    config = Config.from_flat(flat)
+    for m, over in per_method.items():
+        try:
+            Config.from_flat({**flat, **over, "method": m})
+        except ValueError as err:
+            raise ValueError(f"benchmark.overrides.{m}: {err}") from None
+    return config, bench
 
 
 def run_benchmark(
@@ -158,6 +182,7 @@ def run_benchmark(
                     over["noise_multiplier"] = dpsgd_sigma
             if method == "sgd":
                 over["decay_gamma"] = 0.0
+            over.update(bench.get("overrides", {}).get(method, {}))
             cfg = Config.from_flat({**base, **over})
             log(f"== {method}, seed {seed}")
             res = engine.run(
@@ -233,7 +258,8 @@ def paper_finding(table: dict[str, Any]) -> dict[str, Any]:
         a_sgd = table["dpsgd"]["pooled"]["accuracy"]["mean"]
         a_sgld = table[variant]["pooled"]["accuracy"]["mean"]
         ratio = e_sgd / e_sgld if e_sgld > 0 else float("inf")
-        holds = ratio > 1.0
+        # better calibrated AND at most ACCURACY_SLACK less accurate
+        holds = ratio > 1.0 and a_sgld - a_sgd >= -ACCURACY_SLACK
         out[variant] = {
             "ece_ratio_dpsgd_over": ratio,
             "accuracy_difference": a_sgld - a_sgd,
@@ -242,6 +268,11 @@ def paper_finding(table: dict[str, Any]) -> dict[str, Any]:
                 f"DP-SGD ECE {e_sgd:.4f} vs {variant} {e_sgld:.4f} (ratio {ratio:.2f}); accuracy "
                 f"{a_sgd:.4f} vs {a_sgld:.4f} ({a_sgld - a_sgd:+.4f}). The paper's finding "
                 + ("holds on this run." if holds else "does NOT hold on this run.")
+                + (
+                    f" (better calibrated, but more than {ACCURACY_SLACK:g} less accurate)"
+                    if ratio > 1.0 and not holds
+                    else ""
+                )
             ),
         }
     return out
@@ -256,6 +287,8 @@ def benchmark_markdown(result: dict[str, Any]) -> str:
         f"epsilon {cfg['epsilon']:g} at delta {cfg['delta']:g}, up to {cfg['rounds']} rounds, "
         f"seeds {result['benchmark']['seeds']}.",
     ]
+    for m, over in result["benchmark"].get("overrides", {}).items():
+        lines.append(f"Settings of `{m}` only: " + ", ".join(f"`{k} = {v!r}`" for k, v in over.items()) + ".")
     if result["dpsgd_noise_multiplier"]:
         lines.append(
             f"DP-SGD noise multiplier calibrated to {result['dpsgd_noise_multiplier']:.4f}."

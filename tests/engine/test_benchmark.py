@@ -120,3 +120,48 @@ def test_calibrated_sigma_survives_the_runs_sigma_bucketing():
     sigma = calibrate_noise_multiplier(sample_rate=0.05, steps=150, epsilon=2.0, delta=1e-5, sigma_grid=0.01)
     acc = PrivacyAccountant(delta=1e-5, epsilon_budget=2.0, sigma_rel_grid=0.01)
     assert acc.max_steps(lambda t: (0.05, sigma), limit=150) == 150
+
+
+def test_per_method_overrides_apply_to_that_method_only(tmp_path):
+    cfg_path = tmp_path / "b.toml"
+    cfg_path.write_text(
+        BENCH_TOML.replace("seeds = [0, 1]", "seeds = [0]").replace(
+            'methods = ["sgd", "dpsgd", "dpsgld"]', 'methods = ["sgd", "dpsgld"]'
+        )
+        + "\n[benchmark.overrides.sgd]\nlr = 0.05\n"
+    )
+    config, bench = load_benchmark(cfg_path)
+    run_benchmark(config, bench, out_dir=tmp_path / "out", progress=False, log=lambda s: None)
+    data = json.loads((tmp_path / "out" / "benchmark.json").read_text())
+    cfg = {m: json.loads((tmp_path / "out" / "runs" / f"{m}-seed0" / "results.json").read_text())["config"] for m in ("sgd", "dpsgld")}
+    assert cfg["sgd"]["lr"] == 0.05 and cfg["dpsgld"]["lr"] == 0.2
+    assert data["benchmark"]["overrides"] == {"sgd": {"lr": 0.05}}
+    assert "Settings of `sgd` only: `lr = 0.05`" in (tmp_path / "out" / "benchmark.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("[benchmark.overrides.sgd]\nlr = -1.0\n", r"benchmark.overrides.sgd: lr must be"),
+        ("[benchmark.overrides.dpvi]\nlr = 0.1\n", r"benchmark.overrides.dpvi: must name one of"),
+        ("[benchmark.overrides.sgd]\nseed = 3\n", "cannot be overridden"),
+    ],
+)
+def test_bad_overrides_are_named(tmp_path, extra, match):
+    cfg_path = tmp_path / "b.toml"
+    cfg_path.write_text(BENCH_TOML + "\n" + extra)
+    with pytest.raises(ValueError, match=match):
+        load_benchmark(cfg_path)
+
+
+def test_the_finding_needs_similar_accuracy_too():
+    from fedsgld.benchmark import paper_finding
+
+    def row(acc, ece):
+        return {"pooled": {"accuracy": {"mean": acc}, "ece": {"mean": ece}}}
+
+    better = paper_finding({"dpsgd": row(0.90, 0.04), "dpsgld": row(0.895, 0.01)})
+    assert better["dpsgld"]["holds"]
+    worse = paper_finding({"dpsgd": row(0.56, 0.41), "dpsgld": row(0.28, 0.15)})
+    assert not worse["dpsgld"]["holds"] and "less accurate" in worse["dpsgld"]["statement"]
+    assert not paper_finding({"dpsgd": row(0.9, 0.01), "dpsgld": row(0.9, 0.02)})["dpsgld"]["holds"]
