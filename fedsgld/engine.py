@@ -346,7 +346,9 @@ def run(
         )
         return eps, ev["nll"]
 
+    round_times: list[float] = []
     while (plan := server.plan()) is not None:
+        t_round = time.perf_counter()
         if server.local:  # noise at the sites: local steps, then the average
             server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
             thetas = [
@@ -381,6 +383,7 @@ def run(
             last_eps, last_loss = record(t, plan)
         if run_cfg.checkpoint_every and t % run_cfg.checkpoint_every == 0:
             checkpoint()
+        round_times.append(time.perf_counter() - t_round)
         bar.set_postfix(eps=f"{last_eps:.3f}", loss=f"{last_loss:.3f}", refresh=False)
         bar.update(1)
     bar.close()
@@ -419,6 +422,10 @@ def run(
             },
         },
         "wall_time_s": time.perf_counter() - t_start,
+        "round_wall_time_s": {
+            "count": len(round_times),
+            "mean": sum(round_times) / len(round_times) if round_times else None,
+        },
     }
     write_outputs(out, results, last=last, posterior=post)
     log(f"results in {out}")

@@ -67,6 +67,8 @@ def flower_env(home: Path, **extra: str) -> dict[str, str]:
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         PYTHONUNBUFFERED="1",
         RAY_USAGE_STATS_ENABLED="0",
+        # SuperLink and SuperNode start `flower-superexec` by name: the venv's bin must be on PATH
+        PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),
     )
     env.update(extra)
     return env
@@ -78,15 +80,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 30.0) -> None:
+def wait_port(port: int, timeout: float = 120.0, *, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Wait until something listens on ``port``; fail with the process's log if it exits or hangs."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.settimeout(0.5)
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
+        if proc is not None and proc.poll() is not None:
+            break
         time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
+    tail = log.read_text(errors="replace")[-4000:] if log is not None and log.is_file() else ""
+    state = f"exited with {proc.returncode}" if proc is not None and proc.poll() is not None else "still running"
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s (process {state}); its log:\n{tail}")
 
 
 def _pids_tagged(tag: str) -> list[int]:
@@ -133,6 +140,9 @@ class Processes:
         p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True)
         self.procs[name] = p
         return p
+
+    def wait_listening(self, name: str, port: int, timeout: float = 120.0) -> None:
+        wait_port(port, timeout, proc=self.procs[name], log=self.root / f"{name}.log")
 
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg, wait_port
+from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg
 
 from fedsgld.apps.export_sites import export_sites
 from fedsgld.config import load_config
@@ -111,7 +111,7 @@ def test_deploy_insecure_loopback_three_supernodes(flower_tmp):
         ],
         flower_env(root / "home-link"),
     )
-    wait_port(port)
+    procs.wait_listening("superlink", port)
     for k, f in enumerate(files):
         procs.start(
             f"supernode-{k}",
@@ -205,7 +205,7 @@ def test_deploy_tls_with_supernode_authentication_refuses_unregistered_nodes(flo
         ],
         flower_env(root / "home-link"),
     )  # fmt: skip
-    wait_port(port)
+    procs.wait_listening("superlink", port)
     cli_home = root / "home-cli"
     _connection(cli_home, "tlslink", _control_port(port), ca=certs["ca"])
     cli_env = flower_env(cli_home)
