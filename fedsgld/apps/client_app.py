@@ -3,6 +3,8 @@
 ``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
 the site's test-split predictions and calibration report. See :mod:`fedsgld.clients.flower`.
+``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE teachers at the site, their
+vote histogram, the student's test predictions (:mod:`fedsgld.pate.flower`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..clients.flower import handle_evaluate, handle_query, handle_train
+from ..pate import flower as pate
 
 app = ClientApp()
 
@@ -28,3 +31,18 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     return handle_evaluate(msg, context)
+
+
+@app.query("pate")
+def pate_query(msg: Message, context: Context) -> Message:
+    return pate.handle_query(msg, context)
+
+
+@app.train("pate")
+def pate_train(msg: Message, context: Context) -> Message:
+    return pate.handle_train(msg, context)
+
+
+@app.evaluate("pate")
+def pate_evaluate(msg: Message, context: Context) -> Message:
+    return pate.handle_evaluate(msg, context)

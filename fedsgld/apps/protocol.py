@@ -40,12 +40,15 @@ EVALUATE = "evaluate"
 
 # Flower-only run-config keys and their defaults.
 FLOWER_KEYS: dict[str, Any] = {
+    "task": "train",  # "train": the gradient methods (key `method`); "pate": fedsgld.pate.flower
     "out": "",  # result directory; empty: a new directory under runs/
     "resume": False,  # resume the run in `out` from its checkpoint
     "round-timeout": 600.0,  # seconds to wait for the replies of one round
     "wait-for-sites": 600.0,  # seconds to wait until every site has a connected node
     "poll-interval": 0.2,  # seconds between polls for replies (Flower's own loop sleeps 3 s)
 }
+
+TASKS = ("train", "pate")
 
 # Settings that determine a site's shard (and so the cache key of a node's sites).
 DATA_KEYS = (
@@ -65,19 +68,12 @@ DATA_KEYS = (
 )
 
 
-def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
-    """Build the :class:`Config` and the Flower-only options from a Flower run config.
-
-    Unknown keys raise ``ValueError`` naming them (from :meth:`Config.from_flat`).
-    """
+def split_flower_options(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The Flower-only options of a run config (defaults filled in, values checked)."""
     opts = dict(FLOWER_KEYS)
-    flat: dict[str, Any] = {}
-    for k, v in run_config.items():
-        if k in FLOWER_KEYS:
-            opts[k] = v
-        else:
-            flat[k] = v
-    config = Config.from_flat(flat)
+    opts.update({k: v for k, v in run_config.items() if k in FLOWER_KEYS})
+    if opts["task"] not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {opts['task']!r}")
     if not isinstance(opts["out"], str):
         raise ValueError(f"out must be a string (a directory), got {opts['out']!r}")
     if not isinstance(opts["resume"], bool):
@@ -87,7 +83,18 @@ def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"{k} must be a number of seconds > 0, got {v!r}")
         opts[k] = float(v)
-    return config, opts
+    return opts
+
+
+def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]]:
+    """Build the :class:`Config` and the Flower-only options from a Flower run config.
+
+    Unknown keys raise ``ValueError`` naming them (from :meth:`Config.from_flat`); the
+    ``pate.*`` keys belong to ``task = "pate"`` and are ignored here.
+    """
+    opts = split_flower_options(run_config)
+    flat = {k: v for k, v in run_config.items() if k not in FLOWER_KEYS and not k.startswith("pate.")}
+    return Config.from_flat(flat), opts
 
 
 def run_record(config: Config) -> ConfigRecord:

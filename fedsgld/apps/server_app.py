@@ -3,6 +3,7 @@
 The run config (``[tool.flwr.app.config]`` in pyproject.toml, ``--run-config`` overrides)
 has the keys of ``fedsgld simulate``'s config plus ``out``, ``resume``,
 ``round-timeout`` and ``wait-for-sites`` (see :mod:`fedsgld.apps.protocol`).
+``task = "pate"`` runs PATE instead (:mod:`fedsgld.pate.flower`, keys ``pate.*``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,20 @@ def main(grid: Grid, context: Context) -> None:
     def log(msg: str) -> None:
         flwr_log.info("[fedsgld] %s", msg)
 
-    results = serve(grid, dict(context.run_config), log=log)
+    run_config = dict(context.run_config)
+    if run_config.get("task", "train") == "pate":
+        from ..pate.flower import serve_pate
+
+        res = serve_pate(grid, run_config, log=log)
+        for mech, e in res["mechanisms"].items():
+            eps = e["epsilon"]
+            log(
+                f"PATE {mech}: {e['answered']} labels, epsilon data-independent "
+                f"{eps['data_independent']:.3f} (data-dependent {eps['data_dependent']:.3f}, "
+                f"not private to release); results in {res['out_dir']}"
+            )
+        return
+    results = serve(grid, run_config, log=log)
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     log(f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}); results in {results['out_dir']}")

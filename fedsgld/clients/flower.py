@@ -76,8 +76,9 @@ class HostedSites:
 _CACHE: dict[str, HostedSites] = {}
 
 
-def _hosted_ids(config: Config, node_config: dict[str, Any]) -> list[int]:
-    k = config.run.sites
+def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
+    """The sites 0..n_sites-1 that a node hosts, from its ``node_config`` (module docstring)."""
+    k = n_sites
     if "site-id" in node_config:
         sid = node_config["site-id"]
         if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < k:
@@ -92,6 +93,10 @@ def _hosted_ids(config: Config, node_config: dict[str, Any]) -> list[int]:
         "node config must name the site(s) this node hosts: site-id=K, or "
         "partition-id=P num-partitions=N (set by Flower's simulation)"
     )
+
+
+def _hosted_ids(config: Config, node_config: dict[str, Any]) -> list[int]:
+    return hosted_site_ids(config.run.sites, node_config)
 
 
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
@@ -127,7 +132,9 @@ def _info(shard: Any, num_classes: int) -> dict[str, Any]:
     }
 
 
-def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
+def read_site_npz(path: str, site_id: int) -> SiteShard:
+    """A site's own records from an ``.npz`` (``x_train``, ``y_train``, ``x_test``,
+    ``y_test``, optionally ``num_classes``), as ``export_sites`` writes them."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"node config site-data: no file {str(p)!r}")
@@ -148,12 +155,17 @@ def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
             num_classes = int(max(shard.y_train.max(), shard.y_test.max())) + 1
             log.warning("site-data %s has no num_classes; using %d from its labels", p, num_classes)
     shard.num_classes = num_classes
+    return shard
+
+
+def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
+    shard = read_site_npz(path, site_id)
     if config.run.model == "timm_head":
         from ..engine import Federation
 
         # the engine's own feature step (frozen backbone, cached on disk)
         shard = Federation._backbone_features(SimpleNamespace(config=config), shard)
-    return shard, num_classes
+    return shard, shard.num_classes
 
 
 def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites:

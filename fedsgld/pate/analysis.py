@@ -226,11 +226,37 @@ def lnmax_epsilon(
     releasing it is not differentially private without smooth sensitivity; it is always
     <= ``data_independent`` and is far smaller when teachers mostly agree.
     """
+    counts = vote_counts(teacher_preds, num_classes=num_classes)
+    return lnmax_epsilon_from_counts(counts, gamma=gamma, delta=delta, moments=moments)
+
+
+def check_counts(counts: Any) -> np.ndarray:
+    """A vote histogram: (n_queries, num_classes) non-negative integers, one row per query."""
+    c = np.asarray(counts)
+    if c.ndim != 2 or c.shape[1] < 2:
+        raise ValueError(f"counts must be a 2-D array (n_queries, num_classes >= 2), got shape {c.shape}")
+    if not np.issubdtype(c.dtype, np.integer):
+        if not (np.all(np.isfinite(c)) and np.all(c == np.round(c))):
+            raise ValueError("counts must be integer vote counts")
+        c = c.astype(np.int64)
+    if c.size and c.min() < 0:
+        raise ValueError(f"counts must be >= 0, got a minimum of {c.min()}")
+    return c.astype(np.int64, copy=False)
+
+
+def lnmax_epsilon_from_counts(
+    counts: Any, *, gamma: float, delta: float, moments: int = 8
+) -> dict[str, float]:
+    """:func:`lnmax_epsilon` from the answered queries' vote histogram (n_queries, num_classes).
+
+    The analysis needs only the per-query counts, so a server that receives per-site
+    histograms (and never single teachers' votes) can run it on their sum.
+    """
     gamma = _positive("gamma", gamma)
     delta = _check_delta(delta)
     if isinstance(moments, bool) or not isinstance(moments, (int, np.integer)) or moments < 1:
         raise ValueError(f"moments must be an integer >= 1, got {moments!r}")
-    counts = vote_counts(teacher_preds, num_classes=num_classes)
+    counts = check_counts(counts)
     n = counts.shape[0]
     lam = np.arange(1, int(moments) + 1, dtype=np.float64)
     independent = n * 2.0 * gamma**2 * lam * (lam + 1.0)
@@ -340,10 +366,29 @@ def gnmax_epsilon(
     value depends on the private votes and is not private to release without smooth
     sensitivity.
     """
+    counts = vote_counts(teacher_preds, num_classes=num_classes)
+    return gnmax_epsilon_from_counts(
+        counts, sigma=sigma, delta=delta, threshold=threshold, sigma1=sigma1,
+        answered=answered, orders=orders,
+    )  # fmt: skip
+
+
+def gnmax_epsilon_from_counts(
+    counts: Any,
+    *,
+    sigma: float,
+    delta: float,
+    threshold: float | None = None,
+    sigma1: float | None = None,
+    answered: Any = None,
+    orders: Sequence[float] | np.ndarray | None = None,
+) -> dict[str, float]:
+    """:func:`gnmax_epsilon` from the vote histogram (n_queries, num_classes): of the
+    answered queries for GNMax, of every posed query for Confident-GNMax."""
     sigma = _positive("sigma", sigma)
     delta = _check_delta(delta)
     o = _check_orders(orders)
-    counts = vote_counts(teacher_preds, num_classes=num_classes)
+    counts = check_counts(counts)
     n = counts.shape[0]
     if threshold is None:
         if sigma1 is not None or answered is not None:
@@ -381,9 +426,12 @@ def gnmax_epsilon(
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "check_counts",
     "gnmax_epsilon",
+    "gnmax_epsilon_from_counts",
     "gnmax_log_q",
     "lnmax_epsilon",
+    "lnmax_epsilon_from_counts",
     "lnmax_log_moments",
     "lnmax_q",
     "rdp_to_epsilon",

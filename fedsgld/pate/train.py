@@ -12,10 +12,14 @@ queries with those labels. Privacy (:mod:`fedsgld.pate.analysis`) is per patient
 one record changes one teacher's vote. The data-dependent epsilon is itself data-dependent
 and is reported for comparison only; it is not private to release.
 
-The vote files ``votes_<mechanism>.npz`` hold every teacher's raw votes: they are private
-(like the training data) and exist so that ``fedsgld pate-analysis`` can recompute the
-epsilons. Noise is drawn from generators seeded by ``seed`` (a simulation); a deployment
-would seed them from the operating system (:func:`fedsgld.privacy.noise.os_seed`).
+The vote files ``votes_<mechanism>.npz`` hold the summed vote histogram per query
+(``counts``, all the analysis needs) and, in-process, every teacher's raw votes
+(``teacher_preds``); both are private (like the training data) and exist so that
+``fedsgld pate-analysis`` can recompute the epsilons. Over Flower
+(:mod:`fedsgld.pate.flower`) only per-site histograms leave the sites, so the server's
+vote files hold ``counts`` only. Noise is drawn from generators seeded by ``seed`` (a
+simulation); a deployment would seed them from the operating system
+(:func:`fedsgld.privacy.noise.os_seed`).
 """
 
 from __future__ import annotations
@@ -35,11 +39,11 @@ import torch
 from torch import nn
 
 from ..calibration import calibration_report
-from ..data import ArrayDataset, load_dataset, make_sites
+from ..data import ArrayDataset, SiteData, load_dataset, make_sites
 from ..models import build_model
 from ..privacy.noise import seeded_generator
 from .aggregation import combine_histograms, confident_gnmax, gnmax, lnmax, site_histogram
-from .analysis import gnmax_epsilon, lnmax_epsilon
+from .analysis import gnmax_epsilon_from_counts, lnmax_epsilon_from_counts, vote_counts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -185,6 +189,92 @@ def _split_public(ds: ArrayDataset, fraction: float, seed: int):
     return ds.x[pub], ds.y[pub], sub
 
 
+@dataclass
+class PateSplit:
+    """The public queries and the sites' private shards of a PATE run."""
+
+    x_query: torch.Tensor
+    y_query: torch.Tensor
+    public_pool: int
+    sites: list[SiteData]
+    num_classes: int
+    input_shape: tuple[int, ...]
+
+
+def pate_split(config: PateConfig) -> PateSplit:
+    """Hold out the public pool, take its first ``queries`` records, split the rest over
+    the sites (the same split in-process, at a Flower server and at a simulated node)."""
+    ds = load_dataset(
+        config.dataset, path=config.data_path or None, seed=config.seed, **config.dataset_options
+    )
+    x_pub, y_pub, private = _split_public(ds, config.public_fraction, config.seed)
+    if config.queries > len(y_pub):
+        raise ValueError(
+            f"queries must be <= the public pool size {len(y_pub)} (public_fraction), "
+            f"got {config.queries}"
+        )
+    sites = make_sites(
+        private,
+        sites=config.sites,
+        scheme=config.partition,
+        alpha=config.dirichlet_alpha,
+        test_fraction=config.test_fraction,
+        seed=config.seed,
+    )
+    return PateSplit(
+        x_query=x_pub[: config.queries],
+        y_query=y_pub[: config.queries],
+        public_pool=int(len(y_pub)),
+        sites=sites,
+        num_classes=ds.num_classes,
+        input_shape=tuple(ds.x.shape[1:]),
+    )
+
+
+def train_site_teachers(
+    config: PateConfig,
+    *,
+    site_id: int,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    x_query: torch.Tensor,
+    num_classes: int,
+) -> tuple[np.ndarray, list[float]]:
+    """One site's teachers on disjoint subsets of its own training records.
+
+    Returns the teachers' predicted labels for the queries, shape
+    (teachers_per_site, n_queries), and each teacher's accuracy on the site's test split.
+    Only the histogram of the predictions (:func:`site_histogram`) should leave the site.
+    """
+    n_train = int(y_train.shape[0])
+    if n_train < config.teachers_per_site:
+        raise ValueError(
+            f"teachers_per_site ({config.teachers_per_site}) exceeds site {site_id}'s "
+            f"{n_train} training records"
+        )
+    shape = tuple(x_train.shape[1:])
+    rng = np.random.default_rng([config.seed, 7, site_id])
+    parts = np.array_split(rng.permutation(n_train), config.teachers_per_site)
+    preds, acc = [], []
+    for j, idx in enumerate(parts):
+        tid = site_id * config.teachers_per_site + j
+        model = _new_model(config.teacher_model, shape, num_classes, config.hidden, config.seed * 10007 + tid)
+        ix = torch.from_numpy(idx)
+        train_classifier(
+            model, x_train[ix], y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
+            batch_size=config.batch_size, generator=seeded_generator(config.seed, 1, tid),
+        )  # fmt: skip
+        preds.append(predict_proba(model, x_query).argmax(dim=1).numpy())
+        acc.append(float((predict_proba(model, x_test).argmax(1) == y_test).float().mean()))
+    return np.stack(preds), acc
+
+
+# evaluate_student(student) -> (pooled calibration_report, [per-site reports with "site"])
+StudentEvaluator = Callable[[nn.Module], tuple[dict[str, Any], list[dict[str, Any]]]]
+
+
 def run_pate(
     config: PateConfig,
     *,
@@ -199,86 +289,102 @@ def run_pate(
     t0 = time.perf_counter()
     if config.threads:
         torch.set_num_threads(config.threads)
-    ds = load_dataset(
-        config.dataset, path=config.data_path or None, seed=config.seed, **config.dataset_options
-    )
-    x_pub, y_pub, private = _split_public(ds, config.public_fraction, config.seed)
-    if config.queries > len(y_pub):
-        raise ValueError(
-            f"queries must be <= the public pool size {len(y_pub)} (public_fraction), "
-            f"got {config.queries}"
-        )
-    x_q, y_q = x_pub[: config.queries], y_pub[: config.queries]
-    sites = make_sites(
-        private,
-        sites=config.sites,
-        scheme=config.partition,
-        alpha=config.dirichlet_alpha,
-        test_fraction=config.test_fraction,
-        seed=config.seed,
-    )
-    k = ds.num_classes
-    shape = tuple(ds.x.shape[1:])
-    x_test = torch.cat([s.x_test for s in sites])
-    y_test = torch.cat([s.y_test for s in sites])
+    split = pate_split(config)
+    k = split.num_classes
 
     # ---- teachers: each site, disjoint subsets of its own train split; histograms out
     histograms, all_preds, teacher_acc = [], [], []
-    for s in sites:
-        if s.n_train < config.teachers_per_site:
-            raise ValueError(
-                f"teachers_per_site ({config.teachers_per_site}) exceeds site {s.site_id}'s "
-                f"{s.n_train} training records"
-            )
-        rng = np.random.default_rng([config.seed, 7, s.site_id])
-        parts = np.array_split(rng.permutation(s.n_train), config.teachers_per_site)
-        site_preds = []
-        for j, idx in enumerate(parts):
-            tid = s.site_id * config.teachers_per_site + j
-            model = _new_model(
-                config.teacher_model, shape, k, config.hidden, config.seed * 10007 + tid
-            )
-            ix = torch.from_numpy(idx)
-            train_classifier(
-                model, s.x_train[ix], s.y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
-                batch_size=config.batch_size, generator=seeded_generator(config.seed, 1, tid),
-            )  # fmt: skip
-            site_preds.append(predict_proba(model, x_q).argmax(dim=1).numpy())
-            teacher_acc.append(
-                float((predict_proba(model, x_test).argmax(1) == y_test).float().mean())
-            )
-        site_preds = np.stack(site_preds)
+    for s in split.sites:
+        site_preds, acc = train_site_teachers(
+            config, site_id=s.site_id, x_train=s.x_train, y_train=s.y_train, x_test=s.x_test,
+            y_test=s.y_test, x_query=split.x_query, num_classes=k,
+        )  # fmt: skip
         histograms.append(site_histogram(site_preds, num_classes=k))  # all that leaves the site
-        log(f"site {s.site_id}: {len(parts)} teachers trained ({time.perf_counter() - t0:.1f}s)")
+        teacher_acc += acc
         all_preds.append(site_preds)
-    teacher_preds = np.concatenate(all_preds)  # (n_teachers, n_queries): kept for the analysis
-    counts = combine_histograms(histograms)
+        log(f"site {s.site_id}: {len(acc)} teachers trained ({time.perf_counter() - t0:.1f}s)")
+    x_test = torch.cat([s.x_test for s in split.sites])
+    y_test = torch.cat([s.y_test for s in split.sites])
+
+    def evaluate(student: nn.Module) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        pooled = calibration_report(predict_proba(student, x_test), y_test)
+        per_site = [
+            {"site": s.site_id, **calibration_report(predict_proba(student, s.x_test), s.y_test)}
+            for s in split.sites
+        ]
+        return pooled, per_site
+
+    return release_and_learn(
+        config,
+        counts=combine_histograms(histograms),
+        split=split,
+        teacher_acc=teacher_acc,
+        evaluate_student=evaluate,
+        teacher_preds=np.concatenate(all_preds),  # (n_teachers, n_queries): for the vote file
+        out_dir=out_dir,
+        log=log,
+        t0=t0,
+        engine="in-process",
+    )
+
+
+def release_and_learn(
+    config: PateConfig,
+    *,
+    counts: torch.Tensor,
+    split: PateSplit,
+    teacher_acc: list[float],
+    evaluate_student: StudentEvaluator,
+    teacher_preds: np.ndarray | None = None,
+    out_dir: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    t0: float | None = None,
+    engine: str = "in-process",
+    sites_info: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The server's part: noisy labels from the vote histogram ``counts`` (n_queries,
+    num_classes) per mechanism, both epsilons, a student per mechanism, its evaluation.
+
+    ``teacher_preds`` (single teachers' votes) is only known in-process; when given it is
+    saved in the vote files next to ``counts``. The analysis uses ``counts`` only.
+    ``sites_info``: the sites' sizes as they reported them (default: from ``split``).
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    k = split.num_classes
+    x_q, y_q = split.x_query, split.y_query
+    counts = torch.as_tensor(counts, dtype=torch.int64)
     plurality = counts.argmax(dim=1)
+    n_teachers = int(counts[0].sum()) if len(counts) else 0
     log(
-        f"{config.num_teachers} teachers trained ({time.perf_counter() - t0:.1f}s); mean test "
+        f"{n_teachers} teachers' votes ({time.perf_counter() - t0:.1f}s); mean teacher test "
         f"accuracy {np.mean(teacher_acc):.4f}, plurality vote accuracy "
         f"{float((plurality == y_q).float().mean()):.4f}"
     )
-
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
+        "engine": engine,
         "config": dataclasses.asdict(config),
         "data": {
             "num_classes": k,
-            "public_pool": int(len(y_pub)),
+            "public_pool": split.public_pool,
             "queries": int(config.queries),
-            "sites": [{"site": s.site_id, "n_train": s.n_train, "n_test": s.n_test} for s in sites],
+            "sites": sites_info
+            if sites_info is not None
+            else [{"site": s.site_id, "n_train": s.n_train, "n_test": s.n_test} for s in split.sites],
         },
         "noise_seed": f"simulation: generators seeded from seed={config.seed}",
         "teachers": {
-            "count": config.num_teachers,
+            "count": n_teachers,
             "mean_test_accuracy": float(np.mean(teacher_acc)),
             "test_accuracy": teacher_acc,
+            "test_accuracy_on": "each teacher's own site's test split",
             "plurality_label_accuracy": float((plurality == y_q).float().mean()),
         },
         "mechanisms": {},
+        **(extra or {}),
     }
 
     for m_i, mech in enumerate(config.mechanisms):
@@ -299,7 +405,7 @@ def run_pate(
             )  # fmt: skip
             params.update(threshold=config.threshold, sigma1=config.sigma1, sigma=config.sigma2)
         ans = answered.numpy()
-        eps = analyse_votes(teacher_preds, labels.numpy(), ans, params)
+        eps = analyse_counts(counts.numpy(), ans, params)
         n_ans = int(ans.sum())
         label_acc = float((labels[answered] == y_q[answered]).float().mean()) if n_ans else math.nan
         entry: dict[str, Any] = {
@@ -310,23 +416,15 @@ def run_pate(
         }
         if n_ans:
             student = _new_model(
-                config.student_model, shape, k, config.hidden, config.seed * 7919 + m_i
+                config.student_model, split.input_shape, k, config.hidden, config.seed * 7919 + m_i
             )
             train_classifier(
                 student, x_q[answered], labels[answered], epochs=config.student_epochs,
                 lr=config.lr, batch_size=config.batch_size,
                 generator=seeded_generator(config.seed, 3, m_i),
             )  # fmt: skip
-            entry["student"] = {
-                "pooled": calibration_report(predict_proba(student, x_test), y_test),
-                "per_site": [
-                    {
-                        "site": s.site_id,
-                        **calibration_report(predict_proba(student, s.x_test), s.y_test),
-                    }
-                    for s in sites
-                ],
-            }
+            pooled, per_site = evaluate_student(student)
+            entry["student"] = {"pooled": pooled, "per_site": per_site}
         results["mechanisms"][mech] = entry
         st = entry.get("student", {}).get("pooled", {})
         log(
@@ -336,12 +434,14 @@ def run_pate(
             f"{eps['data_independent']:.3f} (delta {config.delta:g})"
         )
         if out is not None:
+            extra_arrays = {} if teacher_preds is None else {"teacher_preds": teacher_preds}
             np.savez(
                 out / f"votes_{mech}.npz",
-                teacher_preds=teacher_preds,
+                counts=counts.numpy(),
                 labels=labels.numpy(),
                 answered=ans,
                 params=np.array(json.dumps(params)),
+                **extra_arrays,
             )
     results["seconds"] = time.perf_counter() - t0
     if out is not None:
@@ -352,24 +452,24 @@ def run_pate(
     return results
 
 
-def analyse_votes(
-    teacher_preds: np.ndarray, labels: np.ndarray, answered: np.ndarray, params: dict[str, Any]
+def analyse_counts(
+    counts: np.ndarray, answered: np.ndarray, params: dict[str, Any]
 ) -> dict[str, float]:
-    """Both epsilons of one mechanism's released labels (see :mod:`.analysis`)."""
-    mech, k, delta = params["mechanism"], int(params["num_classes"]), float(params["delta"])
+    """Both epsilons of one mechanism's released labels from the vote histogram
+    (n_queries, num_classes) of every posed query (see :mod:`.analysis`)."""
+    mech, delta = params["mechanism"], float(params["delta"])
     answered = np.asarray(answered, dtype=bool)
+    counts = np.asarray(counts)
     if mech == "lnmax":
-        return lnmax_epsilon(
-            teacher_preds[:, answered], num_classes=k, gamma=float(params["gamma"]), delta=delta,
+        return lnmax_epsilon_from_counts(
+            counts[answered], gamma=float(params["gamma"]), delta=delta,
             moments=int(params.get("moments", 8)),
         )  # fmt: skip
     if mech == "gnmax":
-        return gnmax_epsilon(
-            teacher_preds[:, answered], num_classes=k, sigma=float(params["sigma"]), delta=delta
-        )
+        return gnmax_epsilon_from_counts(counts[answered], sigma=float(params["sigma"]), delta=delta)
     if mech == "confident_gnmax":
-        return gnmax_epsilon(
-            teacher_preds, num_classes=k, sigma=float(params["sigma"]), delta=delta,
+        return gnmax_epsilon_from_counts(
+            counts, sigma=float(params["sigma"]), delta=delta,
             threshold=float(params["threshold"]), sigma1=float(params["sigma1"]),
             answered=answered,
         )  # fmt: skip
@@ -381,20 +481,25 @@ def analyse_vote_file(
 ) -> dict[str, Any]:
     """Recompute the epsilons from a saved ``votes_<mechanism>.npz``."""
     with np.load(path, allow_pickle=False) as z:
-        missing = {"teacher_preds", "labels", "answered", "params"} - set(z.files)
-        if missing:
-            raise ValueError(f"{path}: not a PATE vote file (missing {', '.join(sorted(missing))})")
-        preds, labels, answered = z["teacher_preds"], z["labels"], z["answered"]
+        missing = {"labels", "answered", "params"} - set(z.files)
+        if missing or not {"counts", "teacher_preds"} & set(z.files):
+            need = sorted(missing) or ["counts or teacher_preds"]
+            raise ValueError(f"{path}: not a PATE vote file (missing {', '.join(need)})")
+        answered = z["answered"]
         params = json.loads(str(z["params"]))
+        if "counts" in z.files:
+            counts = z["counts"]
+        else:  # older files: single teachers' votes
+            counts = vote_counts(z["teacher_preds"], num_classes=int(params["num_classes"]))
     if delta is not None:
         params["delta"] = delta
     if moments is not None:
         params["moments"] = moments
-    eps = analyse_votes(preds, labels, answered, params)
+    eps = analyse_counts(counts, answered, params)
     return {
         "params": params,
-        "teachers": int(preds.shape[0]),
-        "queries": int(preds.shape[1]),
+        "teachers": int(counts[0].sum()) if len(counts) else 0,
+        "queries": int(counts.shape[0]),
         "answered": int(np.asarray(answered, bool).sum()),
         "epsilon": eps,
     }
@@ -431,7 +536,8 @@ def report_markdown(results: dict[str, Any]) -> str:
         "private to release (that needs smooth sensitivity); only the data-independent epsilon",
         "is a published guarantee. It is far smaller because when teachers agree the noisy",
         "argmax is almost surely the plurality, so one record barely changes the output.",
-        "The vote files (votes_*.npz) hold raw teacher votes and are as private as the data.",
+        "The vote files (votes_*.npz) hold the vote histograms (in-process also every",
+        "teacher's votes) and are as private as the data.",
         "",
     ]
     return "\n".join(lines)
@@ -440,8 +546,12 @@ def report_markdown(results: dict[str, Any]) -> str:
 __all__ = [
     "MECHANISMS",
     "PateConfig",
+    "PateSplit",
+    "analyse_counts",
     "analyse_vote_file",
-    "analyse_votes",
+    "pate_split",
+    "release_and_learn",
+    "train_site_teachers",
     "load_pate_config",
     "predict_proba",
     "report_markdown",

@@ -22,6 +22,8 @@ from fedsgld.apps.local_grid import run_local
 from fedsgld.apps.protocol import FLOWER_KEYS, split_run_config
 from fedsgld.apps.runner import SitesUnavailable
 from fedsgld.config import Config, load_config
+from fedsgld.pate.flower import RUN_CONFIG_FIELDS, pate_config_from_run_config
+from fedsgld.pate.train import load_pate_config
 from fedsgld.strategies.flower import AllSitesFailed
 
 if sys.version_info >= (3, 11):
@@ -283,9 +285,12 @@ def test_pyproject_run_config_has_every_setting_and_works():
         "serverapp": "fedsgld.apps.server_app:app",
         "clientapp": "fedsgld.apps.client_app:app",
     }
-    defaults = app["config"]
+    defaults = dict(app["config"])
+    pate = {f"pate.{k}": v for k, v in defaults.pop("pate").items()}
     assert set(defaults) == set(Config().flat()) | set(FLOWER_KEYS)
-    config, opts = split_run_config(defaults)
+    assert set(pate) == {f"pate.{k}" for k in RUN_CONFIG_FIELDS}
+    assert pate_config_from_run_config(pate) == load_pate_config(ROOT / "simulations" / "pate_mnist.toml")
+    config, opts = split_run_config({**defaults, **pate})
     assert config.privacy.method == "dpsgld" and opts["out"] == "" and opts["resume"] is False
     demo = load_config(ROOT / "simulations" / "demo.toml")
     for k, v in demo.flat().items():

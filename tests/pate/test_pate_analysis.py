@@ -209,3 +209,29 @@ def test_bad_inputs_raise_naming_the_setting(fn):
             call(threshold=3.0, answered=np.ones(2, bool))
         with pytest.raises(ValueError, match="answered"):
             call(threshold=3.0, sigma1=1.0, answered=np.ones(3, bool))
+
+
+def test_the_analysis_needs_only_the_vote_histogram():
+    """A server that sees summed per-site histograms gets the same epsilons as one that
+    sees every teacher's vote; bad histograms are refused."""
+    from fedsgld.pate.analysis import (
+        gnmax_epsilon_from_counts,
+        lnmax_epsilon_from_counts,
+        vote_counts,
+    )
+
+    rng = np.random.default_rng(0)
+    preds = rng.integers(0, 4, size=(20, 30))
+    counts = vote_counts(preds, num_classes=4)
+    assert lnmax_epsilon_from_counts(counts, gamma=0.2, delta=1e-5) == lnmax_epsilon(
+        preds, num_classes=4, gamma=0.2, delta=1e-5
+    )
+    assert gnmax_epsilon_from_counts(counts, sigma=5.0, delta=1e-5) == gnmax_epsilon(
+        preds, num_classes=4, sigma=5.0, delta=1e-5
+    )
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        lnmax_epsilon_from_counts(-counts, gamma=0.2, delta=1e-5)
+    with pytest.raises(ValueError, match="2-D array"):
+        gnmax_epsilon_from_counts(counts[0], sigma=5.0, delta=1e-5)
+    with pytest.raises(ValueError, match="integer vote counts"):
+        gnmax_epsilon_from_counts(counts + 0.5, sigma=5.0, delta=1e-5)
