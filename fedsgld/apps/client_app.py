@@ -13,7 +13,6 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from ..clients.flower import handle_evaluate, handle_query, handle_train
-from ..pate import flower as pate
 
 app = ClientApp()
 
@@ -35,14 +34,20 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 @app.query("pate")
 def pate_query(msg: Message, context: Context) -> Message:
+    from ..pate import flower as pate  # imported when asked: a site process starts lighter
+
     return pate.handle_query(msg, context)
 
 
 @app.train("pate")
 def pate_train(msg: Message, context: Context) -> Message:
+    from ..pate import flower as pate  # imported when asked: a site process starts lighter
+
     return pate.handle_train(msg, context)
 
 
 @app.evaluate("pate")
 def pate_evaluate(msg: Message, context: Context) -> Message:
+    from ..pate import flower as pate  # imported when asked: a site process starts lighter
+
     return pate.handle_evaluate(msg, context)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from scipy.optimize import brentq
 from scipy.special import log_ndtr
 
 __all__ = ["gdp_delta", "gdp_epsilon", "gdp_mu"]
@@ -125,4 +124,6 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         lo, hi = hi, 2.0 * hi
         if hi > 1e300:  # pragma: no cover - mu is finite, so delta(eps) -> 0
             return math.inf
+    from scipy.optimize import brentq  # here: keeps a site process's start-up light
+
     return float(brentq(f, lo, hi, xtol=1e-12, maxiter=500))

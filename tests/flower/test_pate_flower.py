@@ -112,3 +112,25 @@ def test_bad_pate_run_config_is_named():
         pate_config_from_run_config({"pate.dataset_options": "[1, 2]"})
     with pytest.raises(ValueError, match="task must be one of"):
         run_local({"task": "nonsense"}, num_nodes=1)
+
+
+def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_process):
+    """A deployment: each node hosts one site (site-id) and reads only its own .npz."""
+    from fedsgld.pate.train import pate_split
+
+    ref, _ = in_process
+    split = pate_split(pate_config_from_run_config(PATE_RC))
+    nodes = []
+    for s in split.sites:
+        f = tmp_path / f"site{s.site_id}.npz"
+        np.savez(
+            f, x_train=s.x_train.numpy(), y_train=s.y_train.numpy(), x_test=s.x_test.numpy(),
+            y_test=s.y_test.numpy(), num_classes=split.num_classes,
+        )  # fmt: skip
+        nodes.append({"site-id": s.site_id, "site-data": str(f)})
+    out = tmp_path / "deployed"
+    run_local({**PATE_RC, "out": str(out)}, node_configs=nodes)
+    got = _results(out)
+    assert got["teachers"]["test_accuracy"] == ref["teachers"]["test_accuracy"]
+    for mech, e in ref["mechanisms"].items():
+        assert got["mechanisms"][mech]["epsilon"] == e["epsilon"]
