@@ -1,14 +1,15 @@
 """Per-round wall time of one DP-SGLD round over each transport, on the paper CNN.
 
-    python benchmarks/round_latency.py [--sites 4 16] [--rounds 6] [--skip-sim] [--skip-deploy] [--json]
+    python benchmarks/round_latency.py [--sites 4 16] [--rounds 6] [--skip-local] [--skip-sim]
+        [--skip-deploy] [--local-steps E] [--superexec-poll S] [--json]
 
 Transports: the in-process engine (``fedsgld.engine.run``), the Flower apps over the
 in-process ``LocalGrid`` (``fedsgld.apps.local_grid.run_local``), Flower's Ray simulation
 (``flwr run .``) and a loopback deployment (one ``flower-superlink``, one
 ``flower-supernode`` per site, ``flwr run . <connection>``). Flower runs report the
 server loop's own mean round time (``results.json`` -> ``flower.round_wall_time_s``,
-training rounds only, no evaluation); the engine's results.json has the same field for
-its own loop. MNIST-5k, the
+training rounds only, no evaluation, the first round (warm-up) left out); the engine's
+results.json has the same field for its own loop. MNIST-5k, the
 paper CNN, q = 0.064, no evaluation rounds. Every Flower process gets its own FLWR_HOME
 under a temporary directory and is stopped at the end.
 """
@@ -62,6 +63,22 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+SUPEREXEC_POLL: float | None = None  # --superexec-poll: FLWR_SUPEREXEC_TASK_POLL_INTERVAL
+
+
+def import_cost(repeats: int = 3) -> float:
+    """Median wall time of a fresh interpreter importing what a site process imports."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.clients.flower"],
+            check=True,
+        )
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +114,7 @@ def engine_round(sites: int, rounds: int, tmp: Path) -> float:
 
     cfg = load_config(None, {**BASE, "sites": sites, "rounds": rounds})
     res = engine.run(cfg, out_dir=tmp / f"engine-{sites}", progress=False, log=lambda s: None)
-    return res["round_wall_time_s"]["mean"]
+    return res["round_wall_time_s"]["mean_after_first"]
 
 
 def local_grid_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -105,7 +122,7 @@ def local_grid_round(sites: int, rounds: int, tmp: Path) -> float:
 
     out = tmp / f"local-{sites}"
     run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
 
 
 def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -121,7 +138,7 @@ def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop([], str(home))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
 
 
 def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -135,8 +152,9 @@ def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
     procs: list[subprocess.Popen] = []
 
     def start(name: str, args: list[str]) -> None:
+        extra = {} if SUPEREXEC_POLL is None else {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL)}
         log = open(root / f"{name}.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(args, env=_env(root / f"home-{name}"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(subprocess.Popen(args, env=_env(root / f"home-{name}", **extra), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     try:
         start("link", [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"])
@@ -154,7 +172,7 @@ def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop(procs, str(root))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,9 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--skip-sim", action="store_true", help="skip Flower's Ray simulation")
     ap.add_argument("--skip-deploy", action="store_true", help="skip the loopback deployment")
+    ap.add_argument(
+        "--superexec-poll",
+        type=float,
+        default=None,
+        help="deployment: seconds between the SuperNodes' SuperExec task polls "
+        "(FLWR_SUPEREXEC_TASK_POLL_INTERVAL; Flower's default 1.0)",
+    )
+    ap.add_argument("--skip-local", action="store_true", help="skip the engine and LocalGrid")
+    ap.add_argument(
+        "--local-steps",
+        type=int,
+        default=0,
+        help="noise_placement = 'sites' with this many local steps per round (default: server)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    transports = {"engine": engine_round, "local_grid": local_grid_round}
+    global SUPEREXEC_POLL
+    SUPEREXEC_POLL = args.superexec_poll
+    if args.local_steps:
+        BASE.update(noise_placement="sites", local_steps=args.local_steps)
+    transports = {} if args.skip_local else {"engine": engine_round, "local_grid": local_grid_round}
     if not args.skip_sim:
         transports["simulation"] = simulation_round
     if not args.skip_deploy:
@@ -178,10 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                 res.setdefault(name, {})[str(k)] = t
                 if not args.json:
                     print(f"{name:11s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
+    imports = import_cost()
     if args.json:
-        print(json.dumps({"seconds_per_round": res, "rounds": args.rounds}))
+        print(json.dumps({"seconds_per_round": res, "rounds": args.rounds, "site_process_import_s": imports}))
     else:
-        for k in args.sites:
+        print(f"a fresh site process imports torch, flwr and fedsgld in {imports:.2f} s")
+        for k in args.sites if "engine" in res else []:
             base = res["engine"][str(k)]
             print(f"{k} sites, relative to the in-process engine: " + ", ".join(f"{n} x{v[str(k)] / base:.1f}" for n, v in res.items()))
     return 0

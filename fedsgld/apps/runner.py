@@ -356,6 +356,10 @@ def serve(
             "round_wall_time_s": {
                 "count": len(round_times),
                 "mean": sum(round_times) / len(round_times) if round_times else None,
+                "first": round_times[0] if round_times else None,  # includes warm-up
+                "mean_after_first": (
+                    sum(round_times[1:]) / (len(round_times) - 1) if len(round_times) > 1 else None
+                ),
             },
         },
         "wall_time_s": time.perf_counter() - t_start,
