@@ -57,7 +57,9 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         RAY_USAGE_STATS_ENABLED="0",
-        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # flower-superexec
+        PATH=os.pathsep.join(
+            [str(Path(sys.executable).parent), env.get("PATH", "")]
+        ),  # flower-superexec
         **extra,
     )
     return env
@@ -122,7 +124,9 @@ def local_grid_round(sites: int, rounds: int, tmp: Path) -> float:
 
     out = tmp / f"local-{sites}"
     run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
+        "mean_after_first"
+    ]
 
 
 def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -138,7 +142,9 @@ def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop([], str(home))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
+        "mean_after_first"
+    ]
 
 
 def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -152,18 +158,55 @@ def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
     procs: list[subprocess.Popen] = []
 
     def start(name: str, args: list[str]) -> None:
-        extra = {} if SUPEREXEC_POLL is None else {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL)}
+        extra = (
+            {}
+            if SUPEREXEC_POLL is None
+            else {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL)}
+        )
         log = open(root / f"{name}.log", "wb")  # noqa: SIM115
-        procs.append(subprocess.Popen(args, env=_env(root / f"home-{name}", **extra), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                args,
+                env=_env(root / f"home-{name}", **extra),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     try:
-        start("link", [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"])
+        start(
+            "link",
+            [
+                str(BIN / "flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--disable-runtime-dependency-installation",
+            ],
+        )
         time.sleep(3)
         for k, f in enumerate(files):
-            start(f"node{k}", [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(_port()), "--node-config", f"site-id={k} site-data='{f}'"])
+            start(
+                f"node{k}",
+                [
+                    str(BIN / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(_port()),
+                    "--node-config",
+                    f"site-id={k} site-data='{f}'",
+                ],
+            )
         cli = root / "home-cli"
         cli.mkdir(parents=True, exist_ok=True)
-        (cli / "config.toml").write_text(f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        (cli / "config.toml").write_text(
+            f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+        )
         out = root / "out"
         subprocess.run(
             [str(BIN / "flwr"), "run", ".", "loop", "--stream",
@@ -172,7 +215,9 @@ def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop(procs, str(root))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"]["mean_after_first"]
+    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
+        "mean_after_first"
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,12 +261,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:11s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
     imports = import_cost()
     if args.json:
-        print(json.dumps({"seconds_per_round": res, "rounds": args.rounds, "site_process_import_s": imports}))
+        print(
+            json.dumps(
+                {"seconds_per_round": res, "rounds": args.rounds, "site_process_import_s": imports}
+            )
+        )
     else:
         print(f"a fresh site process imports torch, flwr and fedsgld in {imports:.2f} s")
         for k in args.sites if "engine" in res else []:
             base = res["engine"][str(k)]
-            print(f"{k} sites, relative to the in-process engine: " + ", ".join(f"{n} x{v[str(k)] / base:.1f}" for n, v in res.items()))
+            print(
+                f"{k} sites, relative to the in-process engine: "
+                + ", ".join(f"{n} x{v[str(k)] / base:.1f}" for n, v in res.items())
+            )
     return 0
 
 

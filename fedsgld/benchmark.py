@@ -288,7 +288,9 @@ def benchmark_markdown(result: dict[str, Any]) -> str:
         f"seeds {result['benchmark']['seeds']}.",
     ]
     for m, over in result["benchmark"].get("overrides", {}).items():
-        lines.append(f"Settings of `{m}` only: " + ", ".join(f"`{k} = {v!r}`" for k, v in over.items()) + ".")
+        lines.append(
+            f"Settings of `{m}` only: " + ", ".join(f"`{k} = {v!r}`" for k, v in over.items()) + "."
+        )
     if result["dpsgd_noise_multiplier"]:
         lines.append(
             f"DP-SGD noise multiplier calibrated to {result['dpsgd_noise_multiplier']:.4f}."

@@ -90,7 +90,11 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines += [
             f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
         ]
-    lines += ["", "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.", ""]
+    lines += [
+        "",
+        "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -113,5 +117,7 @@ def write_outputs(
     per_site["pooled"] = curves["last iterate"]
     plot_site_grid(per_site, out / "reliability_sites.png")
     plot_confidence_histogram(
-        *curves["last iterate"], out / "confidence.png", title=f"{results['privacy']['method']}: pooled test"
+        *curves["last iterate"],
+        out / "confidence.png",
+        title=f"{results['privacy']['method']}: pooled test",
     )

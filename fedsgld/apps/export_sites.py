@@ -46,9 +46,15 @@ def export_sites(config, out: str | Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     from ..config import load_config, parse_overrides
 
-    ap = argparse.ArgumentParser(prog="python -m fedsgld.apps.export_sites", description=__doc__.split("\n\n")[0])
-    ap.add_argument("config", nargs="?", default=None, help="TOML config (default: built-in defaults)")
-    ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    ap = argparse.ArgumentParser(
+        prog="python -m fedsgld.apps.export_sites", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "config", nargs="?", default=None, help="TOML config (default: built-in defaults)"
+    )
+    ap.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
+    )
     ap.add_argument("--out", required=True, help="output directory")
     args = ap.parse_args(argv)
     try:

@@ -67,7 +67,11 @@ class LocalGrid(Grid):
                 ids.append(n)
         self.contexts = {
             nid: Context(
-                run_id=run_id, node_id=nid, node_config=dict(nc), state=RecordDict(), run_config=dict(run_config or {})
+                run_id=run_id,
+                node_id=nid,
+                node_config=dict(nc),
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
             )
             for nid, nc in zip(ids, node_configs)
         }
@@ -90,7 +94,12 @@ class LocalGrid(Grid):
         return self._run
 
     def create_message(
-        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
     ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
@@ -109,7 +118,9 @@ class LocalGrid(Grid):
                 try:
                     reply = self.client_app(msg, ctx)
                 except Exception:  # noqa: BLE001 - as Flower's runtimes: an error reply
-                    reply = Message(Error(CLIENT_APP_RAISED_EXCEPTION, traceback.format_exc()), reply_to=msg)
+                    reply = Message(
+                        Error(CLIENT_APP_RAISED_EXCEPTION, traceback.format_exc()), reply_to=msg
+                    )
             if reply is not None and self.fault is not None:
                 reply = self.fault(msg, reply)
             if reply is not None:
@@ -123,7 +134,9 @@ class LocalGrid(Grid):
         self.shuffle.shuffle(out)  # reply order is arbitrary in Flower too
         return out
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
 
 
@@ -152,6 +165,12 @@ def run_local(
         fault=fault,
         shuffle_seed=shuffle_seed,
     )
-    ctx = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={}, state=RecordDict(), run_config=dict(run_config))
+    ctx = Context(
+        run_id=grid.run.run_id,
+        node_id=SUPERLINK_NODE_ID,
+        node_config={},
+        state=RecordDict(),
+        run_config=dict(run_config),
+    )
     (server_app or default_server)(grid, ctx)
     return grid

@@ -93,7 +93,9 @@ def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]
     ``pate.*`` keys belong to ``task = "pate"`` and are ignored here.
     """
     opts = split_flower_options(run_config)
-    flat = {k: v for k, v in run_config.items() if k not in FLOWER_KEYS and not k.startswith("pate.")}
+    flat = {
+        k: v for k, v in run_config.items() if k not in FLOWER_KEYS and not k.startswith("pate.")
+    }
     return Config.from_flat(flat), opts
 
 
@@ -109,5 +111,8 @@ def config_from_record(rec: ConfigRecord) -> Config:
 def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:
     """A key for everything that determines the sites a node hosts and their shards."""
     flat = config.flat()
-    key = {"config": {k: flat[k] for k in DATA_KEYS if k in flat}, "node": dict(sorted(node_config.items()))}
+    key = {
+        "config": {k: flat[k] for k in DATA_KEYS if k in flat},
+        "node": dict(sorted(node_config.items())),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]

@@ -111,7 +111,9 @@ def discover_sites(
                             label_histogram=[int(v) for v in e["label_histogram"]],
                         )
                         if entry.site not in want:
-                            raise ValueError(f"site {entry.site} is not in 0..{config.run.sites - 1}")
+                            raise ValueError(
+                                f"site {entry.site} is not in 0..{config.run.sites - 1}"
+                            )
                         if entry.site in directory:
                             raise ValueError(
                                 f"site {entry.site} is hosted by nodes {directory[entry.site].node_id} "
@@ -139,7 +141,10 @@ def discover_sites(
         raise ValueError(f"sites disagree on (num_classes, input_shape): {sorted(shapes)}")
     log(
         "sites: "
-        + ", ".join(f"{k}@node {e.node_id} ({e.n_train} train, {e.n_test} test)" for k, e in directory.items())
+        + ", ".join(
+            f"{k}@node {e.node_id} ({e.n_train} train, {e.n_test} test)"
+            for k, e in directory.items()
+        )
     )
     return directory
 
@@ -198,7 +203,11 @@ def serve(
     t_start = time.perf_counter()
     config, opts = split_run_config(run_config)
     resume = opts["resume"]
-    out = Path(opts["out"]).expanduser() if opts["out"] else new_run_dir(tag=f"flower-{config.privacy.method}")
+    out = (
+        Path(opts["out"]).expanduser()
+        if opts["out"]
+        else new_run_dir(tag=f"flower-{config.privacy.method}")
+    )
     out = out.resolve()
     if resume:
         if not (out / CHECKPOINT).is_file():
@@ -214,7 +223,9 @@ def serve(
     if resume:
         ckpt = torch.load(out / CHECKPOINT, weights_only=False)
         if ckpt["config"] != _ckpt_config(user_config):
-            raise ValueError("resume: the config differs from the checkpoint's; resume with the same config")
+            raise ValueError(
+                "resume: the config differs from the checkpoint's; resume with the same config"
+            )
     if config.run.seed == -1:
         seed, seed_source = (int(ckpt["seed"]) if ckpt is not None else os_seed()), "os"
         config = Config.from_flat({**config.flat(), "seed": seed})
@@ -237,7 +248,9 @@ def serve(
         seed=seed,
         rounds=run_cfg.rounds,
         weight_decay=run_cfg.weight_decay,
-        posterior=PosteriorSamples(burn_in=run_cfg.burn_in, thin=run_cfg.thin, max_samples=run_cfg.max_samples),
+        posterior=PosteriorSamples(
+            burn_in=run_cfg.burn_in, thin=run_cfg.thin, max_samples=run_cfg.max_samples
+        ),
         on_spend=persist_ledger,
         prior_std=run_cfg.prior_std,
         optimizer=run_cfg.optimizer,
@@ -302,7 +315,9 @@ def serve(
                         "round": t,
                         "step_size": plan.step_size,
                         "sigma": plan.sigma,
-                        "epsilon": server.accountant.rigorous_epsilon() if server.accountant else float("inf"),
+                        "epsilon": server.accountant.rigorous_epsilon()
+                        if server.accountant
+                        else float("inf"),
                         "test_nll": pooled["nll"],
                         "test_accuracy": pooled["accuracy"],
                         "test_ece": pooled["ece"],
@@ -333,7 +348,12 @@ def serve(
         "engine": "flower",
         "privacy": _privacy_block(server, config),
         "sites": [
-            {"site": k, "n_train": e.n_train, "n_test": e.n_test, "label_histogram": e.label_histogram}
+            {
+                "site": k,
+                "n_train": e.n_train,
+                "n_test": e.n_test,
+                "label_histogram": e.label_histogram,
+            }
             for k, e in directory.items()
         ],
         "history": history,

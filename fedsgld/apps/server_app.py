@@ -41,4 +41,6 @@ def main(grid: Grid, context: Context) -> None:
     results = serve(grid, run_config, log=log)
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
-    log(f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}); results in {results['out_dir']}")
+    log(
+        f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}); results in {results['out_dir']}"
+    )

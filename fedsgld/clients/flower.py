@@ -117,7 +117,10 @@ def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int)
     with torch.random.fork_rng():
         torch.manual_seed(config.run.seed)
         return build_model(
-            config.run.model, input_shape=input_shape, num_classes=num_classes, hidden=config.run.hidden
+            config.run.model,
+            input_shape=input_shape,
+            num_classes=num_classes,
+            hidden=config.run.hidden,
         )
 
 
@@ -221,7 +224,10 @@ def _from_state(context: Context, config: Config, key: str) -> HostedSites | Non
         rec = context.state.get(STATE_SHARD.format(entry["site"]))
         if not isinstance(rec, ArrayRecord):
             return None
-        arr = {n: torch.from_numpy(rec[n].numpy().copy()) for n in ("x_train", "y_train", "x_test", "y_test")}
+        arr = {
+            n: torch.from_numpy(rec[n].numpy().copy())
+            for n in ("x_train", "y_train", "x_test", "y_test")
+        }
         shard = SiteShard(site_id=int(entry["site"]), num_classes=num_classes, **arr)
         if model is None:
             model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
@@ -246,7 +252,9 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
 
 def _site(hosted: HostedSites, site_id: Any) -> Site:
     if isinstance(site_id, bool) or not isinstance(site_id, int) or site_id not in hosted.sites:
-        raise ValueError(f"this node does not host site {site_id!r} (it hosts {sorted(hosted.sites)})")
+        raise ValueError(
+            f"this node does not host site {site_id!r} (it hosts {sorted(hosted.sites)})"
+        )
     return hosted.sites[site_id]
 
 
@@ -261,7 +269,9 @@ def _threads(config: Config) -> None:
 def handle_query(msg: Message, context: Context) -> Message:
     config = config_from_record(msg.content["run"])
     hosted = hosted_sites(context, config)
-    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(hosted.info)})}), reply_to=msg)
+    return Message(
+        RecordDict({"sites": ConfigRecord({"json": json.dumps(hosted.info)})}), reply_to=msg
+    )
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -283,7 +293,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     )
     content = RecordDict(
         {
-            "sum": ArrayRecord({"sum": Array(total.detach().numpy().astype(np.float32, copy=False))}),
+            "sum": ArrayRecord(
+                {"sum": Array(total.detach().numpy().astype(np.float32, copy=False))}
+            ),
             "meta": MetricRecord({"site-id": site.site_id, "round": int(plan["round"])}),
         }
     )
@@ -310,7 +322,9 @@ def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) 
     )
     content = RecordDict(
         {
-            "theta": ArrayRecord({"theta": Array(new.detach().numpy().astype(np.float32, copy=False))}),
+            "theta": ArrayRecord(
+                {"theta": Array(new.detach().numpy().astype(np.float32, copy=False))}
+            ),
             "meta": MetricRecord({"site-id": site.site_id, "round": rnd}),
         }
     )
@@ -337,7 +351,9 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
         ths = [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
         probs = site.predict(ths).numpy()
         reports[name] = calibration_report(probs, labels)
-        records[f"pred-{name}"] = ArrayRecord({"probs": Array(probs.astype(np.float32, copy=False))})
+        records[f"pred-{name}"] = ArrayRecord(
+            {"probs": Array(probs.astype(np.float32, copy=False))}
+        )
     records["reports"] = ConfigRecord({"json": json.dumps(reports, default=_json_default)})
     return Message(RecordDict(records), reply_to=msg)
 

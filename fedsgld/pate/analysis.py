@@ -234,7 +234,9 @@ def check_counts(counts: Any) -> np.ndarray:
     """A vote histogram: (n_queries, num_classes) non-negative integers, one row per query."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.shape[1] < 2:
-        raise ValueError(f"counts must be a 2-D array (n_queries, num_classes >= 2), got shape {c.shape}")
+        raise ValueError(
+            f"counts must be a 2-D array (n_queries, num_classes >= 2), got shape {c.shape}"
+        )
     if not np.issubdtype(c.dtype, np.integer):
         if not (np.all(np.isfinite(c)) and np.all(c == np.round(c))):
             raise ValueError("counts must be integer vote counts")

@@ -121,7 +121,9 @@ def _site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, 
         if "site-id" not in node_config:
             raise ValueError("node config site-data needs site-id")
         return {ids[0]: read_site_npz(str(node_config["site-data"]), ids[0])}
-    key = json.dumps({n: getattr(config, n) for n in RUN_CONFIG_FIELDS}, sort_keys=True, default=str)
+    key = json.dumps(
+        {n: getattr(config, n) for n in RUN_CONFIG_FIELDS}, sort_keys=True, default=str
+    )
     if key not in _SPLITS:  # the in-process split (same seed): a simulated node's shard
         _SPLITS.clear()
         _SPLITS[key] = pate_split(config)
@@ -301,7 +303,9 @@ def serve_pate(
     msgs = [
         Message(
             RecordDict({"pate": rec, "task": ConfigRecord({"site-id": s}), "queries": queries}),
-            node, TRAIN, group_id="pate",
+            node,
+            TRAIN,
+            group_id="pate",
         )  # fmt: skip
         for s, (node, _) in sites.items()
     ]
@@ -334,7 +338,9 @@ def serve_pate(
         ev = [
             Message(
                 RecordDict({"pate": rec, "task": ConfigRecord({"site-id": s}), "student": state}),
-                sites[s][0], EVALUATE, group_id="pate",
+                sites[s][0],
+                EVALUATE,
+                group_id="pate",
             )  # fmt: skip
             for s in sites
         ]
@@ -355,7 +361,8 @@ def serve_pate(
             raise PateSitesFailed("no site evaluated the student")
         order = sorted(preds)
         pooled = calibration_report(
-            np.concatenate([preds[s][0] for s in order]), np.concatenate([preds[s][1] for s in order])
+            np.concatenate([preds[s][0] for s in order]),
+            np.concatenate([preds[s][1] for s in order]),
         )
         return pooled, [{"site": s, **calibration_report(*preds[s])} for s in order]
 
@@ -370,7 +377,8 @@ def serve_pate(
         t0=t0,
         engine="flower",
         sites_info=[
-            {"site": s, "n_train": e["n_train"], "n_test": e["n_test"]} for s, (_, e) in sites.items()
+            {"site": s, "n_train": e["n_train"], "n_test": e["n_test"]}
+            for s, (_, e) in sites.items()
         ],
         extra={
             "flower": {

@@ -260,7 +260,9 @@ def train_site_teachers(
     preds, acc = [], []
     for j, idx in enumerate(parts):
         tid = site_id * config.teachers_per_site + j
-        model = _new_model(config.teacher_model, shape, num_classes, config.hidden, config.seed * 10007 + tid)
+        model = _new_model(
+            config.teacher_model, shape, num_classes, config.hidden, config.seed * 10007 + tid
+        )
         ix = torch.from_numpy(idx)
         train_classifier(
             model, x_train[ix], y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
@@ -373,7 +375,9 @@ def release_and_learn(
             "queries": int(config.queries),
             "sites": sites_info
             if sites_info is not None
-            else [{"site": s.site_id, "n_train": s.n_train, "n_test": s.n_test} for s in split.sites],
+            else [
+                {"site": s.site_id, "n_train": s.n_train, "n_test": s.n_test} for s in split.sites
+            ],
         },
         "noise_seed": f"simulation: generators seeded from seed={config.seed}",
         "teachers": {
@@ -466,7 +470,9 @@ def analyse_counts(
             moments=int(params.get("moments", 8)),
         )  # fmt: skip
     if mech == "gnmax":
-        return gnmax_epsilon_from_counts(counts[answered], sigma=float(params["sigma"]), delta=delta)
+        return gnmax_epsilon_from_counts(
+            counts[answered], sigma=float(params["sigma"]), delta=delta
+        )
     if mech == "confident_gnmax":
         return gnmax_epsilon_from_counts(
             counts, sigma=float(params["sigma"]), delta=delta,

@@ -109,7 +109,9 @@ def _decode_vector(rec: Any, key: str, *, size: int | tuple[int, ...], dtype: st
     except Exception as err:  # noqa: BLE001
         raise ReplyRejected(f"array {key!r} does not decode: {err}") from None
     if nd.dtype != np.dtype(dtype) or nd.shape != shape:
-        raise ReplyRejected(f"array {key!r} decodes to {nd.dtype}{nd.shape}, expected {dtype}{shape}")
+        raise ReplyRejected(
+            f"array {key!r} decodes to {nd.dtype}{nd.shape}, expected {dtype}{shape}"
+        )
     return nd
 
 
@@ -168,7 +170,9 @@ def check_train_reply(
         bound = entry.n_train * plan.clip * (1.0 + NORM_SLACK) + 1e-6
         norm = float(torch.linalg.vector_norm(s.double()))
         if norm > bound:
-            raise ReplyRejected(f"||sum|| = {norm:.6g} exceeds N_k C = {entry.n_train} x {plan.clip:g}")
+            raise ReplyRejected(
+                f"||sum|| = {norm:.6g} exceeds N_k C = {entry.n_train} x {plan.clip:g}"
+            )
     return s
 
 
@@ -247,7 +251,11 @@ class LangevinStrategy(Strategy):
         return msgs
 
     def _match(
-        self, replies: Iterable[Message], rnd: int, kind: str, check: Callable[[Message, SiteEntry | None], Any]
+        self,
+        replies: Iterable[Message],
+        rnd: int,
+        kind: str,
+        check: Callable[[Message, SiteEntry | None], Any],
     ) -> dict[int, Any]:
         """Run ``check`` on every reply against the instruction it answers (by message id);
         log and record each rejection and each site that did not answer."""
@@ -278,7 +286,9 @@ class LangevinStrategy(Strategy):
         """Check, order by site id, and take the Langevin step on the sum of what passed."""
         plan = self.plan
         if plan is None:
-            raise RuntimeError("aggregate_train without a plan (configure_train returned no messages)")
+            raise RuntimeError(
+                "aggregate_train without a plan (configure_train returned no messages)"
+            )
         good = self._match(
             replies,
             plan.round,
@@ -289,7 +299,9 @@ class LangevinStrategy(Strategy):
         )
         if not good:
             reasons = "; ".join(
-                f"site {d.site}: {d.reason}" for d in self.drops if d.round == plan.round and d.kind == "train"
+                f"site {d.site}: {d.reason}"
+                for d in self.drops
+                if d.round == plan.round and d.kind == "train"
             )
             spent = (
                 "its local steps stay counted in the ledger"
@@ -340,7 +352,9 @@ class LangevinStrategy(Strategy):
         if entry is None:
             raise ReplyRejected("the reply answers no instruction of this evaluation")
         if msg.has_error():
-            raise ReplyRejected(f"error reply (code {msg.error.code}): {str(msg.error.reason or '')[-500:]}")
+            raise ReplyRejected(
+                f"error reply (code {msg.error.code}): {str(msg.error.reason or '')[-500:]}"
+            )
         if not msg.has_content():
             raise ReplyRejected("reply has no content")
         want = sorted(["labels", "meta", "reports", *(f"pred-{g}" for g in self._eval_groups)])
@@ -367,21 +381,28 @@ class LangevinStrategy(Strategy):
         out: dict[str, Any] = {"labels": labels, "reports": reports, "probs": {}}
         for g in self._eval_groups:
             p = _decode_vector(
-                msg.content[f"pred-{g}"], "probs", size=(entry.n_test, entry.num_classes), dtype="float32"
+                msg.content[f"pred-{g}"],
+                "probs",
+                size=(entry.n_test, entry.num_classes),
+                dtype="float32",
             )
             if not np.isfinite(p).all():
                 raise ReplyRejected(f"predictions of group {g!r} are not finite")
             out["probs"][g] = p
         return out
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         """Per-site reports as the sites computed them; pooled reports over the sites'
         concatenated predictions in site order (as the in-process engine computes them).
         The full result is kept in ``self.evaluation``; the first group's pooled scalars
         are returned."""
         from ..calibration import calibration_report
 
-        good: dict[int, dict[str, Any]] = self._match(replies, server_round, "evaluate", self._check_eval_reply)
+        good: dict[int, dict[str, Any]] = self._match(
+            replies, server_round, "evaluate", self._check_eval_reply
+        )
         if not good:
             self.evaluation = None
             return None

@@ -41,7 +41,9 @@ class RoundPlan:
     sample_rate: float
     clip: float | None
     prenoise: float
-    local_steps: int = 1  # noise_placement "sites": local steps first_step .. first_step + local_steps - 1
+    local_steps: int = (
+        1  # noise_placement "sites": local steps first_step .. first_step + local_steps - 1
+    )
     first_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,10 +169,17 @@ class LangevinServer:
             if e == 1:
                 ok = self.accountant.check(q, sigma)
             else:
-                ok = self.accountant.max_steps(lambda i: self.schedule_point(first + i), limit=e) == e
+                ok = (
+                    self.accountant.max_steps(lambda i: self.schedule_point(first + i), limit=e)
+                    == e
+                )
             if not ok:
                 eps = self.accountant.rigorous_epsilon()
-                what = f"step {self.t + 1}" if not self.local else f"round {self.t + 1} ({e} local steps)"
+                what = (
+                    f"step {self.t + 1}"
+                    if not self.local
+                    else f"round {self.t + 1} ({e} local steps)"
+                )
                 self.halt_reason = (
                     f"privacy budget: {what} (sigma={sigma:.4g}) would take epsilon past "
                     f"{self.privacy.epsilon:g} at delta={self.privacy.delta:g}; "
@@ -193,7 +202,9 @@ class LangevinServer:
     def apply(self, plan: RoundPlan, site_sums: Sequence[torch.Tensor]) -> torch.Tensor:
         """Record the privacy spend, add the noise, take the Langevin step."""
         if self.local:
-            raise ValueError("noise_placement = 'sites': use begin_local_round / finish_local_round")
+            raise ValueError(
+                "noise_placement = 'sites': use begin_local_round / finish_local_round"
+            )
         if plan.round != self.t:
             raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
         total = torch.zeros_like(self.theta)
@@ -251,7 +262,9 @@ class LangevinServer:
             if self.on_spend is not None:
                 self.on_spend(self.accountant)
 
-    def finish_local_round(self, plan: RoundPlan, site_thetas: Sequence[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    def finish_local_round(
+        self, plan: RoundPlan, site_thetas: Sequence[tuple[int, torch.Tensor]]
+    ) -> torch.Tensor:
         """theta <- sum_k N_k theta_k / sum_k N_k over the sites that answered (post-processing)."""
         if plan.round != self.t:
             raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
@@ -261,7 +274,9 @@ class LangevinServer:
         new = torch.zeros_like(self.theta)
         for n, th in site_thetas:
             if th.shape != new.shape:
-                raise ValueError(f"site parameters have shape {tuple(th.shape)}, expected {tuple(new.shape)}")
+                raise ValueError(
+                    f"site parameters have shape {tuple(th.shape)}, expected {tuple(new.shape)}"
+                )
             new += (n / total_n) * th.float()
         self.theta = new
         self.t += 1

@@ -117,7 +117,9 @@ def test_pneumonia_frozen_backbone_runs_with_random_weights(tmp_path, monkeypatc
 
 
 def test_calibrated_sigma_survives_the_runs_sigma_bucketing():
-    sigma = calibrate_noise_multiplier(sample_rate=0.05, steps=150, epsilon=2.0, delta=1e-5, sigma_grid=0.01)
+    sigma = calibrate_noise_multiplier(
+        sample_rate=0.05, steps=150, epsilon=2.0, delta=1e-5, sigma_grid=0.01
+    )
     acc = PrivacyAccountant(delta=1e-5, epsilon_budget=2.0, sigma_rel_grid=0.01)
     assert acc.max_steps(lambda t: (0.05, sigma), limit=150) == 150
 
@@ -133,7 +135,12 @@ def test_per_method_overrides_apply_to_that_method_only(tmp_path):
     config, bench = load_benchmark(cfg_path)
     run_benchmark(config, bench, out_dir=tmp_path / "out", progress=False, log=lambda s: None)
     data = json.loads((tmp_path / "out" / "benchmark.json").read_text())
-    cfg = {m: json.loads((tmp_path / "out" / "runs" / f"{m}-seed0" / "results.json").read_text())["config"] for m in ("sgd", "dpsgld")}
+    cfg = {
+        m: json.loads((tmp_path / "out" / "runs" / f"{m}-seed0" / "results.json").read_text())[
+            "config"
+        ]
+        for m in ("sgd", "dpsgld")
+    }
     assert cfg["sgd"]["lr"] == 0.05 and cfg["dpsgld"]["lr"] == 0.2
     assert data["benchmark"]["overrides"] == {"sgd": {"lr": 0.05}}
     assert "Settings of `sgd` only: `lr = 0.05`" in (tmp_path / "out" / "benchmark.md").read_text()

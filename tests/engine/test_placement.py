@@ -76,7 +76,9 @@ def test_the_budget_stops_whole_rounds_of_local_steps(tmp_path):
     assert p["epsilon"]["pld"] <= 2.0
     # one more round would have overspent
     cfg = load_config(None, {**SMALL, "noise_placement": "sites", "local_steps": 4, "epsilon": 2.0})
-    acc = PrivacyAccountant(delta=cfg.privacy.delta, epsilon_budget=None, sigma_rel_grid=cfg.privacy.sigma_grid)
+    acc = PrivacyAccountant(
+        delta=cfg.privacy.delta, epsilon_budget=None, sigma_rel_grid=cfg.privacy.sigma_grid
+    )
     for t in range(4 * (p["steps"] + 1)):
         acc.step(cfg.privacy.sample_rate, cfg.privacy.sigma(t))
     assert acc.rigorous_epsilon() > 2.0

@@ -80,7 +80,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 120.0, *, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def wait_port(
+    port: int,
+    timeout: float = 120.0,
+    *,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
     """Wait until something listens on ``port``; fail with the process's log if it exits or hangs."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -92,8 +98,14 @@ def wait_port(port: int, timeout: float = 120.0, *, proc: subprocess.Popen | Non
             break
         time.sleep(0.2)
     tail = log.read_text(errors="replace")[-4000:] if log is not None and log.is_file() else ""
-    state = f"exited with {proc.returncode}" if proc is not None and proc.poll() is not None else "still running"
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s (process {state}); its log:\n{tail}")
+    state = (
+        f"exited with {proc.returncode}"
+        if proc is not None and proc.poll() is not None
+        else "still running"
+    )
+    raise TimeoutError(
+        f"nothing listens on 127.0.0.1:{port} after {timeout:g} s (process {state}); its log:\n{tail}"
+    )
 
 
 def _pids_tagged(tag: str) -> list[int]:
@@ -137,7 +149,14 @@ class Processes:
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True)
+        p = subprocess.Popen(
+            args,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            start_new_session=True,
+        )
         self.procs[name] = p
         return p
 
@@ -172,7 +191,14 @@ def flower_tmp(tmp_path_factory):  # imported by the test modules that need it
     procs.stop()
 
 
-def flwr(args: list[str], env: dict[str, str], *, timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def flwr(
+    args: list[str], env: dict[str, str], *, timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / "flwr"), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [str(BIN / "flwr"), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

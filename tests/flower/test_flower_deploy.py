@@ -41,7 +41,9 @@ RUN = {
 
 
 def _site_files(root: Path) -> list[Path]:
-    return export_sites(load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data")
+    return export_sites(
+        load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data"
+    )
 
 
 def _connection(home: Path, name: str, port: int, *, ca: Path | None = None) -> None:
@@ -52,7 +54,9 @@ def _connection(home: Path, name: str, port: int, *, ca: Path | None = None) -> 
     )
 
 
-def _supernode_args(link_port: int, node_port: int, site: int, data: Path, security: list[str]) -> list[str]:
+def _supernode_args(
+    link_port: int, node_port: int, site: int, data: Path, security: list[str]
+) -> list[str]:
     return [
         str(BIN / "flower-supernode"),
         *security,
@@ -68,7 +72,14 @@ def _supernode_args(link_port: int, node_port: int, site: int, data: Path, secur
 def _run_and_check(root: Path, cli_env: dict, connection: str, out: Path) -> dict:
     t0 = time.monotonic()
     res = flwr(
-        ["run", ".", connection, "--stream", "--run-config", run_config_arg({**RUN, "out": str(out)})],
+        [
+            "run",
+            ".",
+            connection,
+            "--stream",
+            "--run-config",
+            run_config_arg({**RUN, "out": str(out)}),
+        ],
         cli_env,
         timeout=600,
     )
@@ -153,7 +164,9 @@ def _certificates(d: Path) -> dict[str, Path]:
         .sign(ca_key, hashes.SHA256())
     )  # fmt: skip
     key = ec.generate_private_key(ec.SECP384R1())
-    san = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    )
     cert = (
         x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca.subject)
         .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -164,7 +177,9 @@ def _certificates(d: Path) -> dict[str, Path]:
     (d / "ca.crt").write_bytes(ca.public_bytes(pem))
     (d / "server.pem").write_bytes(cert.public_bytes(pem))
     (d / "server.key").write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+        key.private_bytes(
+            pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
     )
     return {"ca": d / "ca.crt", "cert": d / "server.pem", "key": d / "server.key"}
 
@@ -177,10 +192,16 @@ def _node_key(d: Path, name: str) -> Path:
 
     key = ec.generate_private_key(ec.SECP384R1())
     (d / name).write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
     )
     (d / f"{name}.pub").write_bytes(
-        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
     )
     return d / name
 
@@ -237,7 +258,9 @@ def test_deploy_tls_with_supernode_authentication_refuses_unregistered_nodes(flo
     listed = flwr(["supernode", "list", "tlslink", "--format", "json"], cli_env, timeout=60)
     assert listed.returncode == 0, listed.stdout + listed.stderr
     stranger_log = procs.log("supernode-stranger")
-    assert "Unable to parse" not in stranger_log  # refused for not being registered, not for its key
+    assert (
+        "Unable to parse" not in stranger_log
+    )  # refused for not being registered, not for its key
     assert "Failed to activate SuperNode" in stranger_log, stranger_log[-2000:]
     pub = Path(str(stranger) + ".pub").read_text().split()[1]
     assert pub not in listed.stdout

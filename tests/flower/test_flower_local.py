@@ -114,7 +114,13 @@ def test_flower_apps_on_local_grid_equal_the_engine_bitwise(tmp_path, reference)
     assert r["metrics"]["posterior"] == e["metrics"]["posterior"]
     assert r["sites"] == e["sites"]
     assert r["flower"]["dropped_replies"] == []
-    for f in ("report.md", "history.png", "reliability.png", "reliability_sites.png", "ledger.json"):
+    for f in (
+        "report.md",
+        "history.png",
+        "reliability.png",
+        "reliability_sites.png",
+        "ledger.json",
+    ):
         assert (out / f).stat().st_size > 0, f
 
 
@@ -183,7 +189,9 @@ def zero_reply_run(tmp_path_factory):
         ("lost", "no reply"),
     ],
 )
-def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(tmp_path, zero_reply_run, kind, reason):
+def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(
+    tmp_path, zero_reply_run, kind, reason
+):
     """Site 1's reply in round 5 is bad: it is dropped with a logged reason, the run goes
     on, and the step equals one where site 1 sent an all-zero sum (no record sampled)."""
     size = {}
@@ -289,7 +297,9 @@ def test_pyproject_run_config_has_every_setting_and_works():
     pate = {f"pate.{k}": v for k, v in defaults.pop("pate").items()}
     assert set(defaults) == set(Config().flat()) | set(FLOWER_KEYS)
     assert set(pate) == {f"pate.{k}" for k in RUN_CONFIG_FIELDS}
-    assert pate_config_from_run_config(pate) == load_pate_config(ROOT / "simulations" / "pate_mnist.toml")
+    assert pate_config_from_run_config(pate) == load_pate_config(
+        ROOT / "simulations" / "pate_mnist.toml"
+    )
     config, opts = split_run_config({**defaults, **pate})
     assert config.privacy.method == "dpsgld" and opts["out"] == "" and opts["resume"] is False
     demo = load_config(ROOT / "simulations" / "demo.toml")

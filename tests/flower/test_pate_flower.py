@@ -20,7 +20,9 @@ from fedsgld.pate.train import analyse_vote_file, run_pate
 PATE_RC = {
     "task": "pate",
     "pate.dataset": "synthetic",
-    "pate.dataset_options": json.dumps({"n": 400, "num_classes": 3, "shape": [8], "separation": 1.5}),
+    "pate.dataset_options": json.dumps(
+        {"n": 400, "num_classes": 3, "shape": [8], "separation": 1.5}
+    ),
     "pate.sites": 2,
     "pate.teachers_per_site": 3,
     "pate.queries": 60,
@@ -58,10 +60,14 @@ def test_pate_over_flower_equals_in_process(tmp_path, in_process):
         assert g["epsilon"] == e["epsilon"] and g["answered"] == e["answered"]
         assert g["noisy_label_accuracy"] == e["noisy_label_accuracy"]
         for key in ("accuracy", "nll", "ece"):
-            assert g["student"]["pooled"][key] == pytest.approx(e["student"]["pooled"][key], abs=1e-6)
+            assert g["student"]["pooled"][key] == pytest.approx(
+                e["student"]["pooled"][key], abs=1e-6
+            )
         with np.load(out / f"votes_{mech}.npz") as a, np.load(ref_out / f"votes_{mech}.npz") as b:
             assert "teacher_preds" not in a.files  # single teachers' votes never left the sites
-            assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(a["labels"], b["labels"])
+            assert np.array_equal(a["counts"], b["counts"]) and np.array_equal(
+                a["labels"], b["labels"]
+            )
         # the analysis command reproduces the server's epsilons from the histogram alone
         assert analyse_vote_file(out / f"votes_{mech}.npz")["epsilon"] == e["epsilon"]
 
@@ -97,7 +103,9 @@ def test_no_usable_histogram_stops_the_run(tmp_path):
 
     with pytest.raises(PateSitesFailed, match="no site returned a usable vote histogram"):
         run_local(
-            {**PATE_RC, "out": str(tmp_path / "x"), "round-timeout": 1.0}, num_nodes=2, fault=drop_all
+            {**PATE_RC, "out": str(tmp_path / "x"), "round-timeout": 1.0},
+            num_nodes=2,
+            fault=drop_all,
         )
 
 
