@@ -23,9 +23,12 @@ demo: setup
 	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgld --out runs/demo-dpsgld
 	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgd --out runs/demo-dpsgd
 
-# The CI test command: everything except tests marked slow (a representative subset of those runs too).
+# The CI test command: everything except tests marked slow, then a representative slow one
+# (the full-size demo run against the README's numbers). `make test-all` runs every test.
+SLOW_SUBSET ?= tests/engine/test_readme_numbers.py::test_demo_dpsgld_matches_the_readme
 test: setup
 	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -q $(SLOW_SUBSET)
 
 test-all: setup
 	$(BIN)/python -m pytest -q
