@@ -209,6 +209,35 @@ class Federation:
         ]
 
 
+def metrics_block(
+    server: LangevinServer, last: dict[str, Any], post: dict[str, Any] | None
+) -> dict[str, Any]:
+    """results.json's ``metrics``: the last iterate's and the posterior average's reports."""
+    return {
+        "pooled": last["pooled"],
+        "sites": last["sites"],
+        "posterior": None
+        if post is None
+        else {
+            "pooled": post["pooled"],
+            "sites": post["sites"],
+            "samples": len(server.posterior),
+            "sample_steps": list(server.posterior.steps),
+        },
+    }
+
+
+def round_time_summary(round_times: list[float]) -> dict[str, Any]:
+    """Wall time of the training rounds; the first includes warm-up (first calls, caches)."""
+    n = len(round_times)
+    return {
+        "count": n,
+        "mean": sum(round_times) / n if n else None,
+        "first": round_times[0] if n else None,
+        "mean_after_first": sum(round_times[1:]) / (n - 1) if n > 1 else None,
+    }
+
+
 def _privacy_block(server: LangevinServer, config: Config) -> dict[str, Any]:
     p = config.privacy
     block: dict[str, Any] = {
@@ -409,27 +438,9 @@ def run(
         "privacy": _privacy_block(server, config),
         "sites": fed.site_table(),
         "history": history,
-        "metrics": {
-            "pooled": last["pooled"],
-            "sites": last["sites"],
-            "posterior": None
-            if post is None
-            else {
-                "pooled": post["pooled"],
-                "sites": post["sites"],
-                "samples": len(server.posterior),
-                "sample_steps": list(server.posterior.steps),
-            },
-        },
+        "metrics": metrics_block(server, last, post),
         "wall_time_s": time.perf_counter() - t_start,
-        "round_wall_time_s": {
-            "count": len(round_times),
-            "mean": sum(round_times) / len(round_times) if round_times else None,
-            "first": round_times[0] if round_times else None,  # includes warm-up
-            "mean_after_first": (
-                sum(round_times[1:]) / (len(round_times) - 1) if len(round_times) > 1 else None
-            ),
-        },
+        "round_wall_time_s": round_time_summary(round_times),
     }
     write_outputs(out, results, last=last, posterior=post)
     log(f"results in {out}")

@@ -37,7 +37,16 @@ from flwr.serverapp import Grid
 from .. import __version__
 from ..config import Config
 from ..core.mechanism import FlatModel
-from ..engine import CHECKPOINT, LEDGER, _atomic_write, _privacy_block, new_run_dir, write_json
+from ..engine import (
+    CHECKPOINT,
+    LEDGER,
+    _atomic_write,
+    _privacy_block,
+    metrics_block,
+    new_run_dir,
+    round_time_summary,
+    write_json,
+)
 from ..privacy.noise import os_seed
 from ..strategies import LangevinServer, PosteriorSamples
 from ..strategies.flower import AllSitesFailed, LangevinStrategy, SiteEntry
@@ -75,22 +84,34 @@ def exchange(grid: Grid, messages: list[Message], *, timeout: float, poll: float
     return replies
 
 
-def discover_sites(
-    grid: Grid, config: Config, *, timeout: float, log: Callable[[str], None], poll: float = 0.2
-) -> dict[int, SiteEntry]:
-    """Query every connected node for the sites it hosts until sites 0..K-1 are all found."""
-    want = set(range(config.run.sites))
-    run = run_record(config)
+def discover(
+    grid: Grid,
+    *,
+    sites: int,
+    message: Callable[[int], Message],
+    entries: Callable[[Message], list[tuple[int, Any]]],
+    timeout: float,
+    poll: float,
+    log: Callable[[str], None],
+) -> dict[int, tuple[int, Any]]:
+    """Ask every connected node which sites it hosts until sites 0..sites-1 are all found.
+
+    ``message(node_id)`` builds the question; ``entries(reply)`` parses an answer into
+    (site, entry) pairs (``KeyError``/``TypeError``/``ValueError`` for a bad answer, which is
+    logged against its node). Returns site -> (node id, entry), by site. A site claimed by
+    two nodes is an error; sites still missing after ``timeout`` raise
+    :class:`SitesUnavailable` naming every node's problem.
+    """
+    want = set(range(sites))
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
-    directory: dict[int, SiteEntry] = {}
+    found: dict[int, tuple[int, Any]] = {}
     errors: dict[int, str] = {}
     while True:
         new = sorted(set(grid.get_node_ids()) - asked)
         if new:
-            msgs = [Message(RecordDict({"run": run}), n, QUERY, group_id="discovery") for n in new]
             left = max(deadline - time.monotonic(), 1.0)
-            replies = exchange(grid, msgs, timeout=left, poll=poll)
+            replies = exchange(grid, [message(n) for n in new], timeout=left, poll=poll)
             asked.update(new)
             for r in replies:
                 node = int(r.metadata.src_node_id)
@@ -99,43 +120,64 @@ def discover_sites(
                     log(f"node {node} could not prepare its sites: {errors[node]}")
                     continue
                 try:
-                    entries = json.loads(str(r.content["sites"]["json"]))
-                    for e in entries:
-                        entry = SiteEntry(
-                            site=int(e["site"]),
-                            node_id=node,
-                            n_train=int(e["n_train"]),
-                            n_test=int(e["n_test"]),
-                            num_classes=int(e["num_classes"]),
-                            input_shape=tuple(int(s) for s in e["input_shape"]),
-                            label_histogram=[int(v) for v in e["label_histogram"]],
-                        )
-                        if entry.site not in want:
-                            raise ValueError(
-                                f"site {entry.site} is not in 0..{config.run.sites - 1}"
-                            )
-                        if entry.site in directory:
-                            raise ValueError(
-                                f"site {entry.site} is hosted by nodes {directory[entry.site].node_id} "
-                                f"and {node}; each site must have exactly one node"
-                            )
-                        directory[entry.site] = entry
+                    pairs = entries(r)
+                    for site, _ in pairs:
+                        if site not in want:
+                            raise ValueError(f"site {site} is not in 0..{sites - 1}")
                 except (KeyError, TypeError, ValueError) as err:
-                    if "each site must have exactly one node" in str(err):
-                        raise
                     errors[node] = f"bad query reply: {err}"
                     log(f"node {node}: {errors[node]}")
-        if set(directory) == want:
-            break
+                    continue
+                for site, entry in pairs:
+                    if site in found:
+                        raise ValueError(
+                            f"site {site} is hosted by nodes {found[site][0]} and {node}; "
+                            "each site must have exactly one node"
+                        )
+                    found[site] = (node, entry)
+        if set(found) == want:
+            return dict(sorted(found.items()))
         if time.monotonic() >= deadline:
-            missing = sorted(want - set(directory))
+            missing = sorted(want - set(found))
             detail = "; ".join(f"node {n}: {e}" for n, e in errors.items())
             raise SitesUnavailable(
                 f"sites {missing} had no working node after {timeout:g} s "
                 f"({len(asked)} node(s) answered){'; ' + detail if detail else ''}"
             )
         time.sleep(DISCOVERY_POLL_S)
-    directory = dict(sorted(directory.items()))
+
+
+def discover_sites(
+    grid: Grid, config: Config, *, timeout: float, log: Callable[[str], None], poll: float = 0.2
+) -> dict[int, SiteEntry]:
+    """The DP-SGLD sites: their nodes and public sizes (:func:`discover` with ``query``)."""
+    run = run_record(config)
+
+    def entries(r: Message) -> list[tuple[int, SiteEntry]]:
+        out = []
+        for e in json.loads(str(r.content["sites"]["json"])):
+            entry = SiteEntry(
+                site=int(e["site"]),
+                node_id=int(r.metadata.src_node_id),
+                n_train=int(e["n_train"]),
+                n_test=int(e["n_test"]),
+                num_classes=int(e["num_classes"]),
+                input_shape=tuple(int(s) for s in e["input_shape"]),
+                label_histogram=[int(v) for v in e["label_histogram"]],
+            )
+            out.append((entry.site, entry))
+        return out
+
+    found = discover(
+        grid,
+        sites=config.run.sites,
+        message=lambda n: Message(RecordDict({"run": run}), n, QUERY, group_id="discovery"),
+        entries=entries,
+        timeout=timeout,
+        poll=poll,
+        log=log,
+    )
+    directory = {k: entry for k, (_, entry) in found.items()}
     shapes = {(e.num_classes, e.input_shape) for e in directory.values()}
     if len(shapes) != 1:
         raise ValueError(f"sites disagree on (num_classes, input_shape): {sorted(shapes)}")
@@ -357,30 +399,12 @@ def serve(
             for k, e in directory.items()
         ],
         "history": history,
-        "metrics": {
-            "pooled": last["pooled"],
-            "sites": last["sites"],
-            "posterior": None
-            if post is None
-            else {
-                "pooled": post["pooled"],
-                "sites": post["sites"],
-                "samples": len(server.posterior),
-                "sample_steps": list(server.posterior.steps),
-            },
-        },
+        "metrics": metrics_block(server, last, post),
         "flower": {
             "nodes": {str(k): e.node_id for k, e in directory.items()},
             "dropped_replies": all_drops(),
             "evaluation_missing_sites": last["_missing_sites"],
-            "round_wall_time_s": {
-                "count": len(round_times),
-                "mean": sum(round_times) / len(round_times) if round_times else None,
-                "first": round_times[0] if round_times else None,  # includes warm-up
-                "mean_after_first": (
-                    sum(round_times[1:]) / (len(round_times) - 1) if len(round_times) > 1 else None
-                ),
-            },
+            "round_wall_time_s": round_time_summary(round_times),
         },
         "wall_time_s": time.perf_counter() - t_start,
     }

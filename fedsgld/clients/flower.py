@@ -95,10 +95,6 @@ def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
     )
 
 
-def _hosted_ids(config: Config, node_config: dict[str, Any]) -> list[int]:
-    return hosted_site_ids(config.run.sites, node_config)
-
-
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
     from ..engine import variational_view
 
@@ -172,7 +168,7 @@ def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
 
 
 def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites:
-    ids = _hosted_ids(config, node_config)
+    ids = hosted_site_ids(config.run.sites, node_config)
     if "site-data" in node_config:
         if "site-id" not in node_config:
             raise ValueError("node config site-data needs site-id")

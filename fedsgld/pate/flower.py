@@ -131,10 +131,6 @@ def _site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, 
     return {k: split.sites[k] for k in ids}
 
 
-def _num_classes(shard: Any) -> int:
-    return int(shard.num_classes)
-
-
 def _setup(msg: Message) -> PateConfig:
     config = pate_config_from_run_config(dict(msg.content["pate"].items()))
     if config.threads:
@@ -157,7 +153,7 @@ def handle_query(msg: Message, context: Context) -> Message:
             "site": k,
             "n_train": int(s.y_train.shape[0]),
             "n_test": int(s.y_test.shape[0]),
-            "num_classes": _num_classes(s),
+            "num_classes": int(s.num_classes),
             "input_shape": [int(d) for d in s.x_train.shape[1:]],
         }
         for k, s in _site_records(config, dict(context.node_config)).items()
@@ -170,7 +166,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     config = _setup(msg)
     sid, s = _shard(config, context, msg)
     x_q = torch.from_numpy(np.ascontiguousarray(msg.content["queries"]["x"].numpy(), np.float32))
-    k = _num_classes(s)
+    k = int(s.num_classes)
     preds, acc = train_site_teachers(
         config, site_id=sid, x_train=s.x_train, y_train=s.y_train, x_test=s.x_test,
         y_test=s.y_test, x_query=x_q, num_classes=k,
@@ -192,7 +188,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     config = _setup(msg)
     sid, s = _shard(config, context, msg)
     student = _new_model(
-        config.student_model, tuple(s.x_train.shape[1:]), _num_classes(s), config.hidden, 0
+        config.student_model, tuple(s.x_train.shape[1:]), int(s.num_classes), config.hidden, 0
     )
     student.load_state_dict(msg.content["student"].to_torch_state_dict())
     probs = predict_proba(student, s.x_test).numpy().astype(np.float32)
@@ -214,44 +210,6 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
 
 class PateSitesFailed(RuntimeError):
     """No site returned a usable vote histogram."""
-
-
-def _discover(
-    grid: Any, config: PateConfig, rec: ConfigRecord, *, timeout: float, poll: float, log
-) -> dict[int, tuple[int, dict[str, Any]]]:
-    from ..apps.runner import DISCOVERY_POLL_S, SitesUnavailable, exchange
-
-    want = set(range(config.sites))
-    found: dict[int, tuple[int, dict[str, Any]]] = {}
-    asked: set[int] = set()
-    errors: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
-    while set(found) != want:
-        new = sorted(set(grid.get_node_ids()) - asked)
-        if new:
-            msgs = [Message(RecordDict({"pate": rec}), n, QUERY, group_id="pate") for n in new]
-            asked.update(new)
-            left = max(deadline - time.monotonic(), 1.0)
-            for r in exchange(grid, msgs, timeout=left, poll=poll):
-                node = int(r.metadata.src_node_id)
-                if r.has_error():
-                    errors[node] = str(r.error.reason or "")[-500:]
-                    log(f"node {node} could not prepare its sites: {errors[node]}")
-                    continue
-                for e in json.loads(str(r.content["sites"]["json"])):
-                    if e["site"] in found:
-                        raise ValueError(f"site {e['site']} is hosted by two nodes; each needs one")
-                    found[int(e["site"])] = (node, e)
-        if set(found) == want:
-            break
-        if time.monotonic() >= deadline:
-            detail = "; ".join(f"node {n}: {e}" for n, e in errors.items())
-            raise SitesUnavailable(
-                f"PATE sites {sorted(want - set(found))} had no working node after {timeout:g} s"
-                + (f"; {detail}" if detail else "")
-            )
-        time.sleep(DISCOVERY_POLL_S)
-    return dict(sorted(found.items()))
 
 
 def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers: int):
@@ -279,7 +237,7 @@ def serve_pate(
 ) -> dict[str, Any]:
     """Run PATE over ``grid``: teachers at the sites, noisy labels, students, analysis."""
     from ..apps.protocol import split_flower_options
-    from ..apps.runner import exchange
+    from ..apps.runner import discover, exchange
     from ..engine import new_run_dir
 
     log = log or _log.info
@@ -295,8 +253,16 @@ def serve_pate(
     split = pate_split(config)  # the server's public queries
     k = split.num_classes
     rec = pate_record(config)
-    sites = _discover(
-        grid, config, rec, timeout=opts["wait-for-sites"], poll=opts["poll-interval"], log=log
+    sites = discover(
+        grid,
+        sites=config.sites,
+        message=lambda n: Message(RecordDict({"pate": rec}), n, QUERY, group_id="pate"),
+        entries=lambda r: [
+            (int(e["site"]), e) for e in json.loads(str(r.content["sites"]["json"]))
+        ],
+        timeout=opts["wait-for-sites"],
+        poll=opts["poll-interval"],
+        log=log,
     )
     log("PATE sites: " + ", ".join(f"{s}@node {n}" for s, (n, _) in sites.items()))
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
