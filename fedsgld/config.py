@@ -27,6 +27,8 @@ OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("iid", "dirichlet", "quantity")
 ACCOUNTANTS = ("pld", "rdp")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
+RANDOMNESS = ("seeded", "os")
+SECURE_NOISE = ("auto", "on", "off")
 
 
 def _num(
@@ -201,6 +203,11 @@ class RunSettings:
     prior_std: float = 1.0  # Gaussian prior N(0, prior_std^2 I) of the KL term
     vi_init_std: float = 0.001  # initial std of q
     vi_samples: int = 20  # Monte-Carlo draws from q for predictions
+    # where each party's privacy randomness comes from: seeded (simulations: every stream
+    # derived from seed, reproducible, NOT private against anyone who knows the seed) | os
+    # (deployments: each party draws fresh operating-system entropy that never leaves it)
+    randomness: str = "seeded"
+    secure_noise: str = "auto"  # hardened Gaussian draws: auto (on with os randomness) | on | off
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -222,6 +229,15 @@ class RunSettings:
         _num("prior_std", self.prior_std, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("vi_init_std", self.vi_init_std, 0.0, math.inf, lo_open=True, hi_open=True)
         _int("vi_samples", self.vi_samples, 1, 10_000)
+        _choice("randomness", self.randomness, RANDOMNESS)
+        _choice("secure_noise", self.secure_noise, SECURE_NOISE)
+
+    @property
+    def secure(self) -> bool:
+        """Whether DP noise is drawn with the hardened sampler."""
+        if self.secure_noise == "auto":
+            return self.randomness == "os"
+        return self.secure_noise == "on"
 
 
 @dataclass(frozen=True)

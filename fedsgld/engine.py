@@ -2,92 +2,38 @@
 
 ``run(config)`` loads the data, splits it into hospital-style sites, and runs rounds of
 ``LangevinServer.plan`` -> ``Site.clipped_sum`` (every site) -> ``LangevinServer.apply``
-until the round limit or the privacy budget stops it. It writes one result directory:
-``results.json``, ``report.md``, PNG plots, ``checkpoint.pt`` and ``ledger.json``.
-
-Crash safety: ``ledger.json`` (the accountant's ledger) is written BEFORE each step's noise
-is drawn, and survives the checkpoint it may be ahead of. ``resume=True`` restarts from the
-last checkpoint with the ledger from ``ledger.json``, so steps taken after that checkpoint
-stay counted: a resumed run never spends the same budget twice (it may spend a little on
-steps whose output was lost, which is the conservative direction).
+until the round limit or the privacy budget stops it. Everything around the maths (the
+result directory, the ledger written before each step's noise is drawn, checkpoints,
+resume with fresh noise, the evaluation schedule, results.json) is
+:class:`fedsgld.lifecycle.RunLifecycle`, which the Flower ServerApp drives too.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import math
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from . import __version__
 from .calibration import calibration_report
 from .clients import Site
 from .config import Config
 from .data import describe_sites, load_dataset, make_sites
+from .lifecycle import (  # noqa: F401 - re-exported for older imports
+    CHECKPOINT,
+    LEDGER,
+    RESULTS,
+    RunLifecycle,
+    atomic_write,
+    metrics_block,
+    new_run_dir,
+    round_time_summary,
+    write_json,
+)
 from .models import build_model
-from .privacy import PrivacyAccountant
-from .privacy.noise import os_seed
+from .privacy.noise import Randomness, os_seed
 from .strategies import LangevinServer, PosteriorSamples
-
-CHECKPOINT = "checkpoint.pt"
-LEDGER = "ledger.json"
-RESULTS = "results.json"
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def _finite(obj: Any) -> Any:
-    """Strict JSON: non-finite floats become null (e.g. SGD's epsilon, an undefined AUC)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _finite(obj.item())
-    return obj
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write strict JSON atomically (non-finite floats as null)."""
-
-    def _w(p: Path) -> None:
-        with p.open("w") as fh:
-            json.dump(_finite(obj), fh, indent=2, default=_json_default, allow_nan=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    _atomic_write(path, _w)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def new_run_dir(base: str | Path = "runs", tag: str = "run") -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    d = Path(base) / f"{stamp}-{tag}"
-    i = 1
-    while d.exists():
-        d = Path(base) / f"{stamp}-{tag}-{i}"
-        i += 1
-    return d
 
 
 def variational_view(config: Config, model: torch.nn.Module):
@@ -104,7 +50,15 @@ def variational_view(config: Config, model: torch.nn.Module):
 class Federation:
     """Sites + server built from a :class:`Config` (shared by the engine and the Flower apps)."""
 
-    def __init__(self, config: Config, *, log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        log: Callable[[str], None] = print,
+        randomness: Callable[[], Randomness] | None = None,
+    ) -> None:
+        """``randomness()`` gives each site its own :class:`Randomness` (default: seeded
+        from the config's seed, a simulation)."""
         self.config = config
         run, perf = config.run, config.perf
         if perf.threads:
@@ -139,6 +93,7 @@ class Federation:
                 seed=self.seed,
                 chunk_size=perf.chunk_size,
                 flat_model=self.flat_model(),
+                randomness=randomness() if randomness is not None else None,
             )
             for d in self.site_data
         ]
@@ -161,7 +116,7 @@ class Federation:
             d, x_train=cached_features(d.x_train, **kw), x_test=cached_features(d.x_test, **kw)
         )
 
-    def make_server(self, on_spend=None) -> LangevinServer:
+    def make_server(self, on_spend=None, randomness: Randomness | None = None) -> LangevinServer:
         run = self.config.run
         return LangevinServer(
             self.config.privacy,
@@ -176,6 +131,7 @@ class Federation:
             on_spend=on_spend,
             prior_std=run.prior_std,
             optimizer=run.optimizer,
+            randomness=randomness,
         )
 
     def evaluate(self, thetas: list[torch.Tensor]) -> dict[str, Any]:
@@ -209,79 +165,6 @@ class Federation:
         ]
 
 
-def metrics_block(
-    server: LangevinServer, last: dict[str, Any], post: dict[str, Any] | None
-) -> dict[str, Any]:
-    """results.json's ``metrics``: the last iterate's and the posterior average's reports."""
-    return {
-        "pooled": last["pooled"],
-        "sites": last["sites"],
-        "posterior": None
-        if post is None
-        else {
-            "pooled": post["pooled"],
-            "sites": post["sites"],
-            "samples": len(server.posterior),
-            "sample_steps": list(server.posterior.steps),
-        },
-    }
-
-
-def round_time_summary(round_times: list[float]) -> dict[str, Any]:
-    """Wall time of the training rounds; the first includes warm-up (first calls, caches)."""
-    n = len(round_times)
-    return {
-        "count": n,
-        "mean": sum(round_times) / n if n else None,
-        "first": round_times[0] if n else None,
-        "mean_after_first": sum(round_times[1:]) / (n - 1) if n > 1 else None,
-    }
-
-
-def _privacy_block(server: LangevinServer, config: Config) -> dict[str, Any]:
-    p = config.privacy
-    block: dict[str, Any] = {
-        "method": p.method,
-        "settings": {k: v for k, v in config.to_dict()["privacy"].items()},
-        "delta": p.delta,
-        "budget": p.epsilon if p.private else None,
-        "steps": server.t,
-        "noise_placement": p.noise_placement,
-        "local_steps": server.local_steps,
-        "halted": bool(server.halt_reason and server.halt_reason.startswith("privacy budget")),
-        "halt_reason": server.halt_reason,
-    }
-    if server.accountant is None:
-        block.update(
-            ledger=[],
-            epsilon={"gdp": float("inf"), "pld": float("inf"), "rdp": float("inf")},
-            note=f"method '{p.method}' adds no noise and has no privacy guarantee",
-        )
-        return block
-    acc = server.accountant
-    block.update(
-        ledger=[list(e) for e in acc.ledger],
-        ledger_steps=acc.steps,
-        epsilon=acc.epsilon(),
-        rigorous_accountant=acc.rigorous_name,
-        note=(
-            "epsilon['gdp'] is the Gaussian-DP CLT of the paper: asymptotic, it can "
-            "under-estimate epsilon; the budget is checked with the rigorous accountant "
-            f"'{acc.rigorous_name}'. Sigma is rounded down to a {p.sigma_grid:g} relative grid "
-            "for accounting (conservative). ledger_steps can exceed steps after a resume: "
-            "steps whose output was lost in a crash stay counted."
-            + (
-                f" Noise at the sites: 'steps' counts rounds of {server.local_steps} local steps; "
-                "the ledger is each site's own (every site uses the same q and sigma_t, so it "
-                "is also the worst site's)."
-                if server.local
-                else ""
-            )
-        ),
-    )
-    return block
-
-
 def run(
     config: Config,
     *,
@@ -291,93 +174,18 @@ def run(
     log: Callable[[str], None] = print,
     config_source: str | None = None,
 ) -> dict[str, Any]:
-    """Run one federation in-process and write its result directory. Returns results.json's dict."""
-    from tqdm.auto import tqdm
+    """Run one federation in-process and write its result directory. Returns results.json's dict
+    (plus ``out_dir`` and the in-memory evaluations under ``_eval``)."""
+    lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
+    fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
+    server = fed.make_server(randomness=lc.server_randomness())
+    lc.attach(server)
+    config = lc.config
 
-    from .results import write_outputs
-
-    t_start = time.perf_counter()
-    out = Path(out_dir) if out_dir is not None else new_run_dir(tag=config.privacy.method)
-    if resume:
-        if not (out / CHECKPOINT).is_file():
-            raise ValueError(f"resume: no {CHECKPOINT} in {str(out)!r}")
-    elif (out / CHECKPOINT).exists() or (out / LEDGER).exists():
-        raise ValueError(
-            f"output directory {str(out)!r} already holds a run; pass resume (--resume) or "
-            "choose another --out"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-
-    ckpt = None
-    if resume:
-        ckpt = torch.load(out / CHECKPOINT, weights_only=False)
-        if ckpt["config"] != {k: v for k, v in config.flat().items() if k not in ("threads",)}:
-            raise ValueError(
-                "resume: the config differs from the checkpoint's; resume with the same config"
-            )
-        if config.run.seed == -1:  # keep the OS-drawn seed of the original run
-            config = Config.from_flat({**config.flat(), "seed": int(ckpt["seed"])})
-
-    fed = Federation(config, log=log)
-    ledger_path = out / LEDGER
-
-    def persist_ledger(acc: PrivacyAccountant) -> None:
-        write_json(ledger_path, acc.state_dict())
-
-    server = fed.make_server(on_spend=persist_ledger)
-    history: list[dict[str, Any]] = []
-    if ckpt is not None:
-        server.load_state_dict(ckpt["server"])
-        history = ckpt["history"]
-        if server.accountant is not None and ledger_path.is_file():
-            server.accountant.load_state_dict(json.loads(ledger_path.read_text()))
-        log(
-            f"resumed at round {server.t}; ledger holds {server.accountant.steps if server.accountant else 0} steps"
-        )
-
-    def checkpoint() -> None:
-        state = {
-            "config": {k: v for k, v in config.flat().items() if k not in ("threads",)},
-            "seed": fed.seed,
-            "server": server.state_dict(),
-            "history": history,
-            "ledger": server.accountant.state_dict() if server.accountant else None,
-        }
-        _atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
-
-    affordable = server.affordable_rounds()
-    if server.accountant is not None:
-        log(
-            f"budget epsilon={config.privacy.epsilon:g} at delta={config.privacy.delta:g} "
-            f"({server.accountant.rigorous_name}) allows {affordable} of the remaining "
-            f"{config.run.rounds - server.t} rounds"
-        )
-    run_cfg = config.run
-    bar = tqdm(
-        total=run_cfg.rounds, initial=server.t, disable=not progress, desc=config.privacy.method
-    )
-    last_eps, last_loss = 0.0, float("nan")
-    last_plan = None
-
-    def record(t: int, plan) -> tuple[float, float]:
-        ev = fed.evaluate([server.theta])["pooled"]
-        eps = server.accountant.rigorous_epsilon() if server.accountant else float("inf")
-        history.append(
-            {
-                "round": t,
-                "step_size": plan.step_size,
-                "sigma": plan.sigma,
-                "epsilon": eps,
-                "test_nll": ev["nll"],
-                "test_accuracy": ev["accuracy"],
-                "test_ece": ev["ece"],
-            }
-        )
-        return eps, ev["nll"]
-
-    round_times: list[float] = []
-    while (plan := server.plan()) is not None:
-        t_round = time.perf_counter()
+    def one_round():
+        plan = server.plan()
+        if plan is None:
+            return None
         if server.local:  # noise at the sites: local steps, then the average
             server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
             thetas = [
@@ -388,7 +196,7 @@ def run(
                         first_step=plan.first_step,
                         local_steps=plan.local_steps,
                         privacy=config.privacy,
-                        weight_decay=run_cfg.weight_decay,
+                        weight_decay=config.run.weight_decay,
                     ),
                 )
                 for s in fed.sites
@@ -406,44 +214,12 @@ def run(
                 for s in fed.sites
             ]
             server.apply(plan, sums)
-        t = server.t
-        last_plan = plan
-        if run_cfg.eval_every and (t % run_cfg.eval_every == 0 or t == run_cfg.rounds):
-            last_eps, last_loss = record(t, plan)
-        if run_cfg.checkpoint_every and t % run_cfg.checkpoint_every == 0:
-            checkpoint()
-        round_times.append(time.perf_counter() - t_round)
-        bar.set_postfix(eps=f"{last_eps:.3f}", loss=f"{last_loss:.3f}", refresh=False)
-        bar.update(1)
-    bar.close()
-    if (
-        run_cfg.eval_every
-        and last_plan is not None
-        and (not history or history[-1]["round"] != server.t)
-    ):
-        record(server.t, last_plan)  # the point where the budget (or a crash-resume) ended it
-    log(f"stopped after {server.t} rounds: {server.halt_reason}")
-    checkpoint()
+        return plan
 
-    last = fed.evaluate([server.theta])
-    post = fed.evaluate(list(server.posterior.samples)) if len(server.posterior) else None
-    results = {
-        "fedsgld_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config_source": config_source,
-        "config": config.flat(),
-        "seed": fed.seed,
-        "seed_source": fed.seed_source,
-        "engine": "in-process",
-        "privacy": _privacy_block(server, config),
-        "sites": fed.site_table(),
-        "history": history,
-        "metrics": metrics_block(server, last, post),
-        "wall_time_s": time.perf_counter() - t_start,
-        "round_wall_time_s": round_time_summary(round_times),
-    }
-    write_outputs(out, results, last=last, posterior=post)
-    log(f"results in {out}")
-    results["out_dir"] = str(out)
+    def evaluate(groups: dict[str, list[torch.Tensor]]) -> dict[str, dict[str, Any]]:
+        return {name: fed.evaluate(thetas) for name, thetas in groups.items()}
+
+    lc.train(one_round, evaluate, progress=progress)
+    results, last, post = lc.finish(evaluate, sites=fed.site_table(), config_source=config_source)
     results["_eval"] = {"last": last, "posterior": post}  # in-memory predictions, not in the file
     return results

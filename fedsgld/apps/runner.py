@@ -15,14 +15,15 @@
 4. The result directory of the in-process engine (``results.json``, ``report.md``,
    plots), with ``"engine": "flower"`` and a ``flower`` block (dropped replies, nodes).
 
-Resume (``resume = true`` with the same ``out``) restores parameters, posterior samples
-and history from ``checkpoint.pt`` and the ledger from ``ledger.json``, exactly as the
-engine does: steps whose output was lost stay counted, so budget is never spent twice.
+Everything around the rounds (the ledger before the noise, checkpoints, resume with a
+new epoch and fresh noise, the evaluation schedule, results.json) is
+:class:`fedsgld.lifecycle.RunLifecycle`, exactly as in the in-process engine. The
+server's noise comes from its own randomness (``randomness = "os"`` in deployments);
+nothing that decides it is in any message.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 import time
@@ -34,20 +35,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from .. import __version__
 from ..config import Config
 from ..core.mechanism import FlatModel
-from ..engine import (
-    CHECKPOINT,
-    LEDGER,
-    _atomic_write,
-    _privacy_block,
-    metrics_block,
-    new_run_dir,
-    round_time_summary,
-    write_json,
-)
-from ..privacy.noise import os_seed
+from ..lifecycle import RunLifecycle
 from ..strategies import LangevinServer, PosteriorSamples
 from ..strategies.flower import AllSitesFailed, LangevinStrategy, SiteEntry
 from .protocol import QUERY, run_record, split_run_config
@@ -163,7 +153,9 @@ def discover_sites(
                 n_test=int(e["n_test"]),
                 num_classes=int(e["num_classes"]),
                 input_shape=tuple(int(s) for s in e["input_shape"]),
-                label_histogram=[int(v) for v in e["label_histogram"]],
+                label_histogram=None
+                if e.get("label_histogram") is None
+                else [int(v) for v in e["label_histogram"]],
             )
             out.append((entry.site, entry))
         return out
@@ -239,176 +231,87 @@ def serve(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run one DP-SGLD federation over ``grid``; write and return results.json's dict."""
-    from ..results import write_outputs
-
     log = log or _log.info
-    t_start = time.perf_counter()
     config, opts = split_run_config(run_config)
-    resume = opts["resume"]
-    out = (
-        Path(opts["out"]).expanduser()
-        if opts["out"]
-        else new_run_dir(tag=f"flower-{config.privacy.method}")
+    lc = RunLifecycle(
+        config,
+        out=Path(opts["out"]).expanduser().resolve() if opts["out"] else None,
+        resume=opts["resume"],
+        transport="flower",
+        tag=f"flower-{config.privacy.method}",
+        log=log,
     )
-    out = out.resolve()
-    if resume:
-        if not (out / CHECKPOINT).is_file():
-            raise ValueError(f"resume: no {CHECKPOINT} in {str(out)!r}")
-    elif (out / CHECKPOINT).exists() or (out / LEDGER).exists():
-        raise ValueError(
-            f"output directory {str(out)!r} already holds a run; set resume=true or choose another out"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-
-    user_config = config  # as given (seed -1: drawn from the OS below)
-    ckpt = None
-    if resume:
-        ckpt = torch.load(out / CHECKPOINT, weights_only=False)
-        if ckpt["config"] != _ckpt_config(user_config):
-            raise ValueError(
-                "resume: the config differs from the checkpoint's; resume with the same config"
-            )
-    if config.run.seed == -1:
-        seed, seed_source = (int(ckpt["seed"]) if ckpt is not None else os_seed()), "os"
-        config = Config.from_flat({**config.flat(), "seed": seed})
-    else:
-        seed, seed_source = config.run.seed, "config"
-
+    config = lc.config  # seed resolved
     poll = opts["poll-interval"]
     directory = discover_sites(grid, config, timeout=opts["wait-for-sites"], log=log, poll=poll)
     first = next(iter(directory.values()))
-    ledger_path = out / LEDGER
-
-    def persist_ledger(acc) -> None:
-        write_json(ledger_path, acc.state_dict())
-
     run_cfg = config.run
     server = LangevinServer(
         config.privacy,
         theta=initial_theta(config, first),
         site_sizes=[e.n_train for e in directory.values()],
-        seed=seed,
+        seed=lc.seed,
         rounds=run_cfg.rounds,
         weight_decay=run_cfg.weight_decay,
         posterior=PosteriorSamples(
             burn_in=run_cfg.burn_in, thin=run_cfg.thin, max_samples=run_cfg.max_samples
         ),
-        on_spend=persist_ledger,
         prior_std=run_cfg.prior_std,
         optimizer=run_cfg.optimizer,
+        randomness=lc.server_randomness(),
     )
-    strategy = LangevinStrategy(server, directory, run_record(config), log=log)
-    history: list[dict[str, Any]] = []
-    drops_before: list[dict[str, Any]] = []
-    if ckpt is not None:
-        server.load_state_dict(ckpt["server"])
-        history = ckpt["history"]
-        drops_before = ckpt.get("flower_drops", [])
-        if server.accountant is not None and ledger_path.is_file():
-            server.accountant.load_state_dict(json.loads(ledger_path.read_text()))
-        log(
-            f"resumed at round {server.t}; ledger holds "
-            f"{server.accountant.steps if server.accountant else 0} steps"
-        )
+    lc.attach(server)
+    strategy = LangevinStrategy(
+        server, directory, run_record(config), log=log, run_key=lc.run_key, epoch=lc.epoch
+    )
+    drops_before: list[dict[str, Any]] = list(lc.extra_state.get("flower_drops", []))
+    timeout = opts["round-timeout"]
 
     def all_drops() -> list[dict[str, Any]]:
         return drops_before + [d.to_dict() for d in strategy.drops]
 
-    def checkpoint() -> None:
-        state = {
-            "config": _ckpt_config(user_config),
-            "seed": seed,
-            "server": server.state_dict(),
-            "history": history,
-            "ledger": server.accountant.state_dict() if server.accountant else None,
-            "flower_drops": all_drops(),
-        }
-        _atomic_write(out / CHECKPOINT, lambda p: torch.save(state, p))
-
-    affordable = server.affordable_rounds()
-    if server.accountant is not None:
-        log(
-            f"budget epsilon={config.privacy.epsilon:g} at delta={config.privacy.delta:g} "
-            f"({server.accountant.rigorous_name}) allows {affordable} of the remaining "
-            f"{run_cfg.rounds - server.t} rounds"
-        )
-    timeout = opts["round-timeout"]
-    round_times: list[float] = []
-    while True:
-        t0 = time.perf_counter()
+    def one_round():
         arrays = ArrayRecord({"theta": Array(server.theta.numpy())})
         msgs = list(strategy.configure_train(server.t + 1, arrays, ConfigRecord(), grid))
         if not msgs:
-            break
-        plan = strategy.plan
+            return None
         replies = exchange(grid, msgs, timeout=timeout, poll=poll)
-        try:
-            strategy.aggregate_train(server.t + 1, replies)
-        except AllSitesFailed:
-            checkpoint()
-            raise
-        t = server.t
-        if run_cfg.eval_every and (t % run_cfg.eval_every == 0 or t == run_cfg.rounds):
-            ev = _evaluate(grid, strategy, t, {"last": [server.theta]}, timeout, poll)
-            if ev is not None:
-                pooled = ev["last"]["pooled"]
-                history.append(
-                    {
-                        "round": t,
-                        "step_size": plan.step_size,
-                        "sigma": plan.sigma,
-                        "epsilon": server.accountant.rigorous_epsilon()
-                        if server.accountant
-                        else float("inf"),
-                        "test_nll": pooled["nll"],
-                        "test_accuracy": pooled["accuracy"],
-                        "test_ece": pooled["ece"],
-                    }
-                )
-                log(f"round {t}: pooled accuracy {pooled['accuracy']:.4f}, NLL {pooled['nll']:.4f}")
-        if run_cfg.checkpoint_every and t % run_cfg.checkpoint_every == 0:
-            checkpoint()
-        round_times.append(time.perf_counter() - t0)
-    log(f"stopped after {server.t} rounds: {server.halt_reason}")
-    strategy.summary()
-    checkpoint()
+        strategy.aggregate_train(server.t + 1, replies)
+        return strategy.plan
 
-    groups = {"last": [server.theta]}
-    if len(server.posterior):
-        groups["posterior"] = list(server.posterior.samples)
-    ev = _evaluate(grid, strategy, server.t, groups, timeout, poll)
-    if ev is None:
-        raise RuntimeError("final evaluation: every site failed (see the logged reasons)")
-    last, post = ev["last"], ev.get("posterior")
-    results = {
-        "fedsgld_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "config_source": "flower run config",
-        "config": user_config.flat(),
-        "seed": seed,
-        "seed_source": seed_source,
-        "engine": "flower",
-        "privacy": _privacy_block(server, config),
-        "sites": [
-            {
-                "site": k,
-                "n_train": e.n_train,
-                "n_test": e.n_test,
-                "label_histogram": e.label_histogram,
-            }
-            for k, e in directory.items()
-        ],
-        "history": history,
-        "metrics": metrics_block(server, last, post),
-        "flower": {
+    def evaluate(groups: dict[str, list[torch.Tensor]]):
+        return _evaluate(grid, strategy, server.t, groups, timeout, poll)
+
+    lc.train(
+        one_round,
+        evaluate,
+        progress=False,
+        on_checkpoint=lambda: {"flower_drops": all_drops()},
+        checkpoint_on=(AllSitesFailed,),
+    )
+    strategy.summary()
+    sites = [
+        {"site": k, "n_train": e.n_train, "n_test": e.n_test, "label_histogram": e.label_histogram}
+        for k, e in directory.items()
+    ]
+    holder: dict[str, Any] = {}
+
+    def final_evaluate(groups):
+        ev = evaluate(groups)
+        if ev is not None:
+            holder["missing"] = ev["last"]["_missing_sites"]
+            holder["pooled_from"] = ev["last"].get("_pooled_from")
+        return ev
+
+    results, _, _ = lc.finish(
+        final_evaluate,
+        sites=sites,
+        config_source="flower run config",
+        transport_info=lambda: {
             "nodes": {str(k): e.node_id for k, e in directory.items()},
             "dropped_replies": all_drops(),
-            "evaluation_missing_sites": last["_missing_sites"],
-            "round_wall_time_s": round_time_summary(round_times),
+            "evaluation_missing_sites": holder.get("missing"),
+            "pooled_metrics_from": holder.get("pooled_from"),
         },
-        "wall_time_s": time.perf_counter() - t_start,
-    }
-    write_outputs(out, results, last=last, posterior=post)
-    log(f"results in {out}")
-    results["out_dir"] = str(out)
+    )
     return results

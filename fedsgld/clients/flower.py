@@ -14,12 +14,25 @@ come from, is set by the node's ``node_config``:
     ``x_test``, ``y_test``, optionally ``num_classes``); needs ``site-id``; no split.
     ``python -m fedsgld.apps.export_sites`` writes such files from a config.
 
+``privacy-policy``  a TOML file with this site's privacy policy
+    (:mod:`fedsgld.clients.policy`): the bounds it accepts, its own budget and ledger for
+    the ``sites`` placement, and what it shares. Without one, a simulated node
+    (``partition-id``) accepts the run's settings and a deployed node (``site-id``)
+    applies :meth:`~fedsgld.clients.policy.SitePolicy.deployment_default`.
+
 A node prepares its shards once per run: in a process-level cache (simulation: the Ray
 actor lives on) and in ``context.state`` (deployment: every message starts a new
 process, but the node's state persists for the whole run). Every computation is the
 core's: :meth:`fedsgld.clients.Site.clipped_sum` for training and
 :meth:`~fedsgld.clients.Site.predict` for evaluation. The reply to a training message is
 the clipped, pre-noised sum S_k and the site id, never the realised batch size.
+
+Randomness: a site's Poisson samples, pre-noise and (``sites`` placement) Gaussian noise
+come from its own operating system's entropy (``randomness = "os"``), drawn inside the
+site process; nothing that decides them is sent or received. A run with
+``randomness = "seeded"`` (reproducible simulations) is accepted only by sites whose
+policy allows it (simulated nodes do). Every training request passes the site's
+:class:`~fedsgld.clients.policy.SiteGuard` before anything is computed.
 """
 
 from __future__ import annotations
@@ -37,6 +50,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 
 from ..apps.protocol import config_from_record, data_fingerprint
 from ..config import Config
+from ..privacy.noise import Randomness
+from .policy import PolicyRefused, SiteGuard, SitePolicy
 from .site import Site
 
 log = logging.getLogger("fedsgld.site")
@@ -121,6 +136,7 @@ def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int)
 
 
 def _info(shard: Any, num_classes: int) -> dict[str, Any]:
+    """What a node may say about a site (the label histogram only where its policy shares it)."""
     return {
         "site": int(shard.site_id),
         "n_train": int(shard.x_train.shape[0]),
@@ -129,6 +145,49 @@ def _info(shard: Any, num_classes: int) -> dict[str, Any]:
         "input_shape": [int(s) for s in shard.x_train.shape[1:]],
         "label_histogram": shard.label_histogram("train"),
     }
+
+
+def _public_info(info: dict[str, Any], policy: SitePolicy) -> dict[str, Any]:
+    out = dict(info)
+    if not policy.share_label_histogram:
+        out["label_histogram"] = None
+    return out
+
+
+def node_policy(context: Context, config: Config) -> SitePolicy:
+    """This node's privacy policy (its ``privacy-policy`` file, or the default for its kind)."""
+    p = config.privacy
+    return SitePolicy.for_node(
+        dict(context.node_config), run_epsilon=p.epsilon if p.private else None, run_delta=p.delta
+    )
+
+
+GUARD_STATE = "fedsgld.guard-{}"
+
+
+def _guard(context: Context, policy: SitePolicy, site_id: int) -> SiteGuard:
+    if policy.state_dir is not None:
+        path = Path(policy.state_dir) / f"fedsgld-site-{site_id}.json"
+        return SiteGuard(site_id, policy, state_path=path)
+    guard = SiteGuard(site_id, policy)
+    rec = context.state.get(GUARD_STATE.format(site_id))
+    if isinstance(rec, ConfigRecord):
+        guard.load(json.loads(str(rec["json"])))
+    return guard
+
+
+def _keep_guard(context: Context, guard: SiteGuard) -> None:
+    if guard.state_path is None:
+        context.state[GUARD_STATE.format(guard.site_id)] = ConfigRecord(
+            {"json": json.dumps(guard.to_json())}
+        )
+
+
+def _site_randomness(config: Config, epoch: int) -> Randomness:
+    run = config.run
+    if run.randomness == "seeded":
+        return Randomness.seeded(run.seed, epoch=epoch, secure=run.secure)
+    return Randomness.system(secure=run.secure)
 
 
 def read_site_npz(path: str, site_id: int) -> SiteShard:
@@ -264,27 +323,58 @@ def _threads(config: Config) -> None:
 
 def handle_query(msg: Message, context: Context) -> Message:
     config = config_from_record(msg.content["run"])
+    policy = node_policy(context, config)
     hosted = hosted_sites(context, config)
-    return Message(
-        RecordDict({"sites": ConfigRecord({"json": json.dumps(hosted.info)})}), reply_to=msg
-    )
+    info = [_public_info(i, policy) for i in hosted.info]
+    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(info)})}), reply_to=msg)
+
+
+def _int_field(rec: Any, key: str) -> int:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PolicyRefused(f"plan field {key!r} is {v!r}, expected an integer")
+    return v
 
 
 def handle_train(msg: Message, context: Context) -> Message:
-    """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum."""
+    """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum,
+    after the site's guard accepted the request."""
     config = config_from_record(msg.content["run"])
     _threads(config)
     plan = msg.content["plan"]
     site = _site(hosted_sites(context, config), plan["site-id"])
-    theta = torch.from_numpy(msg.content["theta"]["theta"].numpy().copy())
-    if config.privacy.noise_placement == "sites":
-        return _local_round(msg, config, site, theta)
+    policy = node_policy(context, config)
+    guard = _guard(context, policy, site.site_id)
+    rnd, epoch = _int_field(plan, "round"), _int_field(plan, "epoch")
+    priv = config.privacy
     clip = plan.get("clip")
+    clip = None if clip is None else float(clip)
+    if priv.noise_placement == "sites":
+        e = priv.local_steps
+        first = rnd * e
+        steps = [(priv.sample_rate, priv.sigma(first + i)) for i in range(e)]
+        clip = priv.clip_bound
+    else:
+        steps = [(float(plan["sample-rate"]), float(plan["sigma"]))]
+    guard.authorize(
+        run_key=str(plan.get("run-key", "")),
+        epoch=epoch,
+        round=rnd,
+        placement=priv.noise_placement,
+        seeded=config.run.randomness == "seeded",
+        steps=steps,
+        clip=clip,
+    )
+    _keep_guard(context, guard)
+    site.randomness = _site_randomness(config, epoch)
+    theta = torch.from_numpy(msg.content["theta"]["theta"].numpy().copy())
+    if priv.noise_placement == "sites":
+        return _local_round(msg, config, site, theta)
     total = site.clipped_sum(
         theta,
-        round=int(plan["round"]),
+        round=rnd,
         sample_rate=float(plan["sample-rate"]),
-        clip=None if clip is None else float(clip),
+        clip=clip,
         prenoise=float(plan["prenoise"]),
     )
     content = RecordDict(
@@ -328,29 +418,35 @@ def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) 
 
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
-    """Mean softmax of each group of parameter vectors on the site's test split."""
+    """Each group's mean softmax on the site's test split, evaluated AT the site: the reply
+    holds the site's calibration report and pooling statistics per group; test labels and
+    predictions only where the site's policy shares them."""
     from ..calibration import calibration_report
+    from ..calibration.pooling import pooling_stats
 
     config = config_from_record(msg.content["run"])
     _threads(config)
+    policy = node_policy(context, config)
     ev = msg.content["eval"]
     site = _site(hosted_sites(context, config), ev["site-id"])
     thetas = msg.content["thetas"]
     groups: dict[str, list[int]] = json.loads(str(ev["groups"]))
     labels = site.y_test.numpy()
-    records: dict[str, Any] = {
-        "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),
-        "meta": MetricRecord({"site-id": site.site_id}),
-    }
-    reports = {}
+    records: dict[str, Any] = {"meta": MetricRecord({"site-id": site.site_id})}
+    if policy.share_predictions:
+        records["labels"] = ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))})
+    reports, stats = {}, {}
     for name, idx in groups.items():
         ths = [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
         probs = site.predict(ths).numpy()
         reports[name] = calibration_report(probs, labels)
-        records[f"pred-{name}"] = ArrayRecord(
-            {"probs": Array(probs.astype(np.float32, copy=False))}
-        )
+        stats[name] = pooling_stats(probs, labels)
+        if policy.share_predictions:
+            records[f"pred-{name}"] = ArrayRecord(
+                {"probs": Array(probs.astype(np.float32, copy=False))}
+            )
     records["reports"] = ConfigRecord({"json": json.dumps(reports, default=_json_default)})
+    records["stats"] = ConfigRecord({"json": json.dumps(stats, default=_json_default)})
     return Message(RecordDict(records), reply_to=msg)
 
 

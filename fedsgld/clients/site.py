@@ -2,12 +2,14 @@
 
 A site returns only S_k = sum over its Poisson-sampled records of clip_C(g_i + rho z_i);
 never the number of records it sampled. Its randomness (sampling and pre-noise) comes
-from a generator derived from (seed, 1 + site_id, round), so runs are reproducible
-whatever order the sites are called in.
+from its own :class:`~fedsgld.privacy.noise.Randomness`: in a simulation a generator
+derived from (seed, 1 + site_id, round), so runs are reproducible whatever order the
+sites are called in; in a deployment fresh operating-system entropy that never leaves
+the site.
 
 With ``noise_placement = "sites"`` a site instead runs :meth:`Site.local_round`: several
-DP-SGLD steps on its own records, adding the Gaussian noise itself (from the stream
-(seed, 1 + site_id, step, LOCAL_NOISE_STREAM)), and returns its parameters.
+DP-SGLD steps on its own records, adding the Gaussian noise itself (simulation: the
+stream (seed, 1 + site_id, step, LOCAL_NOISE_STREAM)), and returns its parameters.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from ..core.mechanism import FlatModel, langevin_update, site_step
-from ..privacy.noise import seeded_generator
+from ..privacy.noise import Randomness
 
 LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
 
@@ -33,15 +35,17 @@ class Site:
         y_test: torch.Tensor,
         model: nn.Module,
         *,
-        seed: int,
+        seed: int = 0,
         chunk_size: int = 256,
         flat_model: FlatModel | None = None,
+        randomness: Randomness | None = None,
     ) -> None:
         self.site_id = int(site_id)
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test, y_test
         self.fm = flat_model if flat_model is not None else FlatModel(model)
         self.seed = seed
+        self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.chunk_size = chunk_size
 
     @classmethod
@@ -50,9 +54,10 @@ class Site:
         data,
         model: nn.Module,
         *,
-        seed: int,
+        seed: int = 0,
         chunk_size: int = 256,
         flat_model: FlatModel | None = None,
+        randomness: Randomness | None = None,
     ) -> Site:
         return cls(
             data.site_id,
@@ -64,6 +69,7 @@ class Site:
             seed=seed,
             chunk_size=chunk_size,
             flat_model=flat_model,
+            randomness=randomness,
         )
 
     @property
@@ -71,7 +77,7 @@ class Site:
         return int(self.x_train.shape[0])
 
     def generator(self, round_: int) -> torch.Generator:
-        return seeded_generator(self.seed, 1 + self.site_id, round_)
+        return self.randomness.generator(1 + self.site_id, round_)
 
     def clipped_sum(
         self,
@@ -131,14 +137,18 @@ class Site:
                 generator=self.generator(t),
                 chunk_size=self.chunk_size,
             )
+            std = privacy.sigma(t) * clip if clip is not None else 0.0
+            noisy = s + self.randomness.gaussian(
+                s.shape, std=std, key=(1 + self.site_id, t, LOCAL_NOISE_STREAM), dtype=s.dtype
+            )
             theta = langevin_update(
                 theta,
-                s,
+                noisy,
                 step_size=privacy.step_size(t),
-                noise_std=privacy.sigma(t) * clip if clip is not None else 0.0,
+                noise_std=0.0,
                 expected_batch=expected,
                 weight_decay=weight_decay,
-                generator=seeded_generator(self.seed, 1 + self.site_id, t, LOCAL_NOISE_STREAM),
+                generator=torch.Generator(),  # the noise is already in ``noisy``
             )
         return theta
 

@@ -1,8 +1,26 @@
-"""The one function through which all differential-privacy noise is drawn.
+"""The one function through which all differential-privacy noise is drawn, and where each
+party's randomness comes from.
 
-Every draw takes an explicit ``torch.Generator``: simulations seed it, deployments seed
-it from the operating system (see :func:`os_seeded_generator`). Nothing here touches the
-global random state, so no other library can perturb (or predict from) the noise stream.
+Every draw takes an explicit ``torch.Generator``. Which generator a party uses is decided
+by its :class:`Randomness`:
+
+* ``Randomness.seeded(seed, epoch)``: generators derived from (seed, key...), so a
+  simulation is reproducible. Anyone who knows the seed can regenerate every draw, so this
+  mode is for simulations on one machine only (in-process, LocalGrid, Ray).
+* ``Randomness.system(secure=...)``: every generator is seeded with 63 fresh bits from the
+  operating system (:func:`secrets.randbits`) at the moment it is made, inside the party
+  that adds the noise. No other party can know or derive it, and no two draws share a
+  stream, so a replayed step never reuses noise. This is what deployments use.
+
+``secure=True`` hardens the Gaussian draws against floating-point attacks on the
+Gaussian mechanism (Mironov 2012 for Laplace; the same concern for Gaussians): each
+N(0, s^2) value is the sum of four float64 N(0, s^2) draws divided by 2 (again exactly
+N(0, s^2)), rounded to the output dtype, so the low-order bits no longer reveal the draw.
+It costs four float64 draws per value instead of one float32 draw (the server's noise is
+one vector per round, a small share of a round).
+
+Nothing here touches the global random state, so no other library can perturb (or
+predict from) the noise stream.
 """
 
 from __future__ import annotations
@@ -18,10 +36,12 @@ def gaussian_noise(
     std: float,
     generator: torch.Generator,
     dtype: torch.dtype = torch.float32,
+    secure: bool = False,
 ) -> torch.Tensor:
     """Draw N(0, std^2 I) of the given shape from ``generator``.
 
     ``std`` must be a finite number >= 0 (0 returns zeros, e.g. for non-private SGD).
+    ``secure``: the hardened draw of the module docstring (same distribution).
     """
     if not isinstance(generator, torch.Generator):
         raise TypeError("gaussian_noise needs an explicit torch.Generator (generator=...)")
@@ -30,6 +50,11 @@ def gaussian_noise(
         raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
     if std == 0.0:
         return torch.zeros(shape, dtype=dtype)
+    if secure:
+        total = torch.zeros(shape, dtype=torch.float64)
+        for _ in range(4):
+            total.add_(torch.randn(shape, generator=generator, dtype=torch.float64))
+        return total.mul_(std / 2.0).to(dtype)
     return torch.randn(shape, generator=generator, dtype=dtype).mul_(std)
 
 
@@ -53,3 +78,79 @@ def seeded_generator(*key: int) -> torch.Generator:
 def os_seed() -> int:
     """A 63-bit seed from the operating system's randomness (for deployments)."""
     return secrets.randbits(63)
+
+
+RANDOMNESS_MODES = ("seeded", "os")
+EPOCH_TAG = 0xE90C4  # key part that separates the streams of a resumed run (epoch >= 1)
+
+
+class Randomness:
+    """Where one party's privacy randomness (noise, Poisson samples) comes from.
+
+    ``generator(*key)`` returns the generator for one use, named by ``key`` (e.g.
+    (stream, round)). Seeded: derived from (seed, *key), plus (EPOCH_TAG, epoch) when
+    ``epoch`` >= 1, so a resumed run (epoch = number of resumes) never replays the streams
+    of an earlier start. System: fresh OS entropy on every call; the key is ignored.
+
+    A ``Randomness`` never leaves its party: it is not serialisable on purpose, and a
+    system one holds no state that could be sent anywhere.
+    """
+
+    def __init__(
+        self, mode: str, *, seed: int | None = None, epoch: int = 0, secure: bool = False
+    ) -> None:
+        if mode not in RANDOMNESS_MODES:
+            raise ValueError(
+                f"randomness must be one of {', '.join(RANDOMNESS_MODES)}; got {mode!r}"
+            )
+        if mode == "seeded" and (seed is None or int(seed) < 0):
+            raise ValueError(f"seeded randomness needs a seed >= 0, got {seed!r}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.mode = mode
+        self._seed = None if mode == "os" else int(seed)  # type: ignore[arg-type]
+        self.epoch = epoch
+        self.secure = bool(secure)
+
+    @classmethod
+    def seeded(cls, seed: int, *, epoch: int = 0, secure: bool = False) -> Randomness:
+        """Reproducible streams from ``seed`` (simulations only)."""
+        return cls("seeded", seed=seed, epoch=epoch, secure=secure)
+
+    @classmethod
+    def system(cls, *, secure: bool = True) -> Randomness:
+        """Fresh operating-system entropy for every generator (deployments)."""
+        return cls("os", secure=secure)
+
+    def generator(self, *key: int) -> torch.Generator:
+        if self.mode == "os":
+            g = torch.Generator()
+            g.manual_seed(os_seed())
+            return g
+        assert self._seed is not None
+        if self.epoch:
+            return seeded_generator(self._seed, *key, EPOCH_TAG, self.epoch)
+        return seeded_generator(self._seed, *key)
+
+    def gaussian(
+        self,
+        shape: torch.Size | tuple[int, ...],
+        *,
+        std: float,
+        key: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """N(0, std^2 I) from ``generator(*key)`` (hardened when ``secure``)."""
+        return gaussian_noise(
+            shape, std=std, generator=self.generator(*key), dtype=dtype, secure=self.secure
+        )
+
+    def describe(self) -> dict[str, object]:
+        """For the result file: the mode, whether the noise is hardened, the epoch (never a seed)."""
+        return {"mode": self.mode, "secure": self.secure, "epoch": self.epoch}
+
+    def __repr__(self) -> str:
+        return f"Randomness({self.mode!r}, epoch={self.epoch}, secure={self.secure})"
+
+    def __reduce__(self):  # noqa: D105 - a party's randomness is never serialised
+        raise TypeError("a Randomness stays with its party and cannot be pickled")

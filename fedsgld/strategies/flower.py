@@ -31,7 +31,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..apps.protocol import EVALUATE, TRAIN
+from ..calibration.pooling import check_stats
 from .server import LangevinServer, RoundPlan
 
 NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
@@ -64,7 +65,7 @@ class SiteEntry:
     n_test: int
     num_classes: int
     input_shape: tuple[int, ...]
-    label_histogram: list[int] = field(default_factory=list)
+    label_histogram: list[int] | None = None  # only if the site's policy shares it
 
 
 @dataclass
@@ -180,8 +181,11 @@ class LangevinStrategy(Strategy):
     """A Flower strategy whose aggregation is ``LangevinServer.apply`` (see module docs).
 
     ``directory`` maps site id to :class:`SiteEntry` (its node and public sizes); every
-    site takes part in every round. ``run`` is the flat config (seed resolved) that every
-    message carries, so the sites build the same shards and generators as the server.
+    site takes part in every round. ``run`` is the flat config that every message carries,
+    so the sites build the same shards as the server (it holds nothing that decides the
+    server's noise: the server's randomness never leaves it). ``run_key`` and ``epoch``
+    number the requests, so a site can refuse a replayed round; a resumed run has a new
+    epoch.
     """
 
     def __init__(
@@ -191,12 +195,16 @@ class LangevinStrategy(Strategy):
         run: ConfigRecord,
         *,
         log: Callable[[str], None] | None = None,
+        run_key: str = "run",
+        epoch: int = 0,
     ) -> None:
         if not directory:
             raise ValueError("LangevinStrategy needs at least one site")
         self.server = server
         self.directory = dict(sorted(directory.items()))
         self.run = run
+        self.run_key = run_key
+        self.epoch = epoch
         self.log = log or logging.getLogger("fedsgld").info
         self.size = int(server.theta.numel())
         self.plan: RoundPlan | None = None
@@ -235,7 +243,10 @@ class LangevinStrategy(Strategy):
             rec: dict[str, Any] = {
                 "site-id": sid,
                 "round": plan.round,
+                "epoch": self.epoch,
+                "run-key": self.run_key,
                 "sample-rate": plan.sample_rate,
+                "sigma": plan.sigma,
                 "prenoise": plan.prenoise,
             }
             if plan.clip is not None:
@@ -357,18 +368,38 @@ class LangevinStrategy(Strategy):
             )
         if not msg.has_content():
             raise ReplyRejected("reply has no content")
-        want = sorted(["labels", "meta", "reports", *(f"pred-{g}" for g in self._eval_groups)])
+        private = sorted(["meta", "reports", "stats"])
+        shared = sorted(
+            ["labels", "meta", "reports", "stats", *(f"pred-{g}" for g in self._eval_groups)]
+        )
         keys = sorted(msg.content.keys())
-        if keys != want:
-            raise ReplyRejected(f"reply records {keys}, expected {want}")
+        if keys not in (private, shared):
+            raise ReplyRejected(f"reply records {keys}, expected {private} or {shared}")
         sid, node = _site_id_of(msg), _src(msg)
         if sid != entry.site or node != entry.node_id:
             raise ReplyRejected(
                 f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
             )
-        labels = _decode_vector(msg.content["labels"], "labels", size=entry.n_test, dtype="int64")
-        if labels.size and (labels.min() < 0 or labels.max() >= entry.num_classes):
-            raise ReplyRejected("labels out of range")
+        labels = None
+        if keys == shared:
+            labels = _decode_vector(
+                msg.content["labels"], "labels", size=entry.n_test, dtype="int64"
+            )
+            if labels.size and (labels.min() < 0 or labels.max() >= entry.num_classes):
+                raise ReplyRejected("labels out of range")
+        st = msg.content["stats"]
+        if not isinstance(st, ConfigRecord) or not isinstance(st.get("json"), str):
+            raise ReplyRejected("stats is not a ConfigRecord with a 'json' string")
+        try:
+            stats = json.loads(st["json"])
+            if not isinstance(stats, dict) or sorted(stats) != sorted(self._eval_groups):
+                raise ValueError("statistics do not cover the requested groups")
+            for g in self._eval_groups:
+                check_stats(stats[g])
+                if stats[g]["n"] != entry.n_test:
+                    raise ValueError(f"statistics count {stats[g]['n']} records, not n_test")
+        except ValueError as err:
+            raise ReplyRejected(f"bad statistics: {err}") from None
         rep = msg.content["reports"]
         if not isinstance(rep, ConfigRecord) or not isinstance(rep.get("json"), str):
             raise ReplyRejected("reports is not a ConfigRecord with a 'json' string")
@@ -378,8 +409,8 @@ class LangevinStrategy(Strategy):
             raise ReplyRejected(f"reports do not parse: {err}") from None
         if not isinstance(reports, dict) or sorted(reports) != sorted(self._eval_groups):
             raise ReplyRejected("reports do not cover the requested groups")
-        out: dict[str, Any] = {"labels": labels, "reports": reports, "probs": {}}
-        for g in self._eval_groups:
+        out: dict[str, Any] = {"labels": labels, "reports": reports, "stats": stats, "probs": {}}
+        for g in self._eval_groups if labels is not None else ():
             p = _decode_vector(
                 msg.content[f"pred-{g}"],
                 "probs",
@@ -394,11 +425,14 @@ class LangevinStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Per-site reports as the sites computed them; pooled reports over the sites'
-        concatenated predictions in site order (as the in-process engine computes them).
-        The full result is kept in ``self.evaluation``; the first group's pooled scalars
-        are returned."""
+        """Per-site reports as the sites computed them. Pooled reports: when every site
+        shared its predictions, over the concatenated predictions in site order (as the
+        in-process engine computes them); otherwise from the sites' statistics
+        (:mod:`fedsgld.calibration.pooling`: exact accuracy, NLL, Brier, ECE, MCE; no
+        pooled SCE, ACE or AUC). The full result is kept in ``self.evaluation``; the first
+        group's pooled scalars are returned."""
         from ..calibration import calibration_report
+        from ..calibration.pooling import reliability_from_stats, report_from_stats
 
         good: dict[int, dict[str, Any]] = self._match(
             replies, server_round, "evaluate", self._check_eval_reply
@@ -407,21 +441,32 @@ class LangevinStrategy(Strategy):
             self.evaluation = None
             return None
         order = sorted(good)
-        labels = torch.cat([torch.from_numpy(good[k]["labels"]) for k in order])
+        all_shared = all(good[k]["labels"] is not None for k in order)
+        labels = (
+            torch.cat([torch.from_numpy(good[k]["labels"]) for k in order]) if all_shared else None
+        )
         self.evaluation = {}
         for g in self._eval_groups:
-            probs = torch.cat([torch.from_numpy(good[k]["probs"][g]) for k in order])
-            self.evaluation[g] = {
-                "pooled": calibration_report(probs.numpy(), labels.numpy()),
+            stats = [good[k]["stats"][g] for k in order]
+            ev: dict[str, Any] = {
                 "sites": {str(k): good[k]["reports"][g] for k in order},
-                "_probs": probs,
-                "_labels": labels,
-                "_site_probs": {
+                "_missing_sites": sorted(set(self.directory) - set(good)),
+                "_pooled_from": "predictions" if all_shared else "site statistics",
+                "_reliability": reliability_from_stats(stats),
+            }
+            if all_shared:
+                probs = torch.cat([torch.from_numpy(good[k]["probs"][g]) for k in order])
+                ev["pooled"] = calibration_report(probs.numpy(), labels.numpy())
+                ev["_probs"], ev["_labels"] = probs, labels
+                ev["_site_probs"] = {
                     k: (torch.from_numpy(good[k]["probs"][g]), torch.from_numpy(good[k]["labels"]))
                     for k in order
-                },
-                "_missing_sites": sorted(set(self.directory) - set(good)),
-            }
+                }
+            else:
+                ev["pooled"] = report_from_stats(stats)
+                ev["_probs"] = ev["_labels"] = None
+                ev["_site_probs"] = {}
+            self.evaluation[g] = ev
         first = self.evaluation[next(iter(self._eval_groups))]["pooled"]
         scalars = {
             k: float(v)

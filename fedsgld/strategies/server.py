@@ -26,9 +26,14 @@ import torch
 from ..config import PrivacySettings
 from ..core.mechanism import langevin_update
 from ..privacy import BudgetExhausted, PrivacyAccountant
-from ..privacy.noise import seeded_generator
+from ..privacy.noise import Randomness
 
 SERVER_STREAM = 0  # generator key part for the server; sites use 1 + site_id
+
+
+def _no_draws() -> torch.Generator:
+    """A generator for ``langevin_update`` calls whose noise was drawn beforehand (std 0)."""
+    return torch.Generator()
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,14 @@ class LangevinServer:
         *,
         theta: torch.Tensor,
         site_sizes: Sequence[int],
-        seed: int,
+        seed: int = 0,
         rounds: int,
         weight_decay: float = 0.0,
         posterior: PosteriorSamples | None = None,
         on_spend: Callable[[PrivacyAccountant], None] | None = None,
         prior_std: float = 1.0,
         optimizer: str = "sgd",
+        randomness: Randomness | None = None,
     ) -> None:
         if len(site_sizes) == 0 or min(site_sizes) < 0 or sum(site_sizes) == 0:
             raise ValueError(
@@ -106,6 +112,8 @@ class LangevinServer:
         self.site_sizes = [int(n) for n in site_sizes]
         self.expected_batch = privacy.sample_rate * sum(self.site_sizes)
         self.seed = seed
+        # the server's own noise: seeded from ``seed`` (simulations) unless given
+        self.noise = randomness if randomness is not None else Randomness.seeded(seed)
         self.rounds = rounds
         self.weight_decay = weight_decay
         self.t = 0
@@ -223,17 +231,21 @@ class LangevinServer:
             if self.on_spend is not None:
                 self.on_spend(self.accountant)
         noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
+        # drawn only now, after the ledger holding this step was persisted
+        noisy = total + self.noise.gaussian(
+            total.shape, std=noise_std, key=(SERVER_STREAM, self.t), dtype=total.dtype
+        )
         if self.privacy.variational:
-            self.theta = self._vi_update(plan, total, noise_std)
+            self.theta = self._vi_update(plan, noisy)
         else:
             self.theta = langevin_update(
                 self.theta,
-                total,
+                noisy,
                 step_size=plan.step_size,
-                noise_std=noise_std,
+                noise_std=0.0,
                 expected_batch=self.expected_batch,
                 weight_decay=self.weight_decay,
-                generator=seeded_generator(self.seed, SERVER_STREAM, self.t),
+                generator=_no_draws(),
             )
         self.t += 1
         self.posterior.offer(self.t, self.theta)
@@ -283,15 +295,12 @@ class LangevinServer:
         self.posterior.offer(self.t, self.theta)
         return self.theta
 
-    def _vi_update(self, plan: RoundPlan, total: torch.Tensor, noise_std: float) -> torch.Tensor:
+    def _vi_update(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:
         """DPVI: g = (sum_k S_k + N(0, (sigma C)^2 I)) / L + grad KL(q || prior) / sum_k N_k,
-        then an SGD or Adam step on phi = [mu, rho]. The KL gradient is added after the
-        noise and is not clipped: it touches no record."""
-        from ..privacy.noise import gaussian_noise
+        then an SGD or Adam step on phi = [mu, rho]. ``noisy`` already holds the noise. The
+        KL gradient is added after the noise and is not clipped: it touches no record."""
         from ..vi import kl_gradient
 
-        gen = seeded_generator(self.seed, SERVER_STREAM, self.t)
-        noisy = total + gaussian_noise(total.shape, std=noise_std, generator=gen)
         g = noisy / self.expected_batch + kl_gradient(self.theta, prior_std=self.prior_std) / sum(
             self.site_sizes
         )

@@ -1,0 +1,619 @@
+"""The run around the maths, shared by the in-process engine and the Flower ServerApp.
+
+A transport (the engine's loop over :class:`~fedsgld.clients.Site` objects, or Flower
+messages to SuperNodes) only moves parameters and sums; everything else a run does lives
+here, once:
+
+* **The result directory.** A new run refuses a directory that already holds one; a
+  resume refuses a directory that holds none.
+* **The ledger first.** ``ledger.json`` holds the accountant's ledger and the run's
+  lifecycle record (run key, epoch, config, seed). It is written, fsynced (file and
+  directory), BEFORE the noise of the step it accounts for is drawn, and before any
+  round of a resumed run is sent.
+* **A ledger that never resets.** A resume takes the larger of ``ledger.json`` and the
+  copy inside ``checkpoint.pt`` (a ledger only grows, so the larger one is the newer one)
+  and refuses, naming both files, when neither can be read. A run that crashed before its
+  first checkpoint resumes from theta_0 with its ledger: the spent budget stays spent.
+* **No replay.** Every start of a run has an epoch (0, then 1, 2, ... per resume),
+  persisted before anything is sent. Seeded simulations key every stream by the epoch
+  after a resume, so replayed rounds draw different noise; system randomness is fresh on
+  every draw anyway. Rounds released before a crash stay in the ledger (spending a
+  little twice is the conservative direction; reusing noise is not).
+* **Checkpoints, the evaluation schedule, the progress display, and results.json** in
+  one layout whatever the transport.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import __version__
+from .config import Config
+from .privacy.noise import Randomness, os_seed
+
+CHECKPOINT = "checkpoint.pt"
+LEDGER = "ledger.json"
+RESULTS = "results.json"
+LIFECYCLE_VERSION = 1
+
+# Evaluation groups: name -> the report of the mean softmax over that group's parameters
+Evaluate = Callable[[dict[str, list[torch.Tensor]]], dict[str, dict[str, Any]] | None]
+
+
+class ResumeError(ValueError):
+    """A run directory cannot be resumed safely (the message names the files)."""
+
+
+# -- durable files -----------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write via a temporary file, fsync it, rename it over ``path``, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _finite(obj: Any) -> Any:
+    """Strict JSON: non-finite floats become null (e.g. SGD's epsilon, an undefined AUC)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _finite(obj.item())
+    return obj
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write strict JSON durably (non-finite floats as null)."""
+
+    def _w(p: Path) -> None:
+        with p.open("w") as fh:
+            json.dump(_finite(obj), fh, indent=2, default=_json_default, allow_nan=False)
+
+    atomic_write(path, _w)
+
+
+def new_run_dir(base: str | Path = "runs", tag: str = "run") -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    d = Path(base) / f"{stamp}-{tag}"
+    i = 1
+    while d.exists():
+        d = Path(base) / f"{stamp}-{tag}-{i}"
+        i += 1
+    return d
+
+
+def ckpt_config(config: Config) -> dict[str, Any]:
+    """The settings a resume must repeat (performance settings may change)."""
+    return {k: v for k, v in config.flat().items() if k not in ("threads",)}
+
+
+def round_time_summary(round_times: list[float]) -> dict[str, Any]:
+    """Wall time of the training rounds; the first includes warm-up (first calls, caches)."""
+    n = len(round_times)
+    return {
+        "count": n,
+        "mean": sum(round_times) / n if n else None,
+        "first": round_times[0] if n else None,
+        "mean_after_first": sum(round_times[1:]) / (n - 1) if n > 1 else None,
+    }
+
+
+def metrics_block(server, last: dict[str, Any], post: dict[str, Any] | None) -> dict[str, Any]:
+    """results.json's ``metrics``: the last iterate's and the posterior average's reports."""
+    return {
+        "pooled": last["pooled"],
+        "sites": last["sites"],
+        "posterior": None
+        if post is None
+        else {
+            "pooled": post["pooled"],
+            "sites": post["sites"],
+            "samples": len(server.posterior),
+            "sample_steps": list(server.posterior.steps),
+        },
+    }
+
+
+def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[str, Any]:
+    """results.json's ``privacy``: settings, ledger, epsilons, halting, and the randomness."""
+    p = config.privacy
+    block: dict[str, Any] = {
+        "method": p.method,
+        "settings": dict(config.to_dict()["privacy"]),
+        "delta": p.delta,
+        "budget": p.epsilon if p.private else None,
+        "steps": server.t,
+        "noise_placement": p.noise_placement,
+        "local_steps": server.local_steps,
+        "halted": bool(server.halt_reason and server.halt_reason.startswith("privacy budget")),
+        "halt_reason": server.halt_reason,
+        "randomness": randomness,
+    }
+    if server.accountant is None:
+        block.update(
+            ledger=[],
+            epsilon={"gdp": float("inf"), "pld": float("inf"), "rdp": float("inf")},
+            note=f"method '{p.method}' adds no noise and has no privacy guarantee",
+        )
+        return block
+    acc = server.accountant
+    block.update(
+        ledger=[list(e) for e in acc.ledger],
+        ledger_steps=acc.steps,
+        epsilon=acc.epsilon(),
+        rigorous_accountant=acc.rigorous_name,
+        note=(
+            "epsilon['gdp'] is the Gaussian-DP CLT of the paper: asymptotic, it can "
+            "under-estimate epsilon; the budget is checked with the rigorous accountant "
+            f"'{acc.rigorous_name}'. Sigma is rounded down to a {p.sigma_grid:g} relative grid "
+            "for accounting (conservative). ledger_steps can exceed steps after a resume: "
+            "steps whose output was lost in a crash stay counted."
+            + (
+                f" Noise at the sites: 'steps' counts rounds of {server.local_steps} local steps; "
+                "the ledger is each site's own (every site uses the same q and sigma_t, so it "
+                "is also the worst site's)."
+                if server.local
+                else ""
+            )
+            + (
+                " Randomness 'seeded': every stream derives from the config's seed, so this "
+                "run is reproducible and private only against parties who do not know the "
+                "seed (a simulation)."
+                if randomness.get("mode") == "seeded"
+                else " Randomness 'os': each party drew its noise from its own operating "
+                "system's entropy."
+            )
+        ),
+    )
+    return block
+
+
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    if not path.is_file():
+        return None, "missing"
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return None, f"unreadable ({err})"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    return obj, None
+
+
+class _Progress:
+    """A progress display that is true every round: the rounds the budget allows as the
+    total, the epsilon spent so far from the ledger (recomputed at most as often as it is
+    cheap), and the last evaluation's test accuracy, labelled as such."""
+
+    def __init__(
+        self, *, enabled: bool, total: int, initial: int, desc: str, log: Callable[[str], None]
+    ) -> None:
+        self.log = log
+        self.bar = None
+        self.total = total
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc)
+        self.eps: float | None = None
+        self.eps_round = 0
+        self.eps_cost = 0.0
+        self.eps_at = -math.inf
+        self.acc: tuple[int, float] | None = None
+        self.last_log = time.monotonic()
+
+    def epsilon(self, server, *, force: bool = False) -> float | None:
+        acc = server.accountant
+        if acc is None:
+            return None
+        now = time.monotonic()
+        # recompute when forced, or when the last computation was < 5 % of the time since
+        if force or now - self.eps_at >= 20 * self.eps_cost:
+            t0 = time.perf_counter()
+            self.eps = acc.rigorous_epsilon()
+            self.eps_cost = time.perf_counter() - t0
+            self.eps_at = time.monotonic()
+            self.eps_round = server.t
+        return self.eps
+
+    def update(self, server, *, evaluated: float | None = None, force_log: bool = False) -> None:
+        if evaluated is not None:
+            self.acc = (server.t, evaluated)
+        eps = self.epsilon(server, force=evaluated is not None)
+        parts = {}
+        if eps is not None:
+            parts["eps"] = f"{eps:.3f}" + (
+                "" if self.eps_round == server.t else f"@{self.eps_round}"
+            )
+        if self.acc is not None:
+            parts["test_acc"] = f"{self.acc[1]:.3f}@{self.acc[0]}"
+        if self.bar is not None:
+            self.bar.set_postfix(parts, refresh=False)
+            self.bar.update(1)
+        elif force_log or time.monotonic() - self.last_log >= 5.0:
+            self.last_log = time.monotonic()
+            info = ", ".join(f"{k} {v}" for k, v in parts.items())
+            self.log(f"round {server.t}/{self.total}" + (f": {info}" if info else ""))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class RunLifecycle:
+    """One run's directory, ledger, checkpoints, randomness, loop and results.
+
+    ``transport`` names what moves the data ("in-process" or "flower"); it is written to
+    results.json and report.md. Use: ``lc = RunLifecycle(config, out=..., resume=...)``,
+    build the server with ``randomness=lc.server_randomness()``, ``lc.attach(server)``,
+    ``lc.train(server, round_fn, evaluate)``, ``lc.finish(...)``.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        out: str | Path | None,
+        resume: bool,
+        transport: str,
+        tag: str | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.t_start = time.perf_counter()
+        self.transport = transport
+        self.log = log
+        self.user_config = config
+        out = Path(out).expanduser() if out else new_run_dir(tag=tag or config.privacy.method)
+        self.out = out
+        ckpt_path, ledger_path = out / CHECKPOINT, out / LEDGER
+        if not resume and (ckpt_path.exists() or ledger_path.exists()):
+            raise ValueError(
+                f"output directory {str(out)!r} already holds a run; resume it (--resume / "
+                "resume=true) or choose another output directory"
+            )
+        if resume and not (ckpt_path.exists() or ledger_path.exists()):
+            raise ResumeError(f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}")
+        self.ckpt: dict[str, Any] | None = None
+        self.ledger_file: dict[str, Any] | None = None
+        meta: dict[str, Any] = {}
+        if resume:
+            problems = []
+            if ckpt_path.exists():
+                try:
+                    self.ckpt = torch.load(ckpt_path, weights_only=False)
+                except Exception as err:  # noqa: BLE001 - reported below
+                    problems.append(f"{CHECKPOINT}: unreadable ({err})")
+            self.ledger_file, why = _read_json(ledger_path)
+            if why is not None:
+                problems.append(f"{LEDGER}: {why}")
+            if self.ckpt is None and self.ledger_file is None:
+                raise ResumeError(
+                    f"resume: cannot read the run in {str(out)!r} ({'; '.join(problems)})"
+                )
+            for p in problems:
+                log(f"resume: {p}; using what the other file holds")
+            metas = [
+                m
+                for m in (
+                    (self.ckpt or {}).get("lifecycle"),
+                    (self.ledger_file or {}).get("lifecycle"),
+                )
+                if isinstance(m, dict)
+            ]
+            saved_config = (self.ckpt or {}).get("config") or next(
+                (m.get("config") for m in metas if m.get("config")), None
+            )
+            if saved_config is not None and saved_config != ckpt_config(config):
+                diff = sorted(
+                    k
+                    for k in set(saved_config) | set(ckpt_config(config))
+                    if saved_config.get(k) != ckpt_config(config).get(k)
+                )
+                raise ValueError(
+                    "resume: the config differs from the saved run's "
+                    f"({', '.join(diff)}); resume with the same config"
+                )
+            meta = {
+                "run_key": next((m["run_key"] for m in metas if m.get("run_key")), None),
+                "epoch": max([int(m.get("epoch", 0)) for m in metas] or [0]) + 1,
+                "seed": (self.ckpt or {}).get("seed", next((m.get("seed") for m in metas), None)),
+            }
+        out.mkdir(parents=True, exist_ok=True)
+        self.run_key: str = meta.get("run_key") or secrets.token_hex(8)
+        self.epoch: int = int(meta.get("epoch", 0))
+        run = config.run
+        if run.seed == -1:
+            seed = meta.get("seed")
+            self.seed = int(seed) if seed is not None else os_seed()
+            self.seed_source = "os"
+            config = Config.from_flat({**config.flat(), "seed": self.seed})
+        else:
+            self.seed, self.seed_source = run.seed, "config"
+        self.config = config
+        self.history: list[dict[str, Any]] = list((self.ckpt or {}).get("history", []))
+        self.round_times: list[float] = []
+        self.extra_state: dict[str, Any] = dict((self.ckpt or {}).get("extra", {}))
+        self.server = None
+
+    # -- randomness ------------------------------------------------------------------------
+    def _randomness(self) -> Randomness:
+        run = self.config.run
+        if run.randomness == "os":
+            return Randomness.system(secure=run.secure)
+        return Randomness.seeded(self.seed, epoch=self.epoch, secure=run.secure)
+
+    def server_randomness(self) -> Randomness:
+        """The server's own noise (seeded: keyed by the epoch, so a resume never replays)."""
+        return self._randomness()
+
+    def site_randomness(self) -> Randomness:
+        """A simulated site's randomness (in-process engine): seeded like the server's, or
+        its own system randomness."""
+        return self._randomness()
+
+    def randomness_record(self) -> dict[str, Any]:
+        run = self.config.run
+        rec = {
+            "mode": run.randomness,
+            "secure_noise": run.secure,
+            "epoch": self.epoch,
+            "run_key": self.run_key,
+        }
+        rec["note"] = (
+            "simulation: every party's noise and Poisson samples derive from the seed"
+            if run.randomness == "seeded"
+            else "each party draws its noise and samples from its own operating system's entropy"
+        )
+        return rec
+
+    # -- the ledger ------------------------------------------------------------------------
+    def _lifecycle_record(self) -> dict[str, Any]:
+        return {
+            "version": LIFECYCLE_VERSION,
+            "run_key": self.run_key,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "config": ckpt_config(self.user_config),
+            "transport": self.transport,
+        }
+
+    def persist_ledger(self, accountant=None) -> None:
+        """Write ledger.json durably: the accountant's state and the lifecycle record."""
+        acc = accountant if accountant is not None else getattr(self.server, "accountant", None)
+        state: dict[str, Any] = acc.state_dict() if acc is not None else {"ledger": None}
+        state["lifecycle"] = self._lifecycle_record()
+        write_json(self.out / LEDGER, state)
+
+    def _restore_ledger(self, server) -> None:
+        acc = server.accountant
+        if acc is None:
+            return
+        candidates: list[tuple[int, str, dict[str, Any]]] = []
+        for name, state in (
+            (LEDGER, self.ledger_file),
+            (CHECKPOINT, (self.ckpt or {}).get("ledger")),
+        ):
+            if not isinstance(state, dict) or state.get("ledger") is None:
+                continue
+            try:
+                steps = sum(int(c) for _, _, c in state["ledger"])
+            except (TypeError, ValueError):
+                self.log(f"resume: the ledger in {name} is malformed; ignoring it")
+                continue
+            candidates.append((steps, name, state))
+        if not candidates:
+            raise ResumeError(
+                f"resume: no readable privacy ledger in {str(self.out)!r} (neither {LEDGER} "
+                f"nor the copy in {CHECKPOINT}); refusing to resume with an empty ledger, "
+                "which would under-report the epsilon already spent"
+            )
+        steps, name, state = max(candidates, key=lambda c: c[0])
+        acc.load_state_dict(state)
+        if len(candidates) > 1 and candidates[0][0] != candidates[1][0]:
+            self.log(f"resume: using the larger ledger ({name}, {steps} steps)")
+
+    def attach(self, server) -> None:
+        """Restore ``server`` from the checkpoint and the larger ledger, hook the ledger
+        write in front of every noise draw, and persist the new epoch before anything runs."""
+        self.server = server
+        server.on_spend = self.persist_ledger
+        if self.ckpt is not None:
+            server.load_state_dict(self.ckpt["server"])
+        if self.ckpt is not None or self.ledger_file is not None:
+            self._restore_ledger(server)
+            acc = server.accountant
+            where = f"round {server.t}" if self.ckpt is not None else "round 0 (no checkpoint)"
+            self.log(
+                f"resumed at {where}, epoch {self.epoch}; the ledger holds "
+                f"{acc.steps if acc is not None else 0} steps (fresh noise from here on)"
+            )
+        self.persist_ledger()
+
+    def checkpoint(self, **extra: Any) -> None:
+        server = self.server
+        self.extra_state.update(extra)
+        state = {
+            "config": ckpt_config(self.user_config),
+            "seed": self.seed,
+            "server": server.state_dict(),
+            "history": self.history,
+            "ledger": server.accountant.state_dict() if server.accountant else None,
+            "lifecycle": self._lifecycle_record(),
+            "extra": self.extra_state,
+        }
+        atomic_write(self.out / CHECKPOINT, lambda p: torch.save(state, p))
+
+    # -- the loop --------------------------------------------------------------------------
+    def train(
+        self,
+        round_fn: Callable[[], Any],
+        evaluate: Evaluate,
+        *,
+        progress: bool = True,
+        on_checkpoint: Callable[[], dict[str, Any]] | None = None,
+        checkpoint_on: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """Run rounds until ``round_fn()`` returns None (the server's plan was None).
+
+        ``round_fn`` takes one round on its transport and returns the plan it ran.
+        Evaluation every ``eval_every`` rounds (and at the end); checkpoints every
+        ``checkpoint_every`` rounds, at the end, and when the run is interrupted (Ctrl-C) or
+        a round raises one of ``checkpoint_on`` (the ledger is already on disk either way).
+        A hard crash loses the rounds since the last checkpoint: a resume repeats them
+        with fresh noise, and the ledger keeps counting their first release.
+        """
+        server, run = self.server, self.config.run
+        extra = on_checkpoint or (lambda: {})
+        affordable = server.affordable_rounds()
+        if server.accountant is not None:
+            self.log(
+                f"budget epsilon={self.config.privacy.epsilon:g} at delta="
+                f"{self.config.privacy.delta:g} ({server.accountant.rigorous_name}) allows "
+                f"{affordable} of the remaining {run.rounds - server.t} rounds"
+            )
+        bar = _Progress(
+            enabled=progress,
+            total=server.t + affordable,
+            initial=server.t,
+            desc=self.config.privacy.method,
+            log=self.log,
+        )
+        last_plan = None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                plan = round_fn()
+                if plan is None:
+                    break
+                last_plan = plan
+                t = server.t
+                acc = None
+                if run.eval_every and (t % run.eval_every == 0 or t == run.rounds):
+                    acc = self._record(evaluate, plan)
+                if run.checkpoint_every and t % run.checkpoint_every == 0:
+                    self.checkpoint(**extra())
+                self.round_times.append(time.perf_counter() - t0)
+                bar.update(server, evaluated=acc)
+        except (KeyboardInterrupt, *checkpoint_on):
+            bar.close()
+            self.checkpoint(**extra())
+            raise
+        except BaseException:
+            bar.close()
+            raise
+        bar.close()
+        if (
+            run.eval_every
+            and last_plan is not None
+            and (not self.history or self.history[-1]["round"] != server.t)
+        ):
+            self._record(evaluate, last_plan)  # where the budget (or the round limit) ended it
+        self.log(f"stopped after {server.t} rounds: {server.halt_reason}")
+        self.checkpoint(**extra())
+
+    def _record(self, evaluate: Evaluate, plan) -> float | None:
+        server = self.server
+        ev = evaluate({"last": [server.theta]})
+        if ev is None:
+            return None
+        pooled = ev["last"]["pooled"]
+        self.history.append(
+            {
+                "round": server.t,
+                "step_size": plan.step_size,
+                "sigma": plan.sigma,
+                "epsilon": server.accountant.rigorous_epsilon()
+                if server.accountant
+                else float("inf"),
+                "test_nll": pooled["nll"],
+                "test_accuracy": pooled["accuracy"],
+                "test_ece": pooled["ece"],
+            }
+        )
+        return pooled["accuracy"]
+
+    # -- results ---------------------------------------------------------------------------
+    def finish(
+        self,
+        evaluate: Evaluate,
+        *,
+        sites: list[dict[str, Any]],
+        config_source: str | None,
+        transport_info: Callable[[], dict[str, Any]] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """The final evaluation (last iterate; posterior average) and the result directory.
+
+        ``transport_info()`` (called after the final evaluation) gives the transport's own
+        block of results.json (e.g. ``flower``: nodes, dropped replies). Returns (results.json's dict, the last iterate's evaluation, the posterior's or None).
+        """
+        from .results import write_outputs
+
+        server = self.server
+        groups = {"last": [server.theta]}
+        if len(server.posterior):
+            groups["posterior"] = list(server.posterior.samples)
+        ev = evaluate(groups)
+        if ev is None:
+            raise RuntimeError("final evaluation: every site failed (see the logged reasons)")
+        last, post = ev["last"], ev.get("posterior")
+        results: dict[str, Any] = {
+            "fedsgld_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "config_source": config_source,
+            "config": self.user_config.flat(),
+            "seed": self.seed,
+            "seed_source": self.seed_source,
+            "engine": self.transport,
+            "privacy": privacy_block(server, self.config, self.randomness_record()),
+            "sites": sites,
+            "history": self.history,
+            "metrics": metrics_block(server, last, post),
+            "wall_time_s": time.perf_counter() - self.t_start,
+            "round_wall_time_s": round_time_summary(self.round_times),
+        }
+        if transport_info is not None:
+            results[self.transport] = transport_info()
+        write_outputs(self.out, results, last=last, posterior=post)
+        self.log(f"results in {self.out}")
+        results["out_dir"] = str(self.out)
+        return results, last, post
