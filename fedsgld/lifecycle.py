@@ -448,9 +448,28 @@ class RunLifecycle:
                 "which would under-report the epsilon already spent"
             )
         steps, name, state = max(candidates, key=lambda c: c[0])
-        acc.load_state_dict(state)
-        if len(candidates) > 1 and candidates[0][0] != candidates[1][0]:
+        if name == CHECKPOINT:
+            # ledger.json is written before every step, so it is never behind a healthy
+            # checkpoint: it was lost or replaced. Rounds after the checkpoint may have been
+            # released (up to checkpoint_every of them, the last one possibly unsaved):
+            # count them as spent along the schedule, so the ledger is never below the truth.
+            run = self.config.run
+            left = run.rounds - server.t
+            pad_rounds = min(run.checkpoint_every or left, left)
+            start = server.t * server.local_steps
+            extra = [
+                [*server.schedule_point(start + i), 1]
+                for i in range(pad_rounds * server.local_steps)
+            ]
+            state = dict(state, ledger=[list(e) for e in state["ledger"]] + extra)
+            self.log(
+                f"resume: {LEDGER} is missing or behind the checkpoint; using the checkpoint's "
+                f"ledger ({steps} steps) plus {len(extra)} steps that may have run after it "
+                "(counted as spent)"
+            )
+        elif len(candidates) > 1 and candidates[0][0] != candidates[1][0]:
             self.log(f"resume: using the larger ledger ({name}, {steps} steps)")
+        acc.load_state_dict(state)
 
     def attach(self, server) -> None:
         """Restore ``server`` from the checkpoint and the larger ledger, hook the ledger

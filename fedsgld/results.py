@@ -101,12 +101,14 @@ def report_markdown(results: dict[str, Any]) -> str:
 def write_outputs(
     out: Path, results: dict[str, Any], *, last: dict[str, Any], posterior: dict[str, Any] | None
 ) -> None:
-    from .engine import RESULTS, write_json
+    from .lifecycle import RESULTS, write_json
 
     write_json(out / RESULTS, results)
     (out / "report.md").write_text(report_markdown(results))
     if results["history"]:
         plot_history(results["history"], out / "history.png", budget=results["privacy"]["budget"])
+    if last.get("_probs") is None:  # predictions stayed at the sites: no per-record plots
+        return
     curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
     if posterior is not None:
         curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())

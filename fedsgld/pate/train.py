@@ -41,7 +41,7 @@ from torch import nn
 from ..calibration import calibration_report
 from ..data import ArrayDataset, SiteData, load_dataset, make_sites
 from ..models import build_model
-from ..privacy.noise import seeded_generator
+from ..privacy.noise import Randomness, seeded_generator
 from .aggregation import combine_histograms, confident_gnmax, gnmax, lnmax, site_histogram
 from .analysis import gnmax_epsilon_from_counts, lnmax_epsilon_from_counts, vote_counts
 
@@ -76,6 +76,9 @@ class PateConfig:
     batch_size: int = 32
     seed: int = 0
     threads: int = 0
+    # the aggregator's noise: seeded (simulations: derived from seed) | os (deployments:
+    # fresh operating-system entropy at the aggregator, never sent anywhere)
+    randomness: str = "seeded"
     # privacy
     mechanisms: tuple[str, ...] = ("lnmax", "gnmax")
     delta: float = 1e-5
@@ -107,6 +110,8 @@ class PateConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise bad(name, "a finite number > 0")
+        if self.randomness not in ("seeded", "os"):
+            raise bad("randomness", "one of seeded, os")
         mech = tuple(self.mechanisms)
         object.__setattr__(self, "mechanisms", mech)
         if not mech or any(m not in MECHANISMS for m in mech) or len(set(mech)) != len(mech):
@@ -379,7 +384,11 @@ def release_and_learn(
                 {"site": s.site_id, "n_train": s.n_train, "n_test": s.n_test} for s in split.sites
             ],
         },
-        "noise_seed": f"simulation: generators seeded from seed={config.seed}",
+        "noise_randomness": (
+            f"seeded: the aggregator's generators derive from seed={config.seed} (a simulation)"
+            if config.randomness == "seeded"
+            else "os: the aggregator drew fresh operating-system entropy for every mechanism"
+        ),
         "teachers": {
             "count": n_teachers,
             "mean_test_accuracy": float(np.mean(teacher_acc)),
@@ -392,7 +401,11 @@ def release_and_learn(
     }
 
     for m_i, mech in enumerate(config.mechanisms):
-        g = seeded_generator(config.seed, 2, m_i)
+        g = (
+            Randomness.seeded(config.seed).generator(2, m_i)
+            if config.randomness == "seeded"
+            else Randomness.system().generator()
+        )
         params: dict[str, Any] = {"mechanism": mech, "num_classes": k, "delta": config.delta}
         if mech == "lnmax":
             labels = lnmax(counts, gamma=config.lnmax_gamma, generator=g)
@@ -447,9 +460,20 @@ def release_and_learn(
                 params=np.array(json.dumps(params)),
                 **extra_arrays,
             )
+    if len(results["mechanisms"]) > 1:
+        # every mechanism released labels from the SAME teacher votes: the releases compose
+        di = [e["epsilon"]["data_independent"] for e in results["mechanisms"].values()]
+        results["composition"] = {
+            "mechanisms": list(results["mechanisms"]),
+            "epsilon_data_independent": float(sum(di)),
+            "delta": config.delta * len(di),
+            "rule": "basic composition of the mechanisms' data-independent (epsilon, delta)",
+            "note": "releasing several mechanisms' labels from the same votes spends the sum; "
+            "release one mechanism's labels to spend only its epsilon",
+        }
     results["seconds"] = time.perf_counter() - t0
     if out is not None:
-        from ..engine import write_json
+        from ..lifecycle import write_json
 
         write_json(out / "results.json", results)
         (out / "report.md").write_text(report_markdown(results))

@@ -129,9 +129,16 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
     from fedsgld.apps.export_sites import export_sites
 
     paths = export_sites(load_config(None, SMALL), tmp_path / "data")
-    ncs = [{"site-id": k, "site-data": str(p)} for k, p in enumerate(paths)]
+    # a deployed site accepts a shared seed only if its own policy says so (tests only)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("insecure_seeded_noise = true\nshare_predictions = true\n")
+    ncs = [
+        {"site-id": k, "site-data": str(p), "privacy-policy": str(policy)}
+        for k, p in enumerate(paths)
+    ]
     out = _local(tmp_path, "npz", node_configs=ncs)
     assert torch.equal(_theta(out)["theta"], _theta(reference)["theta"])
+    assert _results(out)["metrics"]["pooled"] == _results(reference)["metrics"]["pooled"]
 
 
 def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
@@ -277,7 +284,9 @@ def test_resume_after_a_server_crash_keeps_the_spent_budget(tmp_path, reference)
     assert r["privacy"]["steps"] == 12
     assert r["privacy"]["ledger_steps"] == 14  # rounds 5 and 6 were released twice: both counted
     assert r["privacy"]["epsilon"]["pld"] > _results(reference)["privacy"]["epsilon"]["pld"]
-    assert torch.equal(_theta(out)["theta"], _theta(reference)["theta"])
+    # epoch 1 replays rounds 5 and 6 with fresh noise (server and sites): a new trajectory
+    assert r["privacy"]["randomness"]["epoch"] == 1
+    assert not torch.equal(_theta(out)["theta"], _theta(reference)["theta"])
     with pytest.raises(ValueError, match="config differs"):
         _local(tmp_path, "crash", resume=True, lr=0.3)
 
@@ -297,14 +306,25 @@ def test_pyproject_run_config_has_every_setting_and_works():
     pate = {f"pate.{k}": v for k, v in defaults.pop("pate").items()}
     assert set(defaults) == set(Config().flat()) | set(FLOWER_KEYS)
     assert set(pate) == {f"pate.{k}" for k in RUN_CONFIG_FIELDS}
+    # `flwr run .` defaults to deployment randomness (each party's own OS entropy)
+    assert defaults["randomness"] == "os" and pate["pate.randomness"] == "os"
     assert pate_config_from_run_config(pate) == load_pate_config(
-        ROOT / "simulations" / "pate_mnist.toml"
+        ROOT / "simulations" / "pate_mnist.toml", {"randomness": "os"}
     )
     config, opts = split_run_config({**defaults, **pate})
     assert config.privacy.method == "dpsgld" and opts["out"] == "" and opts["resume"] is False
     demo = load_config(ROOT / "simulations" / "demo.toml")
     for k, v in demo.flat().items():
-        if k not in ("rounds", "burn_in", "thin", "max_samples", "eval_every", "checkpoint_every"):
+        if k not in (
+            "rounds",
+            "burn_in",
+            "thin",
+            "max_samples",
+            "eval_every",
+            "checkpoint_every",
+            "randomness",
+            "secure_noise",
+        ):
             assert config.flat()[k] == v, k
     assert config.run.rounds <= 100
 
