@@ -45,7 +45,10 @@ def test_ray_simulation_of_dpsgld_equals_the_engine(flower_tmp, tmp_path):
     root, _procs = flower_tmp
     ref_out = tmp_path / "engine"
     engine.run(load_config(None, SMALL), out_dir=ref_out, progress=False, log=lambda s: None)
-    _simulate(root, {**SMALL, "threads": 1, "out": str(root / "out")}, nodes=2)
+    # `flwr run .` defaults to OS randomness; a seeded simulation reproduces the engine
+    _simulate(
+        root, {**SMALL, "randomness": "seeded", "threads": 1, "out": str(root / "out")}, nodes=2
+    )
     got = json.loads((root / "out" / "results.json").read_text())
     ref = json.loads((ref_out / "results.json").read_text())
     assert got["engine"] == "flower" and got["flower"]["dropped_replies"] == []

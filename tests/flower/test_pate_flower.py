@@ -35,6 +35,7 @@ PATE_RC = {
     "pate.threshold": 4.0,
     "pate.sigma1": 1.0,
     "pate.sigma2": 1.0,
+    "pate.randomness": "seeded",  # a simulation: equal to the in-process run
 }
 
 
