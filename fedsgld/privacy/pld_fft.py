@@ -309,7 +309,7 @@ class ComposedPLD:
         self._extra = []
         for lo, pmf, inf, lu in zip(self._low, self._pmf, self._inf, log_upper):
             top = (lo + pmf.size) * h
-            log_tail = float(np.min(lu - lambdas * top))
+            log_tail = float(np.min(lu - lambdas * top)) if lambdas.size else -math.inf
             self._extra.append(min(1.0, inf + math.exp(min(log_tail, 0.0))))
         self._losses = [(lo + np.arange(p.size)) * h for lo, p in zip(self._low, self._pmf)]
 
@@ -458,7 +458,7 @@ def compose(
         one = np.ones(1)
         return ComposedPLD(
             h=H_MAX, low=[0, 0], pmfs=[one, one.copy()], infinity=[0.0, 0.0],
-            log_upper=[np.zeros(1), np.zeros(1)], lambdas=np.ones(1),
+            log_upper=[np.zeros(0), np.zeros(0)], lambdas=np.zeros(0),
         )  # fmt: skip
     if value_interval is None:
         h = _spacing(q, sigma, count, rho)
