@@ -98,7 +98,7 @@ DEFAULT_TAIL = 1e-17
 #: relative to the smallest delta of interest
 DEFAULT_WINDOW_MASS = 1e-6
 
-H_MIN, H_MAX = 1e-4, 1e-2
+H_MIN, H_MAX = 1e-6, 1e-2
 _N_MAX = 1 << 22  # largest transform; beyond it h grows
 _BULK = 6.0  # fine grid up to this many per-step standard deviations of the loss
 _K1_MIN = 16
