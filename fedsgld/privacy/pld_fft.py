@@ -5,10 +5,14 @@ distinct mechanisms. This module composes all of them at once:
 
 1. **One shared grid.** Every step's privacy loss distribution (PLD), in both directions of
    add/remove adjacency, is discretised onto the same grid of losses ``k * h`` by the
-   pessimistic connect-the-dots rule, all steps in one vectorised pass.
+   pessimistic connect-the-dots rule, all steps in one vectorised pass. Each step uses
+   every grid point near zero, where its mass is, and a geometrically coarser subset of
+   them in its tails (support points k with spacing 2^l for |k| in (K1 2^(l-1), K1 2^l],
+   K1 about 6 standard deviations of the step's loss).
 2. **Fourier domain.** The composed PLD is the convolution of the steps' PLDs; it is
-   computed as the product of their discrete Fourier transforms (powers for repeated
-   steps) and one inverse transform, on a circular window of ``N`` grid points.
+   computed as the product of their discrete Fourier transforms (integer powers for
+   repeated steps) and one inverse transform per direction, on a circular window of
+   ``N`` grid points.
 3. **Read-out.** ``delta(epsilon)`` and ``epsilon(delta)`` come from the composed PMF plus
    every mass that the construction moved out of the window, so the result is an upper
    bound.
@@ -28,13 +32,16 @@ add-direction loss is ``-L(o)`` with o drawn from base.
 Why the result is an upper bound
 --------------------------------
 * **Connect-the-dots discretisation** (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi
-  2022). For each grid interval ``(k h, (k + 1) h]`` of the loss, its P-mass m and Q-mass
-  n (Gaussian probabilities of the matching interval of outputs, computed exactly) are
-  split between the two end points so that both masses are kept:
-  ``m = a + b`` and ``n = a e^{-k h} + b e^{-(k+1) h}``. Seen as a function of e^epsilon,
-  the hockey-stick divergence of the result is the chord of the true (convex) one between
-  grid points, hence >= the true one for every epsilon: the discrete pair dominates the
-  step, and composing dominating pairs dominates the composition.
+  2022). For each interval ``(x_k, x_{k+1}]`` between neighbouring support points of the
+  loss, its P-mass m and Q-mass n (Gaussian probabilities of the matching interval of
+  outputs, computed exactly) are split between the two end points so that both masses
+  are kept: ``m = a + b`` and ``n = a e^{-x_k} + b e^{-x_{k+1}}``. Seen as a function of
+  e^epsilon, the hockey-stick divergence of the result is the chord of the true (convex)
+  one between support points, hence >= the true one for every epsilon: the discrete pair
+  dominates the step, and composing dominating pairs dominates the composition.
+* **Merged sigmas.** Steps with the same q whose sigmas fall in one bin of relative width
+  ``sigma_merge`` (1e-3) are all accounted at the smallest sigma of the bin. A Gaussian
+  with more noise is a post-processing of one with less, so this only raises delta.
 * **Truncation of each step.** Outputs beyond ``sigma * z`` standard deviations of both
   Gaussians (``z`` from the per-step mass ``tail``) are not split: the part whose loss
   would lie above the grid goes to the loss +infinity (counted in delta in full), the part
@@ -58,12 +65,18 @@ dp_accounting's FFT-based PLD).
 
 Error (how far above exact)
 ---------------------------
-The connect-the-dots error is second order in ``h`` per step; with the default
-``h = 5e-3`` the composed epsilon of the DP-SGLD schedule alpha_t = 0.1 (1 + t/100)^-0.55,
-tau = 10, q = 0.01, 2,000 steps, delta = 1e-5 is within 0.1 % of dp_accounting's
-(which discretises at 1e-3); ``tests/privacy/test_pld_fft.py`` checks the bound against
-dp_accounting on constant and decaying ledgers, and ``benchmarks/accountant_speed.py``
-measures time and error.
+Splitting a loss between two support points h apart adds at most about h^2 / 6 to its
+variance; over a ledger this inflates the composed loss variance by (steps) h^2 / 6. The
+grid spacing is therefore chosen per ledger so that this is ``rho`` = 0.2 % of the
+ledger's loss variance (a proxy, q^2 (e^{1/sigma^2} - 1) per step), rounded down to a
+power of 2^(1/4), within [1e-6, 1e-2]. Merging sigmas within 0.1 % adds about 0.1 %.
+Measured (``tests/privacy/test_pld_fft.py``, ``benchmarks/accountant_speed.py``): the
+DP-SGLD schedule alpha_t = 0.1 (1 + t/100)^-0.55, tau = 10, q = 0.01, 2,000 steps,
+delta = 1e-5 gives 6.1936 against 6.1833 from dp_accounting's PLD on every sigma_t at
+1e-3 (+0.17 %); DP-SGD with q = 256/60000, sigma = 1.1, 3,515 steps gives 1.1347
+against 1.1337 (dp_accounting at 1e-4, +0.08 %). The tests check, on constant, mixed
+and decaying ledgers, that the result is never below dp_accounting's fine-grid value
+nor more than 1 % above it, and that one step's delta is never below its exact value.
 """
 
 from __future__ import annotations
