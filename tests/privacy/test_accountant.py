@@ -545,3 +545,12 @@ def test_epsilon_delta_epsilon_round_trip():
     assert other.rigorous_epsilon() == pytest.approx(1.2 * eps, rel=1e-4)
     with pytest.raises(ValueError, match="epsilon"):
         acc.delta_at(-1.0)
+
+
+def test_config_accepts_every_accountant():
+    from fedsgld.config import ACCOUNTANTS as CONFIG_ACCOUNTANTS
+    from fedsgld.privacy.accountant import ACCOUNTANTS
+
+    assert set(CONFIG_ACCOUNTANTS) == set(ACCOUNTANTS)
+    for name in ACCOUNTANTS:
+        assert PrivacyAccountant(delta=DELTA, accountant=name).rigorous_name == name
