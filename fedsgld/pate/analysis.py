@@ -13,9 +13,11 @@ Each query releases ``argmax_j (n_j + Lap(1/gamma))``, which is (2 gamma, 0)-DP.
 accountant tracks the log moment alpha(lambda) of the privacy loss for lambda = 1..moments.
 Per query:
 
-* data-independent (the 2017 paper's bound for a (2 gamma)-DP mechanism)::
+* data-independent (the 2017 paper's bound for a (2 gamma)-DP mechanism, and the pure-DP
+  bound: the privacy loss never exceeds 2 gamma, so its log moment never exceeds
+  2 gamma lambda; the paper's reference code takes the smaller of the two)::
 
-      alpha(lambda) <= 2 gamma^2 lambda (lambda + 1)
+      alpha(lambda) <= min(2 gamma^2 lambda (lambda + 1), 2 gamma lambda)
 
 * data-dependent (the paper's Theorem 2 with the bound of its Theorem 3). With n the vote
   histogram of the query, j* its plurality class and Delta_j = n_{j*} - n_j::
@@ -71,10 +73,10 @@ that one record could flip the answer. When teachers agree (say 95 of 100 vote f
 class), the noisy argmax is the plurality class with probability 1 - q where q is
 astronomically small (exp(-gamma * gap) or exp(-gap^2 / (4 sigma^2))); changing one
 teacher's vote barely moves that probability, so the query's log moment / RDP is close
-to zero instead of ~2 gamma^2 lambda (lambda + 1). Summed over thousands of mostly
-unanimous queries, this gives e.g. a single-digit data-dependent epsilon next to a
-data-independent epsilon in the hundreds or thousands (100 teachers, gamma = 0.2, 9000
-queries, delta = 1e-5: about 1451.5 data-independent).
+to zero instead of ~min(2 gamma^2 lambda (lambda + 1), 2 gamma lambda). Summed over
+thousands of mostly unanimous queries, this gives e.g. a single-digit data-dependent
+epsilon next to a data-independent epsilon in the hundreds or thousands (100 teachers,
+gamma = 0.2, 9000 queries, delta = 1e-5: about 1451.5 data-independent).
 
 The data-dependent epsilon is a function of the private votes: it is itself
 data-dependent, and releasing it (or choosing parameters by it) is NOT differentially
@@ -90,8 +92,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats
-from scipy.special import logsumexp
+from scipy.special import log_ndtr, logsumexp
 
 #: Default Renyi orders for the GNMax analysis (all > 1).
 DEFAULT_ORDERS: np.ndarray = np.concatenate(
@@ -176,12 +177,17 @@ def lnmax_q(counts: np.ndarray, *, gamma: float) -> float:
     return min(q, 1.0)
 
 
+def _lnmax_independent(lam: np.ndarray, gamma: float) -> np.ndarray:
+    """Data-independent per-query log moment of LNMax: min(2 g^2 l (l + 1), 2 g l)."""
+    return np.minimum(2.0 * gamma**2 * lam * (lam + 1.0), 2.0 * gamma * lam)
+
+
 def lnmax_log_moments(
     counts: np.ndarray, *, gamma: float, moments: int, data_dependent: bool = True
 ) -> np.ndarray:
     """Per-query log moments alpha(lambda), lambda = 1..moments (see module docstring)."""
     lam = np.arange(1, moments + 1, dtype=np.float64)
-    independent = 2.0 * gamma**2 * lam * (lam + 1.0)
+    independent = _lnmax_independent(lam, gamma)
     if not data_dependent:
         return independent
     q = lnmax_q(counts, gamma=gamma)
@@ -220,11 +226,12 @@ def lnmax_epsilon(
 
         eps = min_lambda (sum_queries alpha_q(lambda) + log(1/delta)) / lambda
 
-    where the data-independent alpha_q(lambda) = 2 gamma^2 lambda (lambda + 1) and the
-    data-dependent one is the smaller of that and Theorem 2's bound at the query's q
-    (module docstring). Caveat: ``data_dependent`` depends on the private votes, so
-    releasing it is not differentially private without smooth sensitivity; it is always
-    <= ``data_independent`` and is far smaller when teachers mostly agree.
+    where the data-independent alpha_q(lambda) = min(2 gamma^2 lambda (lambda + 1),
+    2 gamma lambda) and the data-dependent one is the smaller of that and Theorem 2's
+    bound at the query's q (module docstring). Caveat: ``data_dependent`` depends on the
+    private votes, so releasing it is not differentially private without smooth
+    sensitivity; it is always <= ``data_independent`` and is far smaller when teachers
+    mostly agree.
     """
     counts = vote_counts(teacher_preds, num_classes=num_classes)
     return lnmax_epsilon_from_counts(counts, gamma=gamma, delta=delta, moments=moments)
@@ -261,7 +268,7 @@ def lnmax_epsilon_from_counts(
     counts = check_counts(counts)
     n = counts.shape[0]
     lam = np.arange(1, int(moments) + 1, dtype=np.float64)
-    independent = n * 2.0 * gamma**2 * lam * (lam + 1.0)
+    independent = n * _lnmax_independent(lam, gamma)
     dependent = np.zeros(int(moments))
     for q in range(n):
         dependent += lnmax_log_moments(counts[q], gamma=gamma, moments=int(moments))
@@ -283,7 +290,7 @@ def gnmax_log_q(counts: np.ndarray, *, sigma: float) -> float:
     counts = np.asarray(counts, dtype=np.float64)
     top = int(np.argmax(counts))
     gaps = counts[top] - np.delete(counts, top)
-    log_terms = stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sigma)
+    log_terms = log_ndtr(-gaps / (math.sqrt(2.0) * sigma))  # log P(N(0, 2 sigma^2) > gap)
     return min(float(logsumexp(log_terms)), 0.0)
 
 
@@ -291,8 +298,8 @@ def threshold_log_q(counts: np.ndarray, *, threshold: float, sigma1: float) -> f
     """log q_tilde for the threshold check: q_tilde = min(p, 1 - p),
     p = Pr[max_j n_j + N(0, sigma1^2) >= threshold]."""
     top = float(np.max(np.asarray(counts, dtype=np.float64)))
-    log_p = float(stats.norm.logsf(threshold - top, scale=sigma1))
-    log_1mp = float(stats.norm.logcdf(threshold - top, scale=sigma1))
+    log_p = float(log_ndtr((top - threshold) / sigma1))
+    log_1mp = float(log_ndtr((threshold - top) / sigma1))
     return min(log_p, log_1mp)
 
 

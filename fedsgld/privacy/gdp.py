@@ -97,7 +97,8 @@ def gdp_delta(epsilon: float, mu: float) -> float:
 def gdp_epsilon(mu: float, delta: float) -> float:
     """Smallest epsilon >= 0 with gdp_delta(epsilon, mu) <= delta (mu-GDP -> (epsilon, delta)-DP).
 
-    Root finding (Brent) on log delta(epsilon) - log delta. The bracket starts at [0, 1] and
+    Root finding (bisection to 1e-12 relative, returning the upper end) on
+    log delta(epsilon) - log delta. The bracket starts at [0, 1] and
     doubles its upper end until delta(upper) <= delta, so large epsilon (large mu) is found
     too. Returns 0.0 when delta(0) <= delta (including mu = 0) and ``inf`` for mu = inf.
     Approximate as an accountant (CLT): see the module docstring.
@@ -124,6 +125,13 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         lo, hi = hi, 2.0 * hi
         if hi > 1e300:  # pragma: no cover - mu is finite, so delta(eps) -> 0
             return math.inf
-    from scipy.optimize import brentq  # here: keeps a site process's start-up light
-
-    return float(brentq(f, lo, hi, xtol=1e-12, maxiter=500))
+    # bisection (delta(eps) is decreasing): f(lo) > 0 >= f(hi)
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if f(mid) > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)
