@@ -339,3 +339,69 @@ def test_sites_placement_each_site_releases_the_documented_gaussian():
         after = server.finish_local_round(plan, released)
         expected = sum(n_k * th for n_k, th in released) / sum(sizes)
         torch.testing.assert_close(after, expected)
+
+
+# -- the randomness belongs to the run, and the budget guard holds inside apply ----------------
+def test_server_noise_depends_on_the_runs_seed():
+    """Two runs with different seeds draw different server noise (a deployment draws its
+    seed from the operating system; noise that ignored it would be predictable)."""
+    steps = []
+    for seed in (1, 2, 1):
+        server = LangevinServer(
+            _privacy(), theta=torch.zeros(500), site_sizes=[100], seed=seed, rounds=1
+        )
+        steps.append(server.apply(server.plan(), [torch.zeros(500)]).clone())
+    assert torch.equal(steps[0], steps[2])
+    assert abs(np.corrcoef(steps[0].numpy(), steps[1].numpy())[0, 1]) < 5 / math.sqrt(500)
+
+
+def test_site_sample_comes_from_the_sites_generator_only():
+    """The sample of (seed, site, round) does not depend on torch's global random state,
+    and differs between rounds and seeds."""
+    n = 300
+
+    def sample(seed, round_):
+        site = _one_hot_site(0, n, seed=seed)
+        s = site.clipped_sum(torch.zeros(2 * n + 2), round=round_, sample_rate=0.2, clip=10.0,
+                             prenoise=0.0)  # fmt: skip
+        return _sampled(s, n)
+
+    torch.manual_seed(0)
+    a = sample(5, 3)
+    torch.manual_seed(12345)
+    torch.rand(1000)
+    assert np.array_equal(a, sample(5, 3))
+    assert not np.array_equal(a, sample(5, 4)) and not np.array_equal(a, sample(6, 3))
+
+
+def test_apply_refuses_a_step_over_the_budget_and_releases_nothing():
+    """Called directly with a plan the budget cannot pay for, apply raises, records why,
+    and leaves the parameters and the step counter as they were."""
+    from fedsgld.privacy import BudgetExhausted
+    from fedsgld.strategies import RoundPlan
+
+    server = LangevinServer(
+        _privacy(epsilon=0.5), theta=torch.ones(10), site_sizes=[100], seed=0, rounds=5
+    )
+    plan = RoundPlan(round=0, step_size=0.1, sigma=0.2, sample_rate=1.0, clip=1.0, prenoise=0.0)
+    with pytest.raises(BudgetExhausted):
+        server.apply(plan, [torch.zeros(10)])
+    assert server.halt_reason.startswith("privacy budget:")
+    assert torch.equal(server.theta, torch.ones(10)) and server.t == 0
+    assert server.accountant.steps == 0
+
+
+def test_apply_refuses_misuse_by_name():
+    server = LangevinServer(_privacy(), theta=torch.zeros(4), site_sizes=[10], seed=0, rounds=2)
+    plan = server.plan()
+    with pytest.raises(ValueError, match=r"^site sum has shape \(3,\), expected \(4,\)$"):
+        server.apply(plan, [torch.zeros(3)])
+    server.apply(plan, [torch.zeros(4)])
+    with pytest.raises(ValueError, match=r"^plan is for round 0, server is at round 1$"):
+        server.apply(plan, [torch.zeros(4)])
+    local = LangevinServer(
+        _privacy(noise_placement="sites", local_steps=2), theta=torch.zeros(4),
+        site_sizes=[10], seed=0, rounds=1,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"^noise_placement = 'sites': use begin_local_round"):
+        local.apply(local.plan(), [torch.zeros(4)])

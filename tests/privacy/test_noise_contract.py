@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsgld.core.mechanism import langevin_update
 from fedsgld.privacy.clipping import clip_and_sum
 from fedsgld.privacy.noise import gaussian_noise, os_seed, seeded_generator
 
@@ -25,7 +26,7 @@ def test_noise_of_every_std_has_that_std(std):
 
 @pytest.mark.parametrize("std", [math.inf, math.nan, -1e-9, -math.inf])
 def test_non_finite_or_negative_std_is_refused(std):
-    with pytest.raises(ValueError, match="noise std must be finite and >= 0"):
+    with pytest.raises(ValueError, match=r"^noise std must be finite and >= 0, got "):
         gaussian_noise((3,), std=std, generator=seeded_generator(0))
 
 
@@ -37,7 +38,9 @@ def test_zero_std_gives_zeros_of_the_requested_dtype():
 
 
 def test_noise_without_a_generator_is_refused_by_name():
-    with pytest.raises(TypeError, match=r"explicit torch\.Generator"):
+    with pytest.raises(
+        TypeError, match=r"^gaussian_noise needs an explicit torch\.Generator \(generator=\.\.\.\)$"
+    ):
         gaussian_noise((3,), std=1.0, generator=np.random.default_rng(0))  # type: ignore[arg-type]
 
 
@@ -50,7 +53,7 @@ def test_seeded_streams_are_distinct_for_distinct_keys():
     assert len(first) == len(keys)
     a = torch.randn(4, generator=seeded_generator(1, 2, 3))
     assert torch.equal(a, torch.randn(4, generator=seeded_generator(1, 2, 3)))
-    with pytest.raises(ValueError, match="key parts must be >= 0"):
+    with pytest.raises(ValueError, match=r"^generator key parts must be >= 0, got \(0, -1\)$"):
         seeded_generator(0, -1)
 
 
@@ -62,9 +65,11 @@ def test_os_seed_is_a_fresh_63_bit_integer():
 
 
 def test_clip_refuses_a_non_matrix_and_prenoise_without_a_generator():
-    with pytest.raises(ValueError, match=r"per_record must be \(records, params\)"):
+    with pytest.raises(
+        ValueError, match=r"^per_record must be \(records, params\), got shape \(3,\)$"
+    ):
         clip_and_sum(torch.zeros(3), clip=1.0)
-    with pytest.raises(ValueError, match="prenoise > 0 needs an explicit torch.Generator"):
+    with pytest.raises(ValueError, match=r"^prenoise > 0 needs an explicit torch\.Generator$"):
         clip_and_sum(torch.zeros(2, 3), clip=1.0, prenoise=0.1)
 
 
@@ -75,3 +80,19 @@ def test_clip_leaves_short_rows_alone_and_scales_long_rows_to_exactly_C():
         out, torch.tensor([0.6 + 0.3 + 0.6, 0.8 + 0.4 + 0.8], dtype=torch.float64)
     )
     assert torch.isfinite(clip_and_sum(torch.zeros(2, 3), clip=1.0)).all()
+
+
+def test_langevin_update_validates_the_batch_size_and_step_size():
+    def step(L, alpha):
+        return langevin_update(
+            torch.zeros(3), torch.ones(3), step_size=alpha, noise_std=0.0, expected_batch=L,
+            weight_decay=0.0, generator=seeded_generator(0),
+        )  # fmt: skip
+
+    torch.testing.assert_close(step(0.5, 0.1), torch.full((3,), -0.2))  # L < 1 is valid
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=r"^expected batch size must be > 0, got "):
+            step(bad, 0.1)
+    for bad in (0.0, -0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"^step size must be finite and > 0, got "):
+            step(1.0, bad)
