@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
+from dp_reference import dpsgld_sigma, pld_epsilon
 
 from fedsgld import engine
 from fedsgld.clients import Site
 from fedsgld.config import load_config
-from fedsgld.privacy import PrivacyAccountant
 
 SMALL = {
     "dataset": "synthetic",
@@ -83,12 +83,15 @@ def test_budget_halts_before_overspending(tmp_path):
     pr = res["privacy"]
     assert pr["halted"] and 0 < pr["steps"] < 500
     assert pr["epsilon"]["pld"] <= 3.0
-    # an independent accountant shows one more step along the schedule would overspend
-    cfg = load_config(None, {**SMALL, "rounds": 500, "epsilon": 3.0, "temperature": 5.0})
-    acc = PrivacyAccountant(delta=cfg.privacy.delta, sigma_rel_grid=cfg.privacy.sigma_grid)
-    for t in range(pr["steps"] + 1):
-        acc.step(cfg.privacy.sample_rate, cfg.privacy.sigma(t))
-    assert acc.epsilon()["pld"] > 3.0
+
+    # dp_accounting on the documented schedule: the steps taken fit the budget, one more
+    # step would overspend
+    def schedule(steps):
+        return [(0.2, dpsgld_sigma(t, lr=0.2, gamma=0.5, t0=5.0, tau=5.0)) for t in range(steps)]
+
+    assert pld_epsilon(schedule(pr["steps"]), delta=1e-5) <= 3.0
+    assert pld_epsilon(schedule(pr["steps"] + 1), delta=1e-5) > 3.0
+    assert pr["epsilon"]["pld"] == pytest.approx(pld_epsilon(schedule(pr["steps"]), delta=1e-5))
 
 
 def test_resume_after_crash_keeps_the_spent_budget(tmp_path, monkeypatch):

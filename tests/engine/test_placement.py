@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from dp_reference import dpsgld_sigma, pld_epsilon
 
 from fedsgld import engine
 from fedsgld.config import load_config
-from fedsgld.privacy import PrivacyAccountant
 
 SMALL = {
     "dataset": "synthetic",
@@ -37,6 +37,11 @@ def _run(tmp_path, name, **over):
     return engine.run(cfg, out_dir=tmp_path / name, progress=False, log=lambda s: None)
 
 
+def _schedule(steps):
+    """SMALL's documented DP-SGLD schedule (q, sigma_t) for local steps 0 .. steps - 1."""
+    return [(0.2, dpsgld_sigma(t, lr=0.2, gamma=0.5, t0=5.0, tau=2.0)) for t in range(steps)]
+
+
 def _theta(res):
     return torch.load(res["out_dir"] + "/checkpoint.pt", weights_only=False)["server"]["theta"]
 
@@ -54,14 +59,8 @@ def test_local_steps_are_each_accounted(tmp_path):
     p = res["privacy"]
     assert p["steps"] == 8 and p["local_steps"] == 3 and p["noise_placement"] == "sites"
     assert p["ledger_steps"] == 24
-    # the ledger is exactly the schedule's 24 local steps: recompute epsilon from scratch
-    cfg = load_config(None, {**SMALL, "noise_placement": "sites", "local_steps": 3})
-    acc = PrivacyAccountant(
-        delta=cfg.privacy.delta, epsilon_budget=None, sigma_rel_grid=cfg.privacy.sigma_grid
-    )
-    for t in range(24):
-        acc.step(cfg.privacy.sample_rate, cfg.privacy.sigma(t))
-    assert p["epsilon"]["pld"] == pytest.approx(acc.epsilon()["pld"], rel=1e-9)
+    # the ledger is exactly the schedule's 24 local steps: epsilon from dp_accounting
+    assert p["epsilon"]["pld"] == pytest.approx(pld_epsilon(_schedule(24), delta=1e-5), rel=1e-6)
     assert p["epsilon"]["pld"] <= 30.0
     ledger = json.loads((tmp_path / "local" / "ledger.json").read_text())
     assert sum(e[2] for e in ledger["ledger"]) == 24
@@ -74,14 +73,9 @@ def test_the_budget_stops_whole_rounds_of_local_steps(tmp_path):
     assert p["halted"] and "4 local steps" in p["halt_reason"]
     assert p["ledger_steps"] == 4 * p["steps"]
     assert p["epsilon"]["pld"] <= 2.0
-    # one more round would have overspent
-    cfg = load_config(None, {**SMALL, "noise_placement": "sites", "local_steps": 4, "epsilon": 2.0})
-    acc = PrivacyAccountant(
-        delta=cfg.privacy.delta, epsilon_budget=None, sigma_rel_grid=cfg.privacy.sigma_grid
-    )
-    for t in range(4 * (p["steps"] + 1)):
-        acc.step(cfg.privacy.sample_rate, cfg.privacy.sigma(t))
-    assert acc.rigorous_epsilon() > 2.0
+    # dp_accounting: the rounds taken fit the budget, one more round would have overspent
+    assert pld_epsilon(_schedule(4 * p["steps"]), delta=1e-5) <= 2.0
+    assert pld_epsilon(_schedule(4 * (p["steps"] + 1)), delta=1e-5) > 2.0
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,22 @@ def test_bad_config_and_vote_file(tmp_path, capsys):
     np.savez(tmp_path / "x.npz", a=np.zeros(3))
     assert main(["pate-analysis", str(tmp_path / "x.npz")]) == 2
     assert "not a PATE vote file" in capsys.readouterr().err
+
+
+def test_lnmax_labels_carry_the_documented_noise(run_dir):
+    """The accuracy floors above would pass with no noise at all; this check would not.
+    LNMax releases argmax_j (n_j + Lap(1 / gamma)): the number of released labels that
+    differ from the plurality vote is a sum of independent Bernoulli(p_q), p_q computed
+    here by Monte Carlo from the saved counts (numpy's generator, not fedsgld's)."""
+    with np.load(run_dir / "votes_lnmax.npz") as z:
+        counts, labels = z["counts"], z["labels"]
+    rng = np.random.default_rng(0)
+    p = {}
+    for row in {tuple(r) for r in counts.tolist()}:
+        draws = np.asarray(row) + rng.laplace(scale=1 / 0.2, size=(200_000, len(row)))
+        p[row] = float((draws.argmax(axis=1) != int(np.argmax(row))).mean())
+    probs = np.array([p[tuple(r)] for r in counts.tolist()])
+    flips = int((labels != counts.argmax(axis=1)).sum())
+    mean, sd = probs.sum(), np.sqrt((probs * (1 - probs)).sum())
+    assert abs(flips - mean) <= 4 * sd + 1
+    assert mean > 4 * sd + 1  # a noiseless release (no flips) would fail the check
