@@ -446,7 +446,7 @@ def compose(
         ledger: (sampling rate q in (0, 1], noise multiplier sigma > 0, count >= 0) entries.
         delta: the smallest delta the result will be asked about; the window is sized so
             that the masses it drops or folds are below ``window_mass * delta``.
-        value_interval: grid spacing h of the privacy loss, in [1e-4, 1e-2]; None chooses
+        value_interval: grid spacing h of the privacy loss, in [1e-6, 1e-2]; None chooses
             it from ``rho``.
         rho: with ``value_interval=None``, h is set so that the variance the discretisation
             adds, (steps) h^2 / 6, is ``rho`` times the ledger's loss variance.

@@ -194,6 +194,7 @@ def test_delta_agrees_with_dp_accounting():
     for eps in (0.5, 1.0, 2.0):
         ref = acc.get_delta(eps)
         assert ref <= pld.delta(eps) <= ref * 1.05
+        assert pld_fft.ledger_delta(ledger, eps, delta_floor=1e-8) == pld.delta(eps)
 
 
 def test_truncation_and_window_masses_are_negligible_and_counted():
