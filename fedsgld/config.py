@@ -75,8 +75,10 @@ class PrivacySettings:
     One config serves every method: settings that belong to another method are kept in
     the result file but do not apply (dpsgd: constant step size and sigma, no pre-noise,
     no temperature; sgd: no clipping, no noise; dpsgld: no noise_multiplier).
-    accountant  rigorous accountant for the budget check: pld | rdp
-    sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5)
+    accountant  rigorous accountant for the budget check: pld (FFT composition, default) |
+                rdp | dp_accounting_pld (the reference; slow without sigma_grid)
+    sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5);
+                0 (default): every sigma_t exactly
     noise_placement  server (default: sites send clipped sums, the server adds the noise
                 and takes one step per round) | sites (each site takes local_steps noisy
                 steps on its own records per round, the server averages; sgd, dpsgd and
@@ -97,7 +99,7 @@ class PrivacySettings:
     decay_gamma: float = 0.0
     decay_t0: float = 100.0
     accountant: str = "pld"
-    sigma_grid: float = 0.01
+    sigma_grid: float = 0.0
     noise_placement: str = "server"
     local_steps: int = 1
 

@@ -185,8 +185,14 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
         note=(
             "epsilon['gdp'] is the Gaussian-DP CLT of the paper: asymptotic, it can "
             "under-estimate epsilon; the budget is checked with the rigorous accountant "
-            f"'{acc.rigorous_name}'. Sigma is rounded down to a {p.sigma_grid:g} relative grid "
-            "for accounting (conservative). ledger_steps can exceed steps after a resume: "
+            f"'{acc.rigorous_name}'. "
+            + (
+                f"Sigma is rounded down to a {p.sigma_grid:g} relative grid for accounting "
+                "(conservative). "
+                if p.sigma_grid
+                else "Every sigma_t is accounted exactly. "
+            )
+            + "ledger_steps can exceed steps after a resume: "
             "steps whose output was lost in a crash stay counted."
             + (
                 f" Noise at the sites: 'steps' counts rounds of {server.local_steps} local steps; "

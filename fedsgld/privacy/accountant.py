@@ -267,6 +267,29 @@ class _Plan:
         return tuple((q, s, c) for q, s, c in out)
 
 
+def single_step_delta_lower_bound(key: Iterable[tuple[float, float, int]], eps: float) -> float:
+    """max over the ledger's entries of ONE step's delta(eps): a lower bound on the ledger's.
+
+    One Poisson-subsampled Gaussian step (rate q, noise multiplier sigma), remove direction
+    (Balle, Barthe & Gaboardi 2018, exact for the Gaussian): delta(eps) = q delta_G(eps'),
+    eps' = log(1 + (e^eps - 1) / q), with the Gaussian mechanism's exact profile
+    delta_G(e) = Phi(1/(2 sigma) - e sigma) - e^e Phi(-1/(2 sigma) - e sigma)
+    (Balle & Wang 2018). Composing more steps never lowers delta(eps), so a value above
+    the target delta proves the ledger overspends.
+    """
+    from scipy.special import log_ndtr, ndtr
+
+    arr = np.asarray([(q, s) for q, s, _ in key], dtype=np.float64)
+    q, sigma = arr[:, 0], arr[:, 1]
+    with np.errstate(divide="ignore"):
+        log1mq = np.where(q < 1.0, np.log1p(-np.minimum(q, 1.0 - 1e-300)), -np.inf)
+    e = np.logaddexp(eps, log1mq) - np.log(q)
+    a = 1.0 / (2.0 * sigma) - e * sigma
+    b = -1.0 / (2.0 * sigma) - e * sigma
+    delta_g = ndtr(a) - np.exp(e + log_ndtr(b))
+    return float(np.max(q * np.clip(delta_g, 0.0, 1.0)))
+
+
 class PrivacyAccountant:
     """Ledger of (q, sigma, count) Poisson-subsampled Gaussian steps, its epsilon and the budget.
 
@@ -532,6 +555,10 @@ class PrivacyAccountant:
         assert self.epsilon_budget is not None
         if any(dominates(c, key) for c in self._certified):
             return True, None
+        if key and single_step_delta_lower_bound(key, self.epsilon_budget) > self.delta:
+            # one step alone already overspends (e.g. a noise multiplier near 0): refuse
+            # without building a privacy loss distribution, whose grid would be enormous
+            return False, math.inf
         eps = self.rigorous_epsilon(key)
         if eps <= self.epsilon_budget:
             self._certify(key)
