@@ -260,22 +260,47 @@ def train_site_teachers(
             f"{n_train} training records"
         )
     shape = tuple(x_train.shape[1:])
-    rng = np.random.default_rng([config.seed, 7, site_id])
-    parts = np.array_split(rng.permutation(n_train), config.teachers_per_site)
+    owner = teacher_assignment(
+        x_train, y_train, config.teachers_per_site, key=(config.seed, site_id)
+    )
     preds, acc = [], []
-    for j, idx in enumerate(parts):
+    for j in range(config.teachers_per_site):
         tid = site_id * config.teachers_per_site + j
         model = _new_model(
             config.teacher_model, shape, num_classes, config.hidden, config.seed * 10007 + tid
         )
-        ix = torch.from_numpy(idx)
-        train_classifier(
-            model, x_train[ix], y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
-            batch_size=config.batch_size, generator=seeded_generator(config.seed, 1, tid),
-        )  # fmt: skip
+        ix = torch.from_numpy(np.flatnonzero(owner == j))
+        if len(ix):  # a teacher that drew no record votes with its initial (data-free) model
+            train_classifier(
+                model, x_train[ix], y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
+                batch_size=config.batch_size, generator=seeded_generator(config.seed, 1, tid),
+            )  # fmt: skip
         preds.append(predict_proba(model, x_query).argmax(dim=1).numpy())
         acc.append(float((predict_proba(model, x_test).argmax(1) == y_test).float().mean()))
     return np.stack(preds), acc
+
+
+def teacher_assignment(
+    x: torch.Tensor, y: torch.Tensor, teachers: int, *, key: tuple[int, ...]
+) -> np.ndarray:
+    """The teacher of every record: a keyed hash of the record itself, modulo ``teachers``.
+
+    A record's teacher depends on that record (and the key) only, so adding or removing one
+    record changes exactly one teacher's training set, as the PATE analysis assumes (one
+    record changes at most one vote per query). A permutation of the whole site would
+    re-deal every teacher's records instead.
+    """
+    import hashlib
+
+    salt = repr(tuple(int(k) for k in key)).encode()
+    xs = x.detach().cpu().contiguous().numpy()
+    ys = y.detach().cpu().numpy()
+    out = np.empty(len(ys), dtype=np.int64)
+    for i in range(len(ys)):
+        h = hashlib.blake2b(xs[i].tobytes(), digest_size=8, key=salt[:64])
+        h.update(int(ys[i]).to_bytes(8, "little", signed=True))
+        out[i] = int.from_bytes(h.digest(), "little") % teachers
+    return out
 
 
 # evaluate_student(student) -> (pooled calibration_report, [per-site reports with "site"])

@@ -60,7 +60,8 @@ def test_local_steps_are_each_accounted(tmp_path):
     assert p["steps"] == 8 and p["local_steps"] == 3 and p["noise_placement"] == "sites"
     assert p["ledger_steps"] == 24
     # the ledger is exactly the schedule's 24 local steps: epsilon from dp_accounting
-    assert p["epsilon"]["pld"] == pytest.approx(pld_epsilon(_schedule(24), delta=1e-5), rel=1e-6)
+    ref = pld_epsilon(_schedule(24), delta=1e-5, grid=0.0)
+    assert ref * (1 - 2e-3) <= p["epsilon"]["pld"] <= ref * 1.01
     assert p["epsilon"]["pld"] <= 30.0
     ledger = json.loads((tmp_path / "local" / "ledger.json").read_text())
     assert sum(e[2] for e in ledger["ledger"]) == 24

@@ -76,7 +76,7 @@ def test_each_teacher_trains_on_its_own_disjoint_records(monkeypatch):
     assert preds.shape == (4, 30) and len(seen) == 4
     parts = [_record_ids(rows, x) for rows in seen]
     assert [len(p) for p in parts] == [len(rows) for rows in seen]  # no record twice
-    assert sorted(len(p) for p in parts) == [10, 10, 10, 10]
+    assert all(len(p) > 0 for p in parts)  # sizes vary: each record's teacher is its hash's
     assert set().union(*parts) == set(range(40))
     assert sum(len(p) for p in parts) == 40  # pairwise disjoint
 
@@ -96,13 +96,6 @@ def test_replacing_one_record_changes_at_most_one_teachers_votes(monkeypatch):
     assert int((h - h2).abs().sum(dim=1).max()) <= 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train_site_teachers splits rng.permutation(n_train) into contiguous parts, so "
-    "adding or removing one record re-deals the records of every teacher; the analysis "
-    "(fedsgld.pate.analysis) assumes add/remove of one record changes at most one teacher. "
-    "A per-record teacher assignment that does not depend on the other records fixes it.",
-)
 def test_removing_one_record_changes_at_most_one_teachers_records(monkeypatch):
     x, y, xq = _site()
     _, seen = _train_and_spy(monkeypatch, CONFIG, x, y, xq)
