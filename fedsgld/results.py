@@ -196,5 +196,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path, *, posterior: bool
                 r["reliability"]["posterior"]
             )
     return plot_comparison(
-        runs, out, title="last iterate" + (" and posterior average" if posterior else "")
+        runs,
+        out,
+        title="pooled test split, last iterate" + (" and posterior average" if posterior else ""),
     )

@@ -290,10 +290,10 @@ def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) ->
     _count_axis(cax, top)
     ax.tick_params(labelbottom=False)
     ax.legend(loc="upper left", fontsize=8)
-    ax.set_title("reliability (pooled test)")
+    ax.set_title("reliability")
     hax.set_yscale("log")
     hax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-    hax.set_title("confidence histogram (pooled test)")
+    hax.set_title("confidence histogram")
     hax.legend(loc="upper left", fontsize=8)
     if title:
         fig.suptitle(title)
