@@ -78,7 +78,9 @@ class PrivacySettings:
 
     method: str = setting(
         "dpsgld",
-        "sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and step size) | dpsgld (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t, pre-noise) | dpvi (DP variational inference) | vi (non-private variational inference)",
+        "sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and step size) | dpsgld"
+        " (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t, pre-noise) | dpvi (DP variational "
+        "inference) | vi (non-private variational inference)",
     )
     epsilon: float = setting(
         1.0, "privacy budget, > 0: training halts before a step that would exceed it"
@@ -90,7 +92,8 @@ class PrivacySettings:
     clip: float = setting(1.0, "L2 clip bound C of each record's gradient, > 0")
     prenoise: float = setting(
         0.0,
-        "std rho of the Gaussian pre-noise added to each record's gradient before clipping (dpsgld only), >= 0",
+        "std rho of the Gaussian pre-noise added to each record's gradient before clipping (dpsgld"
+        " only), >= 0",
     )
     lr: float = setting(0.1, "step size alpha_0, > 0")
     temperature: float = setting(
@@ -99,7 +102,8 @@ class PrivacySettings:
     noise_multiplier: float = setting(1.0, "constant noise multiplier sigma of dpsgd and dpvi, > 0")
     decay_gamma: float = setting(
         0.0,
-        "step-size decay alpha_t = lr (1 + t / decay_t0)^(-decay_gamma) of dpsgld and sgd, in [0, 1]; 0: constant",
+        "step-size decay alpha_t = lr (1 + t / decay_t0)^(-decay_gamma) of dpsgld and sgd, in [0, "
+        "1]; 0: constant",
     )
     decay_t0: float = setting(100.0, "t0 of the step-size decay, > 0")
     accountant: str = setting("pld", "rigorous accountant that enforces the budget: pld | rdp")
@@ -108,7 +112,9 @@ class PrivacySettings:
     )
     noise_placement: str = setting(
         "server",
-        "server (sites send clipped sums; the server adds the noise and takes one step per round) | sites (each site takes local_steps noisy steps per round, the server averages; sgd, dpsgd and dpsgld only)",
+        "server (sites send clipped sums; the server adds the noise and takes one step per round) "
+        "| sites (each site takes local_steps noisy steps per round, the server averages; sgd, "
+        "dpsgd and dpsgld only)",
     )
     local_steps: int = setting(
         1,
@@ -204,7 +210,8 @@ class RunSettings:
     )
     data_path: str = setting(
         "",
-        "the dataset's local file or directory (mnist, fashion_mnist: IDX files; pneumonia: a MedMNIST .npz); empty: the dataset's default",
+        "the dataset's local file or directory (mnist, fashion_mnist: IDX files; pneumonia: a "
+        "MedMNIST .npz); empty: the dataset's default",
     )
     sites: int = setting(4, "number of sites (hospitals), in [1, 10000]")
     partition: str = setting(
@@ -219,7 +226,8 @@ class RunSettings:
     )
     model: str = setting(
         "cnn",
-        "cnn (the paper's CNN) | mlp | logreg | timm_head (a frozen timm backbone and two trainable dense layers)",
+        "cnn (the paper's CNN) | mlp | logreg | timm_head (a frozen timm backbone and two "
+        "trainable dense layers)",
     )
     backbone: str = setting(
         "efficientnet_b1", "timm model name of the frozen backbone (model timm_head)"
@@ -234,12 +242,14 @@ class RunSettings:
     rounds: int = setting(200, "most rounds to run (the budget may halt training earlier), >= 1")
     seed: int = setting(
         0,
-        "seed of the split, the initialisation and every draw, >= 0; -1: drawn from the operating system (recorded in results.json)",
+        "seed of the split, the initialisation and every draw, >= 0; -1: drawn from the operating "
+        "system (recorded in results.json)",
     )
     weight_decay: float = setting(0.0, "L2 term lambda theta added to the averaged gradient, >= 0")
     eval_every: int = setting(
         25,
-        "evaluate on the test splits every this many rounds (history.png), >= 0; 0: only at the end",
+        "evaluate on the test splits every this many rounds (history.png), >= 0; 0: only at the "
+        "end",
     )
     burn_in: int = setting(50, "steps before posterior samples are kept, >= 0")
     thin: int = setting(10, "keep every thin-th iterate after burn_in as a posterior sample, >= 1")

@@ -7,7 +7,7 @@
 Two places hold demo numbers: the demo table between the ``demo-table`` comment markers
 (one row per method, and the sentence on where DP-SGLD halted), and the ``server`` row of
 the placement table (the DP-SGLD demo run). Values are compared as printed (3 or 4
-decimals); the wall-time column is written but not checked (it depends on the load).
+decimals). Wall times depend on the machine's load and are not written.
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ DEMO_RUNS = {"dpsgld": "runs/demo-dpsgld", "dpsgd": "runs/demo-dpsgd"}
 BEGIN = "<!-- demo-table: written by `python -m fedsgld.tools.readme_numbers` -->"
 END = "<!-- /demo-table -->"
 HEADER = (
-    "| method | steps | epsilon (pld / rdp / gdp) | pooled accuracy | NLL | ECE | wall time |\n"
-    "|---|---|---|---|---|---|---|"
+    "| method | steps | epsilon (pld / rdp / gdp) | pooled accuracy | NLL | ECE |\n"
+    "|---|---|---|---|---|---|"
 )
-TIME_COLUMN = 6
 SERVER_ROW = re.compile(r"^\| server \|.*\|$", re.M)
 
 
@@ -44,13 +43,6 @@ def _label(r: Mapping[str, Any]) -> str:
     if method == "dpsgd":
         return f"DP-SGD (sigma {r['config']['noise_multiplier']:g}, constant step)"
     return method
-
-
-def _wall_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = round(seconds)
-    return f"{s} s" if s < 90 else f"{s // 60} min {s % 60} s"
 
 
 def demo_row(r: Mapping[str, Any]) -> str:
@@ -65,7 +57,6 @@ def demo_row(r: Mapping[str, Any]) -> str:
         f"{m['accuracy']:.3f}",
         f"{m['nll']:.3f}",
         f"{m['ece']:.4f}",
-        _wall_time(r.get("wall_time_s")),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -127,7 +118,7 @@ def check(text: str, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             continue
         got = _cells(got_line)
         for k, (g, w) in enumerate(zip(got, want)):
-            if k != TIME_COLUMN and g != w:
+            if g != w:
                 problems.append(f"{method}: README says {g!r}, results.json gives {w!r}")
         if len(got) != len(want):
             problems.append(f"{method}: the row has {len(got)} cells, expected {len(want)}")
