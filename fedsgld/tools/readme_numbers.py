@@ -117,7 +117,7 @@ def check(text: str, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
             problems.append(f"{method}: the demo table has no row {want[0]!r}")
             continue
         got = _cells(got_line)
-        for k, (g, w) in enumerate(zip(got, want)):
+        for g, w in zip(got, want):
             if g != w:
                 problems.append(f"{method}: README says {g!r}, results.json gives {w!r}")
         if len(got) != len(want):
