@@ -1,5 +1,6 @@
 # Two entry points on a fresh machine: `make demo` and `make test`.
-# Both create .venv (torch/torchvision first: the versions served from this machine's disk).
+# Both create .venv (torch/torchvision first: the versions served from this machine's disk;
+# override TORCH_PINS for another build, e.g. PyTorch's CPU-only wheels, see the README).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ export FLWR_TELEMETRY_ENABLED=0
 export FLWR_DISABLE_UPDATE_CHECK=1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
-.PHONY: setup demo test test-all lint bench clean mutation
+.PHONY: setup demo readme-numbers test test-all lint bench clean distclean mutation
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,9 +20,17 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# The demo replaces its own output each time (and nothing else under runs/). Two threads
+# on every machine: the README's numbers are those of this run (fedsgld/tools/readme_numbers.py).
 demo: setup
-	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgld --out runs/demo-dpsgld
-	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgd --out runs/demo-dpsgd
+	rm -rf runs/demo-dpsgld runs/demo-dpsgd runs/demo-compare.png
+	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgld --set threads=2 --out runs/demo-dpsgld
+	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgd --set threads=2 --out runs/demo-dpsgd
+	$(BIN)/fedsgld compare runs/demo-dpsgld runs/demo-dpsgd --out runs/demo-compare.png
+
+# Rewrite the README's demo numbers from a fresh demo run (`--check` only compares).
+readme-numbers: demo
+	$(BIN)/python -m fedsgld.tools.readme_numbers runs/demo-dpsgld runs/demo-dpsgd
 
 # The CI test command: everything except tests marked slow, then a representative slow one
 # (the full-size demo run against the README's numbers). `make test-all` runs every test.
@@ -57,5 +66,10 @@ mutation: setup
 	@echo "surviving mutants (inspect one with: cd $(MUTATION_DIR) && mutmut show NAME):"
 	cd $(MUTATION_DIR) && $(abspath $(BIN))/mutmut results
 
+# Results and caches; the environment stays (`make distclean` removes it too).
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf runs .pytest_cache .ruff_cache build fedsgld.egg-info
+	find fedsgld tests benchmarks -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,14 +1,53 @@
-"""The ``fedsgld`` command.
+"""The fedsgld command: federated DP-SGLD runs, benchmarks, privacy accounting and PATE.
 
 fedsgld simulate CONFIG [--set key=value ...] [--out DIR] [--resume]
+fedsgld config [--markdown]
+fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+
+Help (-h) and --version import neither torch nor the accountants: a subcommand's heavy
+modules are imported only when that subcommand runs (or prints its own help).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+
+from . import __version__
+
+COMMANDS = ("simulate", "benchmark", "config", "compare", "privacy", "pate", "pate-analysis")
+
+
+class _PlainFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help as plain text: reStructuredText's ``literal`` and :role:`x` markup removed."""
+
+    @staticmethod
+    def _plain(text: str) -> str:
+        text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
+        return text.replace("``", "")
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(self._plain(text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return self._plain(super()._expand_help(action))
+
+
+def _version_text() -> str:
+    """fedsgld's version and those of its main dependencies, read without importing them."""
+    from importlib import metadata
+
+    parts = []
+    for dist in ("torch", "flwr", "dp-accounting", "opacus"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    py = ".".join(str(v) for v in sys.version_info[:3])
+    return f"fedsgld {__version__} (Python {py}; {', '.join(parts)})"
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -44,14 +83,68 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .privacy import cli as privacy_cli
+def _config(args: argparse.Namespace) -> int:
+    from .config import settings_markdown, settings_text
 
-    parser = argparse.ArgumentParser(prog="fedsgld", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sys.stdout.write(settings_markdown() if args.markdown else settings_text())
+    return 0
 
-    sim = sub.add_parser("simulate", help="run a federation on this machine (in-process engine)")
-    sim.add_argument("config", help="TOML config file (see simulations/)")
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        from .results import compare_runs
+
+        path = compare_runs(args.runs, args.out, posterior=args.posterior)
+    except ValueError as err:
+        print(f"fedsgld compare: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+def _benchmark(args: argparse.Namespace) -> int:
+    from .benchmark import main_benchmark
+
+    return main_benchmark(args)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``fedsgld`` parser.
+
+    With ``command`` (one of :data:`COMMANDS`, or ``""`` for none) only that subcommand gets
+    its options, so that the modules of the others (which import torch) are not imported;
+    ``None`` builds every subcommand in full.
+    """
+    from .config import settings_text
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
+
+    parser = argparse.ArgumentParser(
+        prog="fedsgld",
+        description=__doc__.split("\n\n")[0],
+        epilog="Run `fedsgld COMMAND -h` for a command's options; `fedsgld config` (or\n"
+        "`fedsgld simulate -h`) lists every config key with its default and meaning.",
+        formatter_class=_PlainFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version_text())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help,
+            description=description or help[0].upper() + help[1:] + ".",
+            formatter_class=_PlainFormatter,
+            **kw,
+        )
+
+    sim = add(
+        "simulate",
+        "run a federation on this machine (in-process engine)",
+        epilog=settings_text() if wanted("simulate") else None,
+    )
+    sim.add_argument("config", help="TOML config file (see simulations/); keys below")
     sim.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
     )
@@ -64,38 +157,60 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
 
-    bench = sub.add_parser(
-        "benchmark", help="several methods and seeds at the same (epsilon, delta)"
-    )
+    bench = add("benchmark", "several methods and seeds at the same (epsilon, delta)")
     bench.add_argument("config", help="TOML config with a [benchmark] table (see simulations/)")
     bench.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
     bench.add_argument(
         "--out", default=None, help="output directory (default: a new one under runs/)"
     )
-    bench.add_argument("--no-progress", action="store_true")
-    bench.set_defaults(
-        func=lambda a: __import__("fedsgld.benchmark", fromlist=["x"]).main_benchmark(a)
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.set_defaults(func=_benchmark)
+
+    cfg = add("config", "list every config key with its default and meaning")
+    cfg.add_argument(
+        "--markdown", action="store_true", help="print docs/config.md (markdown tables)"
     )
+    cfg.set_defaults(func=_config)
 
-    priv = sub.add_parser(
-        "privacy", help="epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows"
+    cmp_ = add(
+        "compare",
+        "one figure comparing runs: reliability and confidence histogram side by side",
     )
-    privacy_cli.add_arguments(priv)
-    priv.set_defaults(func=privacy_cli.run)
+    cmp_.add_argument("runs", nargs="+", metavar="RUN_DIR", help="result directories to compare")
+    cmp_.add_argument("--out", required=True, help="PNG file to write")
+    cmp_.add_argument(
+        "--posterior", action="store_true", help="also draw each run's posterior average"
+    )
+    cmp_.set_defaults(func=_compare)
 
-    from .pate import cli as pate_cli
+    priv = add("privacy", "epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows")
+    if wanted("privacy"):
+        from .privacy import cli as privacy_cli
 
-    pate = sub.add_parser("pate", help="PATE: teachers per site, noisy votes, a student")
-    pate_cli.add_pate_arguments(pate)
-    pate.set_defaults(func=pate_cli.run_pate_command)
-    pate_an = sub.add_parser("pate-analysis", help="epsilons of a saved PATE vote file")
-    pate_cli.add_analysis_arguments(pate_an)
-    pate_an.set_defaults(func=pate_cli.run_analysis_command)
+        privacy_cli.add_arguments(priv)
+        priv.set_defaults(func=privacy_cli.run)
+
+    pate = add("pate", "PATE: teachers per site, noisy votes, a student")
+    pate_an = add("pate-analysis", "epsilons of a saved PATE vote file")
+    if wanted("pate") or wanted("pate-analysis"):
+        from .pate import cli as pate_cli
+
+        pate_cli.add_pate_arguments(pate)
+        pate.set_defaults(func=pate_cli.run_pate_command)
+        pate_cli.add_analysis_arguments(pate_an)
+        pate_an.set_defaults(func=pate_cli.run_analysis_command)
     return parser
 
 
+def _command_of(argv: list[str]) -> str:
+    """The subcommand named in ``argv`` ("" when none): the first argument not an option."""
+    first = next((a for a in argv if not a.startswith("-")), "")
+    return first if first in COMMANDS else ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

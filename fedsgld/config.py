@@ -3,23 +3,33 @@
 Only :class:`PrivacySettings` reaches the accountant and the result file's privacy block.
 Every invalid value raises ``ValueError`` naming the setting and its valid range, before
 any work starts. Config files are flat TOML tables whose keys are the field names below.
+
+Every field carries a one-line ``help`` in its metadata; :func:`settings_reference` reads
+them with the defaults, and ``fedsgld simulate -h``, ``fedsgld config`` and
+``docs/config.md`` are generated from it. This module imports no torch, so that the
+command-line help is fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import sys
+import textwrap
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .core.schedules import StepSchedule, sgld_noise_multiplier
+if TYPE_CHECKING:
+    from .core.schedules import StepSchedule
 
 PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
@@ -29,6 +39,11 @@ ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
 RANDOMNESS = ("seeded", "os")
 SECURE_NOISE = ("auto", "on", "off")
+
+
+def setting(default: Any, help: str) -> Any:
+    """A settings field: its default and the one-line meaning shown by ``fedsgld config``."""
+    return field(default=default, metadata={"help": help})
 
 
 def _num(
@@ -58,50 +73,61 @@ def _choice(name: str, v: Any, options: tuple[str, ...]) -> None:
 class PrivacySettings:
     """Everything that determines the privacy guarantee.
 
-    method      sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and
-                step size) | dpsgld (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t,
-                pre-noise rho) | dpvi (DP variational inference: clipped per-record ELBO
-                gradients, constant sigma) | vi (non-private variational inference)
-    epsilon     the budget; training halts before a step that would exceed it
-    delta       target delta of the (epsilon, delta) guarantee, in (0, 1)
-    sample_rate Poisson sampling rate q of every site, in (0, 1]
-    clip        L2 clip bound C of each record's gradient, > 0
-    prenoise    std rho of the per-record pre-noise added before clipping (dpsgld), >= 0
-    lr          step size alpha_0
-    temperature tau of DP-SGLD, > 0
-    noise_multiplier  constant sigma of DP-SGD, > 0
-    decay_gamma, decay_t0  alpha_t = alpha_0 (1 + t / t0) ** (-gamma) for dpsgld (and sgd)
-
     One config serves every method: settings that belong to another method are kept in
     the result file but do not apply (dpsgd: constant step size and sigma, no pre-noise,
     no temperature; sgd: no clipping, no noise; dpsgld: no noise_multiplier).
-    accountant  rigorous accountant for the budget check: pld (FFT composition, default) |
-                rdp | dp_accounting_pld (the reference; slow without sigma_grid)
-    sigma_grid  relative grid on which sigma_t is rounded DOWN for accounting, [0, 0.5);
-                0 (default): every sigma_t exactly
-    noise_placement  server (default: sites send clipped sums, the server adds the noise
-                and takes one step per round) | sites (each site takes local_steps noisy
-                steps on its own records per round, the server averages; sgd, dpsgd and
-                dpsgld only)
-    local_steps local steps per round with noise_placement = sites, >= 1 (must be 1 with
-                server placement)
     """
 
-    method: str = "dpsgld"
-    epsilon: float = 1.0
-    delta: float = 1e-5
-    sample_rate: float = 0.05
-    clip: float = 1.0
-    prenoise: float = 0.0
-    lr: float = 0.1
-    temperature: float = 1.0
-    noise_multiplier: float = 1.0
-    decay_gamma: float = 0.0
-    decay_t0: float = 100.0
-    accountant: str = "pld"
-    sigma_grid: float = 0.0
-    noise_placement: str = "server"
-    local_steps: int = 1
+    method: str = setting(
+        "dpsgld",
+        "sgd (no clipping, no noise, no guarantee) | dpsgd (constant sigma and step size) | dpsgld"
+        " (sigma_t = sqrt(2 alpha_t tau), decaying alpha_t, pre-noise) | dpvi (DP variational "
+        "inference) | vi (non-private variational inference)",
+    )
+    epsilon: float = setting(
+        1.0, "privacy budget, > 0: training halts before a step that would exceed it"
+    )
+    delta: float = setting(1e-5, "delta of the (epsilon, delta) guarantee, in (0, 1)")
+    sample_rate: float = setting(
+        0.05, "Poisson sampling rate q of every site's records in each step, in (0, 1]"
+    )
+    clip: float = setting(1.0, "L2 clip bound C of each record's gradient, > 0")
+    prenoise: float = setting(
+        0.0,
+        "std rho of the Gaussian pre-noise added to each record's gradient before clipping (dpsgld"
+        " only), >= 0",
+    )
+    lr: float = setting(0.1, "step size alpha_0, > 0")
+    temperature: float = setting(
+        1.0, "temperature tau of dpsgld (sigma_t = sqrt(2 alpha_t tau)), > 0"
+    )
+    noise_multiplier: float = setting(1.0, "constant noise multiplier sigma of dpsgd and dpvi, > 0")
+    decay_gamma: float = setting(
+        0.0,
+        "step-size decay alpha_t = lr (1 + t / decay_t0)^(-decay_gamma) of dpsgld and sgd, in [0, "
+        "1]; 0: constant",
+    )
+    decay_t0: float = setting(100.0, "t0 of the step-size decay, > 0")
+    accountant: str = setting(
+        "pld",
+        "rigorous accountant that enforces the budget: pld (FFT composition of every step) | rdp"
+        " | dp_accounting_pld (the reference; slow without sigma_grid)",
+    )
+    sigma_grid: float = setting(
+        0.0,
+        "relative grid onto which sigma_t is rounded down for accounting, in [0, 0.5); 0: every"
+        " sigma_t exactly",
+    )
+    noise_placement: str = setting(
+        "server",
+        "server (sites send clipped sums; the server adds the noise and takes one step per round) "
+        "| sites (each site takes local_steps noisy steps per round, the server averages; sgd, "
+        "dpsgd and dpsgld only)",
+    )
+    local_steps: int = setting(
+        1,
+        "local steps per round with noise_placement = sites, in [1, 10000]; must be 1 with server",
+    )
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -141,6 +167,8 @@ class PrivacySettings:
     @property
     def schedule(self) -> StepSchedule:
         """DP-SGD keeps its step size constant; SGD and DP-SGLD use the decay settings."""
+        from .core.schedules import StepSchedule
+
         gamma = self.decay_gamma if self.method in ("sgd", "dpsgld") else 0.0
         return StepSchedule(self.lr, gamma, self.decay_t0)
 
@@ -158,6 +186,8 @@ class PrivacySettings:
             return 0.0
         if self.method in ("dpsgd", "dpvi"):
             return self.noise_multiplier
+        from .core.schedules import sgld_noise_multiplier
+
         return sgld_noise_multiplier(self.step_size(t), self.temperature)
 
     @property
@@ -169,8 +199,10 @@ class PrivacySettings:
 class PerfSettings:
     """Settings that change speed and memory, never results or privacy."""
 
-    chunk_size: int = 256
-    threads: int = 0  # 0: leave torch's default
+    chunk_size: int = setting(
+        256, "records per vectorised per-record-gradient call (memory against speed), >= 1"
+    )
+    threads: int = setting(0, "torch CPU threads, in [0, 256]; 0: torch's default")
 
     def __post_init__(self) -> None:
         _int("chunk_size", self.chunk_size, 1)
@@ -181,35 +213,79 @@ class PerfSettings:
 class RunSettings:
     """What to train on, how long, and what to keep."""
 
-    dataset: str = "mnist5k"
-    data_path: str = ""
-    sites: int = 4
-    partition: str = "iid"
-    dirichlet_alpha: float = 0.5
-    test_fraction: float = 0.2
-    model: str = "cnn"
-    backbone: str = "efficientnet_b1"  # model "timm_head": frozen timm backbone + two dense layers
-    backbone_weights: str = ""  # local weights file; empty: random initialisation (warned)
-    image_size: int = 64  # images are resized to this for the backbone
-    hidden: int = 64  # hidden width of the mlp and timm_head models
-    rounds: int = 200
-    seed: int = 0
-    weight_decay: float = 0.0
-    eval_every: int = 25
-    burn_in: int = 50
-    thin: int = 10
-    max_samples: int = 20
-    checkpoint_every: int = 50
-    # variational inference (methods dpvi and vi); the optimiser is post-processing
-    optimizer: str = "sgd"  # sgd | adam
-    prior_std: float = 1.0  # Gaussian prior N(0, prior_std^2 I) of the KL term
-    vi_init_std: float = 0.001  # initial std of q
-    vi_samples: int = 20  # Monte-Carlo draws from q for predictions
-    # where each party's privacy randomness comes from: seeded (simulations: every stream
-    # derived from seed, reproducible, NOT private against anyone who knows the seed) | os
-    # (deployments: each party draws fresh operating-system entropy that never leaves it)
-    randomness: str = "seeded"
-    secure_noise: str = "auto"  # hardened Gaussian draws: auto (on with os randomness) | on | off
+    dataset: str = setting(
+        "mnist5k", "mnist5k | mnist | fashion_mnist | breast_cancer | pneumonia | synthetic"
+    )
+    data_path: str = setting(
+        "",
+        "the dataset's local file or directory (mnist, fashion_mnist: IDX files; pneumonia: a "
+        "MedMNIST .npz); empty: the dataset's default",
+    )
+    sites: int = setting(4, "number of sites (hospitals), in [1, 10000]")
+    partition: str = setting(
+        "iid",
+        "how records are split over the sites: iid | dirichlet (label skew) | quantity (size skew)",
+    )
+    dirichlet_alpha: float = setting(
+        0.5, "concentration of the dirichlet and quantity partitions (smaller: more skew), > 0"
+    )
+    test_fraction: float = setting(
+        0.2, "share of each site's records held out as its test split, in (0, 1)"
+    )
+    model: str = setting(
+        "cnn",
+        "cnn (the paper's CNN) | mlp | logreg | timm_head (a frozen timm backbone and two "
+        "trainable dense layers)",
+    )
+    backbone: str = setting(
+        "efficientnet_b1", "timm model name of the frozen backbone (model timm_head)"
+    )
+    backbone_weights: str = setting(
+        "", "local weights file of the backbone; empty: random initialisation (warned)"
+    )
+    image_size: int = setting(
+        64, "images are resized to this for the backbone (model timm_head), in [8, 1024]"
+    )
+    hidden: int = setting(64, "hidden width of the mlp and timm_head models, in [1, 100000]")
+    rounds: int = setting(200, "most rounds to run (the budget may halt training earlier), >= 1")
+    seed: int = setting(
+        0,
+        "seed of the split, the initialisation and every draw, >= 0; -1: drawn from the operating "
+        "system (recorded in results.json)",
+    )
+    weight_decay: float = setting(0.0, "L2 term lambda theta added to the averaged gradient, >= 0")
+    eval_every: int = setting(
+        25,
+        "evaluate on the test splits every this many rounds (history.png), >= 0; 0: only at the "
+        "end",
+    )
+    burn_in: int = setting(50, "steps before posterior samples are kept, >= 0")
+    thin: int = setting(10, "keep every thin-th iterate after burn_in as a posterior sample, >= 1")
+    max_samples: int = setting(
+        20, "most posterior samples kept (the latest), >= 0; 0: no posterior average"
+    )
+    checkpoint_every: int = setting(
+        50, "also write checkpoint.pt every this many rounds (for resume), >= 0; 0: only at the end"
+    )
+    optimizer: str = setting(
+        "sgd", "update rule of dpvi and vi on the variational parameters: sgd | adam"
+    )
+    prior_std: float = setting(
+        1.0, "std of the Gaussian prior N(0, prior_std^2 I) in the KL term (dpvi, vi), > 0"
+    )
+    vi_init_std: float = setting(
+        0.001, "initial std of the variational posterior q (dpvi, vi), > 0"
+    )
+    vi_samples: int = setting(20, "draws from q averaged for predictions (dpvi, vi), in [1, 10000]")
+    randomness: str = setting(
+        "seeded",
+        "where each party's noise and Poisson samples come from: seeded (simulations: derived "
+        "from seed, reproducible, not private against anyone who knows it) | os (deployments: "
+        "each party's own operating-system entropy)",
+    )
+    secure_noise: str = setting(
+        "auto", "hardened Gaussian draws: auto (on with os randomness) | on | off"
+    )
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -288,6 +364,102 @@ class Config:
             perf=PerfSettings(**groups[PerfSettings]),
             run=RunSettings(**groups[RunSettings]),
         )
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """One config key as the help shows it."""
+
+    group: str
+    name: str
+    default: Any
+    help: str
+
+
+def settings_reference() -> list[tuple[str, str, list[SettingDoc]]]:
+    """Every config key, group by group: (group, the group's summary, its settings).
+
+    Read from the dataclass fields of :class:`Config`'s groups, so a new field appears in
+    the help as soon as it exists; a field without ``help`` metadata shows an empty meaning
+    (and fails the test suite).
+    """
+    out: list[tuple[str, str, list[SettingDoc]]] = []
+    hints = typing.get_type_hints(Config)
+    for group in fields(Config):
+        cls_ = hints[group.name]
+        summary = (cls_.__doc__ or "").strip().split("\n\n")[0]
+        docs = [
+            SettingDoc(
+                group=group.name,
+                name=f.name,
+                default=f.default if f.default is not dataclasses.MISSING else f.default_factory(),
+                help=" ".join(str(f.metadata.get("help", "")).split()),
+            )
+            for f in fields(cls_)
+        ]
+        out.append((group.name, " ".join(summary.split()), docs))
+    return out
+
+
+def toml_value(v: Any) -> str:
+    """A default as it is written in a TOML config or after ``--set KEY=``."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def settings_text(width: int = 79) -> str:
+    """Plain-text list of every config key with its default and meaning (``fedsgld config``)."""
+    lines = [
+        "config keys (set in the TOML config, or with --set KEY=VALUE; default after '='):",
+    ]
+    for group, summary, docs in settings_reference():
+        lines += ["", f"{group}: {summary}"]
+        for d in docs:
+            lines.append(f"  {d.name} = {toml_value(d.default)}")
+            # keep intervals such as [0, 0.5) on one line
+            text = re.sub(r"([\[(][\d.e+-]+,) ", "\\1\xa0", d.help or "(no help)")
+            wrapped = textwrap.wrap(
+                text,
+                width,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+            lines += [w.replace("\xa0", " ") for w in wrapped]
+    return "\n".join(lines) + "\n"
+
+
+def settings_markdown() -> str:
+    """``docs/config.md``: every config key with its default and meaning, as tables."""
+    lines = [
+        "# Config keys",
+        "",
+        "<!-- Generated from fedsgld/config.py by `fedsgld config --markdown > docs/config.md`;",
+        "     tests/test_cli.py fails when this file and the generated text differ. -->",
+        "",
+        "Every key can be set in a run's TOML config (`fedsgld simulate CONFIG`, `fedsgld",
+        "benchmark CONFIG`), overridden with `--set KEY=VALUE`, and passed to `flwr run .` in",
+        "`--run-config` (whose defaults are in `pyproject.toml`). `fedsgld config` and",
+        "`fedsgld simulate -h` print the same list. Values are TOML: strings are quoted.",
+    ]
+    for group, summary, docs in settings_reference():
+        lines += [
+            "",
+            f"## {group}",
+            "",
+            summary,
+            "",
+            "| key | default | meaning |",
+            "|---|---|---|",
+        ]
+        for d in docs:
+            meaning = (d.help or "(no help)").replace("|", "\\|")
+            lines.append(f"| `{d.name}` | `{toml_value(d.default)}` | {meaning} |")
+    return "\n".join(lines) + "\n"
 
 
 def parse_value(text: str) -> Any:

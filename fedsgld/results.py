@@ -11,13 +11,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .calibration.metrics import reliability_bins  # noqa: E402
 from .calibration.plots import (  # noqa: E402
+    bins_from_json,
+    bins_to_json,
+    plot_comparison,
     plot_confidence_histogram,
     plot_reliability_overlay,
     plot_site_grid,
 )
 
 METRIC_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
+N_BINS = 15
+TRANSPORTS = {
+    "in-process": "in-process engine (`fedsgld simulate`)",
+    "flower": "Flower (ServerApp and ClientApps)",
+}
 
 
 def _fmt(v: Any) -> str:
@@ -32,8 +41,21 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def plot_history(history: list[dict[str, Any]], path: Path, *, budget: float | None) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+def run_title(results: dict[str, Any]) -> str:
+    """The method and the privacy it spent, for figure titles (one short line)."""
+    pr = results["privacy"]
+    if pr.get("budget") is None:
+        return f"{pr['method']}: no privacy guarantee"
+    acc = pr.get("rigorous_accountant") or results["config"].get("accountant", "pld")
+    eps = pr["epsilon"].get(acc)
+    spent = "-" if eps is None else f"{eps:.3f}"
+    return f"{pr['method']}: epsilon {spent} of {pr['budget']:g} ({acc}, delta {pr['delta']:g})"
+
+
+def plot_history(
+    history: list[dict[str, Any]], path: Path, *, budget: float | None, title: str | None = None
+) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.7))
     r = [h["round"] for h in history]
     axes[0].plot(r, [h["epsilon"] for h in history], marker=".")
     if budget is not None:
@@ -46,6 +68,8 @@ def plot_history(history: list[dict[str, Any]], path: Path, *, budget: float | N
     axes[2].plot(r, [h["test_nll"] for h in history], marker=".", label="NLL")
     axes[2].set(title="pooled test NLL / ECE", xlabel="round")
     axes[2].legend()
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -58,6 +82,7 @@ def report_markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# fedsgld run: {pr['method']}",
         "",
+        f"- transport: {TRANSPORTS.get(results.get('engine'), results.get('engine'))}",
         f"- dataset `{results['config']['dataset']}`, {len(results['sites'])} sites "
         f"({results['config']['partition']}), model `{results['config']['model']}`, "
         f"seed {results['seed']} ({results['seed_source']})",
@@ -101,25 +126,99 @@ def report_markdown(results: dict[str, Any]) -> str:
 def write_outputs(
     out: Path, results: dict[str, Any], *, last: dict[str, Any], posterior: dict[str, Any] | None
 ) -> None:
+    """Write results.json (with the pooled reliability bins added), report.md and the plots.
+
+    When the sites kept their predictions (Flower, sites that do not share them), the pooled
+    reliability bins come from their statistics and only history.png is drawn."""
     from .lifecycle import RESULTS, write_json
 
-    write_json(out / RESULTS, results)
-    (out / "report.md").write_text(report_markdown(results))
-    if results["history"]:
-        plot_history(results["history"], out / "history.png", budget=results["privacy"]["budget"])
-    if last.get("_probs") is None:  # predictions stayed at the sites: no per-record plots
+    if last.get("_probs") is None:
+        results["reliability"] = {
+            "note": "pooled from the sites' statistics: top-label confidence bins [lo, hi), "
+            "the last one closed",
+            "last": bins_to_json(last["_reliability"]) if "_reliability" in last else None,
+            "posterior": bins_to_json(posterior["_reliability"])
+            if posterior is not None and "_reliability" in posterior
+            else None,
+        }
+        write_json(out / RESULTS, results)
+        (out / "report.md").write_text(report_markdown(results))
+        if results["history"]:
+            plot_history(
+                results["history"],
+                out / "history.png",
+                budget=results["privacy"]["budget"],
+                title=f"{run_title(results)}, {results['privacy']['steps']} steps",
+            )
         return
     curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
     if posterior is not None:
         curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+    results["reliability"] = {
+        "note": "pooled test split, top-label confidence bins [lo, hi), the last one closed",
+        "last": bins_to_json(reliability_bins(*curves["last iterate"], N_BINS)),
+        "posterior": None
+        if posterior is None
+        else bins_to_json(reliability_bins(*curves["posterior average"], N_BINS)),
+    }
+    write_json(out / RESULTS, results)
+    (out / "report.md").write_text(report_markdown(results))
+    title = run_title(results)
+    steps = f"{results['privacy']['steps']} steps"
+    if results["history"]:
+        plot_history(
+            results["history"],
+            out / "history.png",
+            budget=results["privacy"]["budget"],
+            title=f"{title}, {steps}",
+        )
     plot_reliability_overlay(
-        curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test"
+        curves, out / "reliability.png", title=f"{title}\n{steps}, pooled test"
     )
     per_site = {f"site {k}": (p.numpy(), y.numpy()) for k, (p, y) in last["_site_probs"].items()}
     per_site["pooled"] = curves["last iterate"]
-    plot_site_grid(per_site, out / "reliability_sites.png")
+    plot_site_grid(per_site, out / "reliability_sites.png", title=f"{title}, {steps}, last iterate")
     plot_confidence_histogram(
         *curves["last iterate"],
         out / "confidence.png",
-        title=f"{results['privacy']['method']}: pooled test",
+        title=f"{title}\n{steps}, pooled test, last iterate",
+    )
+
+
+def compare_runs(run_dirs: list[str | Path], out: str | Path, *, posterior: bool = False) -> Path:
+    """One figure comparing runs: reliability curves and confidence histograms side by side.
+
+    Reads only each run's ``results.json`` (its pooled reliability bins). With ``posterior``
+    a run's posterior average is drawn too, where it has one.
+    """
+    import json
+
+    from .lifecycle import RESULTS
+
+    runs: dict[str, Any] = {}
+    for d in run_dirs:
+        path = Path(d) / RESULTS
+        if not path.is_file():
+            raise ValueError(f"compare: no {RESULTS} in {str(d)!r}")
+        r = json.loads(path.read_text())
+        if not r.get("reliability"):
+            raise ValueError(
+                f"compare: {str(path)!r} holds no reliability bins (written by an older "
+                "fedsgld); run it again"
+            )
+        pr = r["privacy"]
+        acc = pr.get("rigorous_accountant") or "pld"
+        eps = pr["epsilon"].get(acc)
+        name = pr["method"] + ("" if pr.get("budget") is None else f", epsilon {eps:.3f}")
+        if name in runs:
+            name = f"{name} ({Path(d).name})"
+        runs[name] = bins_from_json(r["reliability"]["last"])
+        if posterior and r["reliability"].get("posterior"):
+            runs[f"{pr['method']} posterior average"] = bins_from_json(
+                r["reliability"]["posterior"]
+            )
+    return plot_comparison(
+        runs,
+        out,
+        title="pooled test split, last iterate" + (" and posterior average" if posterior else ""),
     )

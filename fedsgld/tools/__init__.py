@@ -1,0 +1,1 @@
+"""Maintenance commands (``python -m fedsgld.tools.NAME``)."""
