@@ -170,6 +170,13 @@ def discover_sites(
         log=log,
     )
     directory = {k: entry for k, (_, entry) in found.items()}
+    nodes = {e.node_id for e in directory.values()}
+    if len(nodes) < len(directory):
+        log(
+            f"{len(directory)} sites on {len(nodes)} nodes (several sites per node); for one "
+            f"SuperNode per site in a simulation pass --federation-config "
+            f"\"num-supernodes={len(directory)}\""
+        )
     shapes = {(e.num_classes, e.input_shape) for e in directory.values()}
     if len(shapes) != 1:
         raise ValueError(f"sites disagree on (num_classes, input_shape): {sorted(shapes)}")
