@@ -405,3 +405,17 @@ def test_apply_refuses_misuse_by_name():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"^noise_placement = 'sites': use begin_local_round"):
         local.apply(local.plan(), [torch.zeros(4)])
+
+
+def test_posterior_samples_are_the_released_iterates():
+    """Kept samples (post-processing) are exactly the iterates apply released."""
+    from fedsgld.strategies import PosteriorSamples
+
+    server = LangevinServer(
+        _privacy(), theta=torch.zeros(6), site_sizes=[20], seed=0, rounds=4,
+        posterior=PosteriorSamples(burn_in=1, thin=1, max_samples=2),
+    )  # fmt: skip
+    released = [server.apply(server.plan(), [torch.zeros(6)]).clone() for _ in range(4)]
+    assert list(server.posterior.steps) == [3, 4]
+    for kept, theta in zip(server.posterior.samples, released[2:]):
+        assert torch.equal(kept, theta)
