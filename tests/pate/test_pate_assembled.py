@@ -244,3 +244,51 @@ def test_threshold_cost_matches_an_independent_computation():
     # queries) the same answered queries cost less
     plain = gnmax_epsilon_from_counts(counts[answered], sigma=s2, delta=delta, orders=orders)
     assert plain["data_dependent"] < got["data_dependent"]
+
+
+# -- edge values of the samplers (tests for mutants that survived `make mutation`) ---------
+
+
+def test_laplace_noise_is_the_documented_construction_draw_for_draw():
+    """scale (E_1 - E_2), E_i = -log(1 - U_i), U_i uniform on [0, 1) in float64, drawn
+    as one (2, *shape) block from the generator: the tails reach about 36.7 scale (float64
+    uniforms) rather than 16.6 scale (float32 uniforms)."""
+    from fedsgld.pate.aggregation import laplace_noise
+
+    u = torch.rand((2, 5, 3), generator=seeded_generator(8), dtype=torch.float64)
+    expected = 2.5 * (-torch.log1p(-u[0]) + torch.log1p(-u[1]))
+    got = laplace_noise((5, 3), scale=2.5, generator=seeded_generator(8))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, expected, rtol=0.0, atol=0.0)
+    f32 = laplace_noise((5, 3), scale=2.5, generator=seeded_generator(8), dtype=torch.float32)
+    assert f32.dtype == torch.float32
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5, 4.0])
+def test_laplace_noise_of_every_scale_has_that_scale(scale):
+    from fedsgld.pate.aggregation import laplace_noise
+
+    z = laplace_noise((20_000,), scale=scale, generator=seeded_generator(9)).numpy()
+    assert stats.kstest(z, stats.laplace(scale=scale).cdf).pvalue > 1e-4
+    for f in (2 / 3, 3 / 2):
+        assert stats.kstest(z, stats.laplace(scale=f * scale).cdf).pvalue < 1e-10
+
+
+def test_sampler_arguments_are_checked_by_name():
+    from fedsgld.pate.aggregation import laplace_noise
+
+    z = laplace_noise((2, 3), scale=0.0, generator=seeded_generator(0), dtype=torch.float32)
+    assert z.shape == (2, 3) and z.dtype == torch.float32 and torch.count_nonzero(z) == 0
+    with pytest.raises(TypeError, match=r"^laplace_noise needs an explicit torch\.Generator"):
+        laplace_noise((3,), scale=1.0, generator=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^Laplace scale must be finite and >= 0, got "):
+        laplace_noise((3,), scale=math.inf, generator=seeded_generator(0))
+    counts, g = torch.tensor([[3, 1]]), seeded_generator(0)
+    with pytest.raises(ValueError, match=r"^gamma must be a finite number > 0, got 0\.0$"):
+        lnmax(counts, gamma=0.0, generator=g)
+    with pytest.raises(ValueError, match=r"^sigma must be a finite number > 0, got -1\.0$"):
+        gnmax(counts, sigma=-1.0, generator=g)
+    with pytest.raises(ValueError, match=r"^sigma1 must be a finite number > 0, got 0\.0$"):
+        confident_gnmax(counts, threshold=1.0, sigma1=0.0, sigma2=1.0, generator=g)
+    with pytest.raises(ValueError, match=r"^threshold must be a finite number, got nan$"):
+        confident_gnmax(counts, threshold=math.nan, sigma1=1.0, sigma2=1.0, generator=g)

@@ -405,3 +405,67 @@ def test_apply_refuses_misuse_by_name():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"^noise_placement = 'sites': use begin_local_round"):
         local.apply(local.plan(), [torch.zeros(4)])
+
+
+def test_posterior_samples_are_the_released_iterates():
+    """Kept samples (post-processing) are exactly the iterates apply released."""
+    from fedsgld.strategies import PosteriorSamples
+
+    server = LangevinServer(
+        _privacy(), theta=torch.zeros(6), site_sizes=[20], seed=0, rounds=4,
+        posterior=PosteriorSamples(burn_in=1, thin=1, max_samples=2),
+    )  # fmt: skip
+    released = [server.apply(server.plan(), [torch.zeros(6)]).clone() for _ in range(4)]
+    assert list(server.posterior.steps) == [3, 4]
+    for kept, theta in zip(server.posterior.samples, released[2:]):
+        assert torch.equal(kept, theta)
+
+
+def test_local_round_clips_every_record():
+    """Sites placement: a record with a huge gradient moves a site's local step by its
+    clipped gradient only (norm C), at a temperature so low that the noise is negligible:
+    theta' = theta - alpha (S + sigma C xi) / (q N_k) with sigma ~ 4.5e-7."""
+    torch.manual_seed(3)
+    model = LogisticRegression(5, 3)
+    x, y = torch.randn(30, 5), torch.randint(0, 3, (30,))
+    x_big, y_big = torch.cat([x, torch.full((1, 5), 1e4)]), torch.cat([y, torch.tensor([2])])
+    C, alpha = 0.05, 0.1
+    priv = _privacy(
+        sample_rate=1.0, clip=C, temperature=1e-12, decay_gamma=0.0, noise_placement="sites",
+        local_steps=1,
+    )  # fmt: skip
+    theta = 0.1 * torch.randn(18)
+
+    def site_sum(xs, ys):
+        new = Site(0, xs, ys, xs, ys, model, seed=4).local_round(
+            theta, first_step=0, local_steps=1, privacy=priv
+        )
+        return -(new - theta).double() * len(ys) / alpha  # q = 1: L_k = N_k
+
+    assert (site_sum(x_big, y_big) - site_sum(x, y)).norm().item() == pytest.approx(C, rel=1e-3)
+
+
+def test_local_round_randomness_weight_decay_and_empty_sites():
+    """The local sample comes from the site's generator only; the prior term lambda theta
+    is applied; a site without records returns the parameters unchanged."""
+    n, q, alpha, wd = 300, 0.2, 0.5, 0.1
+    priv = PrivacySettings(
+        method="sgd", sample_rate=q, lr=alpha, decay_gamma=0.0, noise_placement="sites",
+        local_steps=1,
+    )  # fmt: skip
+    site = _one_hot_site(0, n, seed=5)
+    theta = torch.zeros(2 * n + 2)
+    torch.manual_seed(0)
+    a = site.local_round(theta, first_step=3, local_steps=1, privacy=priv)
+    torch.manual_seed(999)
+    torch.rand(100)
+    assert torch.equal(a, site.local_round(theta, first_step=3, local_steps=1, privacy=priv))
+    sat = _saturated_site(1, 4, 3, seed=5)  # zero gradients: only the prior term moves theta
+    th = _saturated_theta(3) + 1.0
+    new = sat.local_round(th, first_step=0, local_steps=1, privacy=priv, weight_decay=wd)
+    torch.testing.assert_close(new, th - alpha * wd * th)
+    empty = _saturated_site(2, 0, 3, seed=5)
+    assert torch.equal(empty.local_round(th, first_step=0, local_steps=2, privacy=priv), th)
+    one = _saturated_site(3, 1, 3, seed=5)
+    moved = one.local_round(th, first_step=0, local_steps=1, privacy=priv, weight_decay=wd)
+    assert not torch.equal(moved, th)

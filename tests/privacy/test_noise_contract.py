@@ -96,3 +96,36 @@ def test_langevin_update_validates_the_batch_size_and_step_size():
     for bad in (0.0, -0.1, math.inf, math.nan):
         with pytest.raises(ValueError, match=r"^step size must be finite and > 0, got "):
             step(1.0, bad)
+
+
+def test_clip_of_tiny_rows_never_exceeds_C():
+    """Rows with norms near the 1e-12 guard of the division are left as they are."""
+    norms = torch.tensor([1e-13, 5e-13, 9e-13, 1e-12, 2e-12], dtype=torch.float64)
+    rows = torch.stack([torch.tensor([n, 0.0], dtype=torch.float64) for n in norms])
+    for i in range(len(rows)):
+        out = clip_and_sum(rows[i : i + 1], clip=0.5)
+        assert out.norm() <= 0.5
+        torch.testing.assert_close(out, rows[i], rtol=1e-6, atol=0.0)
+
+
+def test_clip_none_is_the_plain_sum_and_prenoise_keeps_the_dtype():
+    rows = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+    torch.testing.assert_close(clip_and_sum(rows, clip=None), rows.sum(0))
+    out = clip_and_sum(rows, clip=1.0, prenoise=0.1, generator=seeded_generator(0))
+    assert out.dtype == torch.float64 and out.shape == (3,)
+
+
+def test_unclipped_sum_over_several_chunks_is_the_whole_sum():
+    from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum
+    from fedsgld.models import LogisticRegression
+
+    torch.manual_seed(0)
+    fm = FlatModel(LogisticRegression(4, 3))
+    x, y = torch.randn(7, 4), torch.randint(0, 3, (7,))
+    theta = fm.flatten()
+    whole = fm.per_record_grads(theta, x, y).sum(0)
+    for chunk in (2, 3, 7):
+        torch.testing.assert_close(
+            clipped_gradient_sum(fm, theta, x, y, clip=None, chunk_size=chunk), whole,
+            rtol=1e-5, atol=1e-6,
+        )  # fmt: skip

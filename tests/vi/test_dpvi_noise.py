@@ -105,3 +105,21 @@ def test_a_huge_record_moves_the_dpvi_site_sum_by_exactly_C():
     a, b = released(x, y, plan.clip), released(x_big, y_big, plan.clip)
     assert (b - a).norm().item() == pytest.approx(C, rel=1e-4)
     assert (released(x_big, y_big, None) - released(x, y, None)).norm() > 1e3
+
+
+def test_dpvi_noise_depends_on_the_runs_seed_and_adam_normalises_the_noisy_gradient():
+    P = 2000
+    steps = {}
+    for seed, opt in ((1, "sgd"), (2, "sgd"), (1, "adam")):
+        server = LangevinServer(
+            _dpvi(), theta=torch.zeros(2 * P), site_sizes=[100], seed=seed, rounds=1,
+            prior_std=1e6, optimizer=opt,
+        )  # fmt: skip
+        steps[seed, opt] = server.apply(server.plan(), [torch.zeros(2 * P)]).clone()
+    a, b = steps[1, "sgd"].numpy(), steps[2, "sgd"].numpy()
+    assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(2 * P)
+    # Adam's first step is alpha * g / (|g| + 1e-8): every coordinate moves by ~alpha,
+    # in the direction of the same noisy gradient as SGD's (post-processing of it)
+    adam = steps[1, "adam"].numpy()
+    assert np.allclose(np.abs(adam), 0.02, rtol=1e-3)
+    assert np.array_equal(np.sign(adam), np.sign(a))
