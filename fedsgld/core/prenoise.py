@@ -1,0 +1,84 @@
+"""DP-SGLD's pre-noise rho z_i, one row per record, drawn while the gradients are computed.
+
+A chunk of B records needs B x P standard normals (z_i ~ N(0, I_P) independent per record
+and parameter), about as many random numbers as the step has multiply-adds on a small
+network. On the CPU, torch draws them with one Mersenne Twister stream, on one core,
+whatever the thread count; the per-record gradients meanwhile run forward and backward
+passes that leave a core idle much of the time. So when torch may use more than one
+thread, the chunk's noise is drawn on a second thread while the calling thread computes the
+gradients, and the two meet before clipping.
+
+The generator is the caller's explicit one and is used by one thread at a time (the caller
+waits for the draw before touching it again), in a fixed order, so a seed gives the same
+numbers whether the draw runs in the background or not, and the same numbers as drawing the
+whole (B, P) matrix at once with ``fedsgld.privacy.noise.gaussian_noise``. On a GPU the draw
+is queued on the device like any other kernel; no thread is needed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..privacy.noise import gaussian_noise
+
+
+def draw_in_background(generator: torch.Generator) -> bool:
+    """Whether pre-noise is drawn on a second thread: CPU generators, when torch may use
+    more than one thread (``threads=1`` keeps the whole step on one core)."""
+    return generator.device.type == "cpu" and torch.get_num_threads() > 1
+
+
+class PrenoiseRows:
+    """rho * z for a (records, params) block, started at construction.
+
+    ``result()`` waits for the draw and returns the block (a fresh float32 tensor on the
+    generator's device, which the caller may modify); ``wait()`` only waits. A failed draw
+    re-raises its exception in ``result()``.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        cols: int,
+        *,
+        std: float,
+        generator: torch.Generator,
+        background: bool | None = None,
+    ) -> None:
+        if not isinstance(generator, torch.Generator):
+            raise ValueError("pre-noise needs an explicit torch.Generator (generator=...)")
+        self._shape = (int(rows), int(cols))
+        self._std = float(std)
+        self._generator = generator
+        self._value: torch.Tensor | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if background is None:
+            background = draw_in_background(generator)
+        if background:
+            self._thread = threading.Thread(target=self._draw, name="fedsgld-prenoise")
+            self._thread.start()
+        else:
+            self._draw()
+
+    def _draw(self) -> None:
+        try:
+            self._value = gaussian_noise(self._shape, std=self._std, generator=self._generator)
+        except BaseException as err:  # handed to the caller by result()
+            self._error = err
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def result(self) -> torch.Tensor:
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        value, self._value = self._value, None
+        if value is None:
+            raise RuntimeError("pre-noise rows were already taken")
+        return value
