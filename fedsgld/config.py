@@ -19,6 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .core.device import DEVICES
 from .core.schedules import StepSchedule, sgld_noise_multiplier
 
 PLACEMENTS = ("server", "sites")
@@ -167,10 +168,18 @@ class PerfSettings:
 
     chunk_size: int = 256
     threads: int = 0  # 0: leave torch's default
+    device: str = "cpu"  # cpu | cuda | auto (cuda when a GPU is visible, else cpu)
 
     def __post_init__(self) -> None:
         _int("chunk_size", self.chunk_size, 1)
         _int("threads", self.threads, 0, 256)
+        _choice("device", self.device, DEVICES)
+
+    def torch_device(self):
+        """The torch.device to run on; ValueError for ``cuda`` on a machine without a GPU."""
+        from .core.device import resolve_device
+
+        return resolve_device(self.device)
 
 
 @dataclass(frozen=True, kw_only=True)
