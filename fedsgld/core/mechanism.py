@@ -46,7 +46,7 @@ from torch.func import functional_call, grad, vmap
 from ..privacy.clipping import clip_and_sum
 from ..privacy.noise import gaussian_noise
 from .device import check_generator, resolve_device
-from .per_record import LayerGrads, UnsupportedModel
+from .per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
 from .prenoise import PrenoiseRows
 
 GRAD_PATHS = ("auto", "layers", "func")
@@ -175,6 +175,7 @@ class FlatModel:
         """
         if noise is None and clip is None:
             raise ValueError("clipped_chunk_sum needs clip or pre-noise")
+        b = x.shape[0]
         if self._layers is not None:
             try:
                 terms = self._layers.terms(self._leaf_forward(theta), x, y)
@@ -182,13 +183,23 @@ class FlatModel:
                 self._drop_layers(err)
             else:
                 if noise is None:
-                    return self._layers.clipped_sum_norm_first(terms, clip, x.shape[0])
-                rows = LayerGrads.add_into(noise.result(), terms)
-                return clip_and_sum(rows, clip=clip)
+                    return self._layers.clipped_sum_norm_first(terms, clip, b)
+                blocks = param_blocks(noise.result(), b, self.numels)
+                return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
         g = self.per_record_grads(theta, x, y)
-        if noise is not None:
-            g = noise.result().add_(g)
-        return clip_and_sum(g, clip=clip)
+        if noise is None:
+            return clip_and_sum(g, clip=clip)
+        blocks = param_blocks(noise.result(), b, self._block_sizes())
+        pos = 0
+        for blk in blocks:
+            blk += g[:, pos : pos + blk.shape[1]]
+            pos += blk.shape[1]
+        return clip_blocks_and_sum(blocks, clip)
+
+    def _block_sizes(self) -> list[int]:
+        """Lengths of the flat vector's parameter blocks (the whole vector for subclasses
+        whose flat vector is not the module's parameters)."""
+        return self.numels if self.size == self.theta_size else [self.size]
 
     @torch.no_grad()
     def predict_proba(

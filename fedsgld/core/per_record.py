@@ -44,6 +44,7 @@ class UnsupportedModel(Exception):
 
 @dataclass
 class _Param:
+    index: int  # position in the list of trainable parameters
     offset: int  # position in the flat parameter vector
     numel: int
 
@@ -72,8 +73,12 @@ class _Terms:
         return torch.bmm(self.E.transpose(1, 2), self.A)
 
     def ghost_is_cheaper(self) -> bool:
+        """Norm first (Gram matrices, then one weighted product) versus forming the
+        per-record gradients (one batched product, then two passes over them).
+
+        Per record: T^2 (d + p) + T d p multiply-adds against T d p + 2 d p."""
         T, d, p = self.positions, self.A.shape[2], self.E.shape[2]
-        return T == 1 or T * (d + p) < d * p
+        return T == 1 or T * T * (d + p) < 2 * d * p
 
 
 def _conv_padding(conv: nn.Conv2d) -> tuple[int, int]:
@@ -125,8 +130,8 @@ class LayerGrads:
             raise UnsupportedModel("BatchNorm couples the records of a batch")
         offsets = {}
         pos = 0
-        for n, k in zip(names, numels, strict=True):
-            offsets[n] = _Param(pos, k)
+        for i, (n, k) in enumerate(zip(names, numels, strict=True)):
+            offsets[n] = _Param(i, pos, k)
             pos += k
         owner: dict[str, _Layer] = {}
         layers: list[_Layer] = []
@@ -161,6 +166,7 @@ class LayerGrads:
             raise UnsupportedModel(f"parameters outside Linear/Conv2d layers: {missing[:3]}")
         self.layers = layers
         self.size = pos
+        self.numels = list(numels)
 
     # -- one forward and one backward pass --------------------------------------------------
     def terms(
@@ -218,24 +224,31 @@ class LayerGrads:
 
     # -- the three uses -------------------------------------------------------------------
     @staticmethod
-    def add_into(rows: torch.Tensor, terms: list[_Terms]) -> torch.Tensor:
-        """rows[i] += per-record gradient of record i (in place; rows is (B, P))."""
-        b = rows.shape[0]
+    def add_into(blocks: list[torch.Tensor], terms: list[_Terms]) -> list[torch.Tensor]:
+        """blocks[j][i] += record i's gradient of parameter j, in place.
+
+        ``blocks`` holds one contiguous (B, numel_j) tensor per trainable parameter (the
+        parameter-major layout of :func:`param_blocks`), so every layer's per-record
+        gradients are written by one batched product straight into their block."""
         for t in terms:
             w, bias = t.layer.weight, t.layer.bias
             if w is not None:
-                p, d = t.E.shape[2], t.A.shape[2]
-                block = rows[:, w.offset : w.offset + w.numel].view(b, p, d)
-                block.baddbmm_(t.E.transpose(1, 2), t.A)
+                block = blocks[w.index]
+                b, p, d = block.shape[0], t.E.shape[2], t.A.shape[2]
+                block.view(b, p, d).baddbmm_(t.E.transpose(1, 2), t.A)
             if bias is not None:
-                rows[:, bias.offset : bias.offset + bias.numel] += t.E.sum(1)
-        return rows
+                blocks[bias.index] += t.E.sum(1)
+        return blocks
 
     def per_record(
         self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        rows = torch.zeros(x.shape[0], self.size, dtype=torch.float32, device=x.device)
-        return self.add_into(rows, self.terms(forward, x, y))
+        """(B, P) matrix of per-record gradients, rows in the flat parameter order."""
+        b = x.shape[0]
+        flat = torch.zeros(b * self.size, dtype=torch.float32, device=x.device)
+        blocks = param_blocks(flat, b, self.numels)
+        self.add_into(blocks, self.terms(forward, x, y))
+        return torch.cat(blocks, dim=1)
 
     def clipped_sum_norm_first(self, terms: list[_Terms], clip: float, b: int) -> torch.Tensor:
         """sum_i min(1, C / ||g_i||) g_i from activations and errors (no pre-noise)."""
@@ -275,3 +288,32 @@ class LayerGrads:
             if bias is not None:
                 total[bias.offset : bias.offset + bias.numel] = c @ bg
         return total
+
+
+def param_blocks(flat: torch.Tensor, rows: int, numels: list[int]) -> list[torch.Tensor]:
+    """View a flat buffer of ``rows * sum(numels)`` numbers as one contiguous (rows, numel_j)
+    block per parameter, in order (parameter-major: block j holds every record's
+    values of parameter j). Row i of ``torch.cat(blocks, 1)`` is record i's flat vector."""
+    if flat.numel() != rows * sum(numels):
+        raise ValueError(f"buffer of {flat.numel()} numbers is not {rows} x {sum(numels)}")
+    out, pos = [], 0
+    for k in numels:
+        out.append(flat[pos : pos + rows * k].view(rows, k))
+        pos += rows * k
+    return out
+
+
+def clip_blocks_and_sum(blocks: list[torch.Tensor], clip: float | None) -> torch.Tensor:
+    """sum_i min(1, C / ||v_i||) v_i for the records' vectors v_i = row i of cat(blocks, 1).
+
+    The same as ``fedsgld.privacy.clipping.clip_and_sum`` on the concatenated matrix (with
+    no pre-noise: any is already in the blocks), without forming it. ``clip=None``: the
+    plain sum."""
+    if clip is None:
+        return torch.cat([blk.sum(0) for blk in blocks])
+    sq = None
+    for blk in blocks:
+        n = torch.linalg.vector_norm(blk, dim=1).square()
+        sq = n if sq is None else sq.add_(n)
+    factors = (clip / (sq.sqrt() + 1e-12)).clamp_(max=1.0)
+    return torch.cat([factors @ blk for blk in blocks])

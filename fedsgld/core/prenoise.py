@@ -31,10 +31,13 @@ def draw_in_background(generator: torch.Generator) -> bool:
 
 
 class PrenoiseRows:
-    """rho * z for a (records, params) block, started at construction.
+    """rho * z for ``rows`` records of ``cols`` numbers each, drawn at construction.
 
-    ``result()`` waits for the draw and returns the block (a fresh float32 tensor on the
-    generator's device, which the caller may modify); ``wait()`` only waits. A failed draw
+    The draw is one flat vector of rows * cols normals (``gaussian_noise``), which
+    :func:`fedsgld.core.per_record.param_blocks` lays out parameter by parameter: block j,
+    a contiguous (rows, numel_j) view, holds the pre-noise of parameter j for every record.
+    ``result()`` waits for the draw and returns the flat vector (a fresh float32 tensor on
+    the generator's device, the caller's to modify); ``wait()`` only waits. A failed draw
     re-raises its exception in ``result()``.
     """
 
@@ -49,7 +52,7 @@ class PrenoiseRows:
     ) -> None:
         if not isinstance(generator, torch.Generator):
             raise ValueError("pre-noise needs an explicit torch.Generator (generator=...)")
-        self._shape = (int(rows), int(cols))
+        self._shape = (int(rows) * int(cols),)
         self._std = float(std)
         self._generator = generator
         self._value: torch.Tensor | None = None

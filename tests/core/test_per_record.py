@@ -46,14 +46,25 @@ def loop_grads(fm: FlatModel, theta, x, y):
     return torch.stack(rows)
 
 
-def reference_sum(grads, *, clip, prenoise, seed, chunk):
-    """sum_i clip(g_i + rho z_i), z drawn as one (chunk, P) block per chunk of records."""
+def noise_matrix(rows, numels, *, std, generator):
+    """rho z for a chunk: one flat draw of rows * P normals, laid out parameter by
+    parameter (the first rows * numel_0 numbers are parameter 0 of every record, ...)."""
+    z = gaussian_noise((rows * sum(numels),), std=std, generator=generator)
+    cols, pos = [], 0
+    for k in numels:
+        cols.append(z[pos : pos + rows * k].reshape(rows, k))
+        pos += rows * k
+    return torch.cat(cols, 1)
+
+
+def reference_sum(grads, *, clip, prenoise, seed, chunk, numels):
+    """sum_i clip(g_i + rho z_i) with z drawn as ``noise_matrix`` for each chunk of records."""
     gen = torch.Generator(device=grads.device).manual_seed(seed)
     total = torch.zeros(grads.shape[1], dtype=grads.dtype, device=grads.device)
     for s in range(0, grads.shape[0], chunk):
         g = grads[s : s + chunk]
         if prenoise > 0:
-            g = g + gaussian_noise(g.shape, std=prenoise, generator=gen)
+            g = g + noise_matrix(g.shape[0], numels, std=prenoise, generator=gen)
         if clip is None:
             total += g.sum(0)
         else:
@@ -107,30 +118,31 @@ def test_clipped_sums_match_the_loop(name, path, device, prenoise):
             got = clipped_gradient_sum(
                 fm, theta, x, y, clip=c, prenoise=prenoise, generator=gen, chunk_size=chunk
             )
-            ref = reference_sum(ref_grads, clip=c, prenoise=prenoise, seed=11, chunk=chunk)
+            ref = reference_sum(
+                ref_grads, clip=c, prenoise=prenoise, seed=11, chunk=chunk, numels=fm.numels
+            )
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
 class ConvZoo(nn.Module):
     """Every branch of the layer path: convolutions with stride, dilation, asymmetric and
     'valid' padding, no bias, a frozen layer, dense layers on positions (B, T, d), and on
-    positions both norm-first branches (Gram matrices when T (d + p) < d p, else the
+    positions both norm-first branches (Gram matrices when T^2 (d + p) < 2 d p, else the
     per-record gradient)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a = nn.Conv2d(2, 8, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(1, 2))
-        self.b = nn.Conv2d(8, 16, 3, stride=2, bias=False, padding="valid")  # Gram
-        self.frozen = nn.Linear(16, 16)
+        self.b = nn.Conv2d(8, 16, 3, stride=2, bias=False, padding="valid")
+        self.frozen = nn.Linear(64, 64)
         self.frozen.requires_grad_(False)
-        self.seq = nn.Linear(16, 24)  # T = 8 positions, 8 * 40 < 16 * 24: Gram
-        self.narrow = nn.Linear(24, 3)  # 8 * 27 > 24 * 3: per-record gradient
-        self.head = nn.Linear(3, 3)
+        self.seq = nn.Linear(64, 48)  # T = 2 positions: Gram matrices
+        self.head = nn.Linear(48, 3)
 
     def forward(self, x):
         h = torch.tanh(self.b(torch.tanh(self.a(x))))  # (B, 16, 2, 4)
-        h = self.frozen(h.flatten(2).transpose(1, 2))  # (B, 8, 16)
-        h = torch.tanh(self.narrow(torch.tanh(self.seq(h))))  # (B, 8, 3)
+        h = self.frozen(h.permute(0, 2, 1, 3).reshape(x.shape[0], 2, 64))  # (B, 2, 64)
+        h = torch.tanh(self.seq(h))  # (B, 2, 48)
         return self.head(h.mean(1))
 
 
@@ -151,7 +163,7 @@ def test_layer_path_branches_match_the_loop():
         got = clipped_gradient_sum(
             fm, theta, x, y, clip=clip, prenoise=rho, generator=torch.Generator().manual_seed(2)
         )
-        expected = reference_sum(ref, clip=clip, prenoise=rho, seed=2, chunk=256)
+        expected = reference_sum(ref, clip=clip, prenoise=rho, seed=2, chunk=256, numels=fm.numels)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -213,7 +225,10 @@ def test_layer_path_falls_back_when_a_forward_breaks_its_assumptions(cls):
     with pytest.warns(UserWarning, match="fall back"):
         s = clipped_gradient_sum(fm2, theta, x, y, clip=0.1)
     torch.testing.assert_close(
-        s, reference_sum(loop_grads(fm, theta, x, y), clip=0.1, prenoise=0, seed=0, chunk=256)
+        s,
+        reference_sum(
+            loop_grads(fm, theta, x, y), clip=0.1, prenoise=0, seed=0, chunk=256, numels=fm.numels
+        ),
     )
 
 
@@ -304,7 +319,10 @@ def test_every_record_is_clipped_after_its_prenoise(path):
     )
     assert whole.norm() <= x.shape[0] * C * (1 + 1e-5)
     torch.testing.assert_close(
-        whole, reference_sum(ref, clip=C, prenoise=rho, seed=9, chunk=256), rtol=1e-4, atol=1e-6
+        whole,
+        reference_sum(ref, clip=C, prenoise=rho, seed=9, chunk=256, numels=fm.numels),
+        rtol=1e-4,
+        atol=1e-6,
     )
 
 
@@ -320,7 +338,7 @@ def test_prenoise_is_deterministic_for_a_seed_in_the_background_or_not():
         rows.append(p.result())
     assert torch.equal(rows[0], rows[1]) and torch.equal(rows[1], rows[2])
     torch.testing.assert_close(
-        rows[0], gaussian_noise((5, fm.size), std=0.1, generator=seeded_generator(3, 4))
+        rows[0], gaussian_noise((5 * fm.size,), std=0.1, generator=seeded_generator(3, 4))
     )
     a = site_step(
         fm, theta, x, y, sample_rate=0.7, clip=0.5, prenoise=0.1, generator=seeded_generator(1, 2)
