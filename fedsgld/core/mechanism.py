@@ -233,8 +233,11 @@ def clipped_gradient_sum(
 ) -> torch.Tensor:
     """sum_i clip_C(grad l_i + rho z_i) over the given records, in chunks of ``chunk_size``.
 
-    z_i ~ N(0, I_P) is drawn from ``generator`` for every record, one (chunk, P) block per
-    chunk in record order, and added to record i's gradient before record i is clipped.
+    z_i ~ N(0, I_P) is drawn from ``generator`` for every record and added to record i's
+    gradient before record i is clipped: one draw of chunk x P normals per chunk, in chunk
+    order, laid out parameter by parameter (``fedsgld.core.per_record.param_blocks``). On
+    the CPU with more than one torch thread, each chunk's draw runs on a second thread
+    beside that chunk's gradients (``fedsgld.core.prenoise``); the numbers are the same.
     Memory is O(chunk_size * P) whatever the number of records. With ``clip=None`` and no
     pre-noise this is the plain summed gradient, computed by ordinary autograd. The result
     is on ``fm.device``; records may live elsewhere (each chunk is moved there).
@@ -250,19 +253,29 @@ def clipped_gradient_sum(
         check_generator(generator, fm.device, "pre-noise")
     theta = theta.to(fm.device)
     total = torch.zeros(fm.size, dtype=torch.float32, device=fm.device)
-    for sl in _chunks(x.shape[0], chunk_size):
-        xb, yb = fm._on_device(x[sl], y[sl])
-        if clip is None and prenoise == 0.0:
-            total += fm.summed_grad(theta, xb, yb)
-            continue
-        noise = None
-        if prenoise > 0.0:
-            noise = PrenoiseRows(xb.shape[0], fm.size, std=prenoise, generator=generator)
-        try:
-            total += fm.clipped_chunk_sum(theta, xb, yb, clip=clip, noise=noise)
-        finally:
-            if noise is not None:
-                noise.wait()  # the generator is never left in use by another thread
+    chunks = list(_chunks(x.shape[0], chunk_size))
+    if clip is None and prenoise == 0.0:
+        for sl in chunks:
+            total += fm.summed_grad(theta, *fm._on_device(x[sl], y[sl]))
+        return total
+    noise: list[PrenoiseRows | None] = [None] * len(chunks)
+
+    def draw(k: int) -> None:  # chunk k's pre-noise; taking it starts chunk k + 1's
+        rows = chunks[k].stop - chunks[k].start
+        nxt = (lambda: draw(k + 1)) if k + 1 < len(chunks) else None
+        noise[k] = PrenoiseRows(rows, fm.size, std=prenoise, generator=generator, then=nxt)
+
+    try:
+        if prenoise > 0.0 and chunks:
+            draw(0)
+        for k, sl in enumerate(chunks):
+            xb, yb = fm._on_device(x[sl], y[sl])
+            total += fm.clipped_chunk_sum(theta, xb, yb, clip=clip, noise=noise[k])
+            noise[k] = None
+    finally:
+        for n in noise:
+            if n is not None:
+                n.wait()  # the generator is never left in use by another thread
     return total
 
 

@@ -18,6 +18,7 @@ is queued on the device like any other kernel; no thread is needed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -38,7 +39,9 @@ class PrenoiseRows:
     a contiguous (rows, numel_j) view, holds the pre-noise of parameter j for every record.
     ``result()`` waits for the draw and returns the flat vector (a fresh float32 tensor on
     the generator's device, the caller's to modify); ``wait()`` only waits. A failed draw
-    re-raises its exception in ``result()``.
+    re-raises its exception in ``result()``. ``then`` is called once the draw is done and
+    taken (by ``result()``): it starts the next chunk's draw while this chunk is clipped,
+    after this draw has finished with the generator.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class PrenoiseRows:
         std: float,
         generator: torch.Generator,
         background: bool | None = None,
+        then: Callable[[], object] | None = None,
     ) -> None:
         if not isinstance(generator, torch.Generator):
             raise ValueError("pre-noise needs an explicit torch.Generator (generator=...)")
@@ -58,6 +62,7 @@ class PrenoiseRows:
         self._value: torch.Tensor | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._then = then
         if background is None:
             background = draw_in_background(generator)
         if background:
@@ -84,4 +89,7 @@ class PrenoiseRows:
         value, self._value = self._value, None
         if value is None:
             raise RuntimeError("pre-noise rows were already taken")
+        then, self._then = self._then, None
+        if then is not None:
+            then()
         return value
