@@ -83,6 +83,7 @@ class FlatModel:
         self.buffers = {n: b.detach() for n, b in module.named_buffers()}
         self._per_record = vmap(grad(self._loss_one), in_dims=(None, 0, 0))
         self._layers: LayerGrads | None = None
+        self._layers_checked = False
         # a subclass with its own per-record gradients (variational models) keeps them
         own_grads = type(self).per_record_grads is not FlatModel.per_record_grads
         if grad_path == "layers" and own_grads:
@@ -98,6 +99,33 @@ class FlatModel:
     def grad_path(self) -> str:
         """``layers`` or ``func``: how this model's per-record gradients are formed."""
         return "layers" if self._layers is not None else "func"
+
+    def _layers_ready(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the layer path may be used; checked once against ``torch.func``.
+
+        The layer path assumes what the module's code could break unseen: every layer
+        sees its records along the first axis, and records meet only in the summed loss.
+        So the first time two or more records come, their per-record gradients by both
+        paths are compared, and a mismatch turns the layer path off for this model."""
+        if self._layers is None:
+            return False
+        if self._layers_checked or x.shape[0] < 2:
+            return True
+        xs, ys = x[:2], y[:2]
+        try:
+            got = self._layers.per_record(self._leaf_forward(theta), xs, ys)
+            ref = self._per_record(theta.detach(), xs, ys)
+        except UnsupportedModel as err:
+            self._drop_layers(err)
+            return False
+        scale = ref.norm(dim=1, keepdim=True)
+        if not bool(((got - ref).norm(dim=1, keepdim=True) <= 1e-3 * scale + 1e-6).all()):
+            self._drop_layers(
+                UnsupportedModel("its per-record gradients differ from torch.func's on this module")
+            )
+            return False
+        self._layers_checked = True
+        return True
 
     def _drop_layers(self, err: UnsupportedModel) -> None:
         warnings.warn(
@@ -143,7 +171,7 @@ class FlatModel:
     ) -> torch.Tensor:
         """(B, P) matrix of per-record loss gradients (rows in the flat parameter order)."""
         theta, x, y = self._on_device(theta, x, y)
-        if self._layers is not None:
+        if self._layers_ready(theta, x, y):
             try:
                 return self._layers.per_record(self._leaf_forward(theta), x, y)
             except UnsupportedModel as err:
@@ -176,7 +204,7 @@ class FlatModel:
         if noise is None and clip is None:
             raise ValueError("clipped_chunk_sum needs clip or pre-noise")
         b = x.shape[0]
-        if self._layers is not None:
+        if self._layers_ready(theta, x, y):
             try:
                 terms = self._layers.terms(self._leaf_forward(theta), x, y)
             except UnsupportedModel as err:

@@ -198,6 +198,30 @@ class InPlace(nn.Module):
         return self.out(self.fc(x).tanh_())
 
 
+class SequenceFirst(nn.Module):
+    """A dense layer that sees (T, B, d): the records are not along its first axis."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):  # x: (B, T, 3)
+        h = torch.tanh(self.fc(x.transpose(0, 1)))  # (T, B, 4)
+        return self.out(h.mean(0))
+
+
+class BatchCentred(nn.Module):
+    """Records meet outside the loss: each is centred on the batch mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.fc(x - x.mean(0, keepdim=True))
+
+
 class WithNorm(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -209,12 +233,13 @@ class WithNorm(nn.Module):
         return self.out(self.norm(self.fc(x)))
 
 
-@pytest.mark.parametrize("cls", [Twice, InPlace])
+@pytest.mark.parametrize("cls", [Twice, InPlace, SequenceFirst, BatchCentred])
 def test_layer_path_falls_back_when_a_forward_breaks_its_assumptions(cls):
     torch.manual_seed(0)
     fm = FlatModel(cls())
     assert fm.grad_path == "layers"  # decided from the modules; the forward tells otherwise
-    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    x = torch.randn(4, 5, 3) if cls is SequenceFirst else torch.randn(4, 6)
+    y = torch.randint(0, 2 if cls is SequenceFirst else 3, (4,))
     theta = fm.flatten()
     with pytest.warns(UserWarning, match="fall back"):
         got = fm.per_record_grads(theta, x, y)
