@@ -17,6 +17,7 @@ per-record gradient paths on each model (the paper CNN, the MLP, logistic regres
 the dense head over frozen backbone features).
 
     python benchmarks/step_speed.py [--batch 256] [--repeats 30] [--device cpu] [--json]
+        [--threads N] [--clock wall|cpu] [--no-models] [--no-memory]
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(steps, x, y, *, repeats, warmup, device):
+def time_steps(steps, x, y, *, repeats, warmup, device, clock=time.perf_counter):
     """Median seconds per step of each step function, interleaved over repeats."""
     for fn in steps.values():
         for _ in range(warmup):
@@ -147,10 +148,10 @@ def time_steps(steps, x, y, *, repeats, warmup, device):
     for _ in range(repeats):  # interleaved, so drift in machine load hits all alike
         for k, fn in steps.items():
             _sync(device)
-            t0 = time.perf_counter()
+            t0 = clock()
             fn(x, y)
             _sync(device)
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -233,7 +234,7 @@ MODEL_CASES = {
 }
 
 
-def model_paths(batch, repeats, warmup, device):
+def model_paths(batch, repeats, warmup, device, clock):
     out = {}
     for name, shape in MODEL_CASES.items():
         torch.manual_seed(0)
@@ -252,7 +253,7 @@ def model_paths(batch, repeats, warmup, device):
             "func_noprenoise": make_dpsgld(fresh(), batch, device, prenoise=0.0, grad_path="func"),
         }
         x, y = data(batch, shape, device)
-        med = time_steps(steps, x, y, repeats=repeats, warmup=warmup, device=device)
+        med = time_steps(steps, x, y, repeats=repeats, warmup=warmup, device=device, clock=clock)
         out[name] = {
             "params": FlatModel(fresh()).size,
             "samples_per_s": {k: round(batch / v, 1) for k, v in med.items()},
@@ -268,6 +269,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: CPU time of this process (all its threads), which a "
+        "loaded machine disturbs less; with --threads 1 it is the single-core step time",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--no-models", action="store_true", help="skip the per-model path table")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
@@ -278,7 +287,12 @@ def main() -> None:
     if args.memory_child:
         print(json.dumps(peak_memory_child(args.memory_child, args.device, args.chunk_size)))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     device = resolve_device(args.device)
+    if device.type == "cuda" and args.clock == "cpu":
+        raise SystemExit("--clock cpu measures the CPU; use --clock wall on a GPU")
     torch.manual_seed(0)
     x, y = data(args.batch, (1, 28, 28), device)
     dps = make_dpsgld(PaperCNN(), args.batch, device, prenoise=PRENOISE)
@@ -295,13 +309,17 @@ def main() -> None:
             PaperCNN(), args.batch, device, prenoise=0.0, grad_path="func"
         ),
     }
-    med = time_steps(steps, x, y, repeats=args.repeats, warmup=args.warmup, device=device)
+    med = time_steps(
+        steps, x, y, repeats=args.repeats, warmup=args.warmup, device=device, clock=clock
+    )
     result = {
         "model": "paper CNN (26,010 parameters)",
         "batch": args.batch,
         "device": str(device)
         + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         "threads": torch.get_num_threads(),
+        "clock": args.clock,
+        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "repeats": args.repeats,
         "grad_path": dps.fm.grad_path,
         "samples_per_s": {k: round(args.batch / v, 1) for k, v in med.items()},
@@ -314,13 +332,14 @@ def main() -> None:
         }
         result["chunk_size"] = args.chunk_size
     if not args.no_models:
-        result["models"] = model_paths(args.batch, args.model_repeats, args.warmup, device)
+        result["models"] = model_paths(args.batch, args.model_repeats, args.warmup, device, clock)
     if args.json:
         print(json.dumps(result))
         return
     print(
         f"paper CNN, batch {args.batch}, {result['device']}, {result['threads']} threads, "
-        f"median of {args.repeats} (per-record gradients: {result['grad_path']})"
+        f"{args.clock} clock, median of {args.repeats} (per-record gradients: "
+        f"{result['grad_path']}; load average {result['load_average']})"
     )
     for k in steps:
         print(
