@@ -118,8 +118,11 @@ class FlatModel:
         except UnsupportedModel as err:
             self._drop_layers(err)
             return False
+        # what the check catches (records mixed) differs at order one; on a GPU, TF32
+        # convolutions (cuDNN's default) leave differences near 1e-3 between the paths
+        tol = 1e-3 if self.device.type == "cpu" else 2e-2
         scale = ref.norm(dim=1, keepdim=True)
-        if not bool(((got - ref).norm(dim=1, keepdim=True) <= 1e-3 * scale + 1e-6).all()):
+        if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
             self._drop_layers(
                 UnsupportedModel("its per-record gradients differ from torch.func's on this module")
             )

@@ -35,6 +35,20 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason
 MODELS = {"cnn": (1, 28, 28), "mlp": (1, 28, 28), "logreg": (1, 28, 28), "timm_head": (96,)}
 
 
+@pytest.fixture(autouse=True)
+def full_float32_on_gpu():
+    """Compare with the loop in full float32: no TF32 matrix products or convolutions."""
+    if not CUDA:
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
 def loop_grads(fm: FlatModel, theta, x, y):
     """The reference: autograd on one record at a time."""
     rows = []
