@@ -17,7 +17,7 @@ per-record gradient paths on each model (the paper CNN, the MLP, logistic regres
 the dense head over frozen backbone features).
 
     python benchmarks/step_speed.py [--batch 256] [--repeats 30] [--device cpu] [--json]
-        [--threads N] [--clock wall|cpu] [--no-models] [--no-memory]
+        [--threads N] [--clock wall|cpu] [--stat median|min] [--no-models] [--no-memory]
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(steps, x, y, *, repeats, warmup, device, clock=time.perf_counter):
-    """Median seconds per step of each step function, interleaved over repeats."""
+def time_steps(steps, x, y, *, repeats, warmup, device, clock=time.perf_counter, stat="median"):
+    """Seconds per step of each step function (median or minimum over repeats), the
+    functions interleaved so that drift in machine load hits all alike."""
     for fn in steps.values():
         for _ in range(warmup):
             fn(x, y)
@@ -152,7 +153,8 @@ def time_steps(steps, x, y, *, repeats, warmup, device, clock=time.perf_counter)
             fn(x, y)
             _sync(device)
             times[k].append(clock() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    pick = statistics.median if stat == "median" else min
+    return {k: pick(v) for k, v in times.items()}
 
 
 def data(batch, input_shape, device, seed=0):
@@ -234,7 +236,7 @@ MODEL_CASES = {
 }
 
 
-def model_paths(batch, repeats, warmup, device, clock):
+def model_paths(batch, repeats, warmup, device, clock, stat):
     out = {}
     for name, shape in MODEL_CASES.items():
         torch.manual_seed(0)
@@ -253,7 +255,9 @@ def model_paths(batch, repeats, warmup, device, clock):
             "func_noprenoise": make_dpsgld(fresh(), batch, device, prenoise=0.0, grad_path="func"),
         }
         x, y = data(batch, shape, device)
-        med = time_steps(steps, x, y, repeats=repeats, warmup=warmup, device=device, clock=clock)
+        med = time_steps(
+            steps, x, y, repeats=repeats, warmup=warmup, device=device, clock=clock, stat=stat
+        )
         out[name] = {
             "params": FlatModel(fresh()).size,
             "samples_per_s": {k: round(batch / v, 1) for k, v in med.items()},
@@ -269,6 +273,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--chunk-size", type=int, default=256)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="median over repeats, or the minimum (the least disturbed step on a busy machine)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument(
         "--clock",
@@ -310,7 +320,14 @@ def main() -> None:
         ),
     }
     med = time_steps(
-        steps, x, y, repeats=args.repeats, warmup=args.warmup, device=device, clock=clock
+        steps,
+        x,
+        y,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        device=device,
+        clock=clock,
+        stat=args.stat,
     )
     result = {
         "model": "paper CNN (26,010 parameters)",
@@ -319,6 +336,7 @@ def main() -> None:
         + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
         "threads": torch.get_num_threads(),
         "clock": args.clock,
+        "stat": args.stat,
         "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "repeats": args.repeats,
         "grad_path": dps.fm.grad_path,
@@ -332,13 +350,15 @@ def main() -> None:
         }
         result["chunk_size"] = args.chunk_size
     if not args.no_models:
-        result["models"] = model_paths(args.batch, args.model_repeats, args.warmup, device, clock)
+        result["models"] = model_paths(
+            args.batch, args.model_repeats, args.warmup, device, clock, args.stat
+        )
     if args.json:
         print(json.dumps(result))
         return
     print(
         f"paper CNN, batch {args.batch}, {result['device']}, {result['threads']} threads, "
-        f"{args.clock} clock, median of {args.repeats} (per-record gradients: "
+        f"{args.clock} clock, {args.stat} of {args.repeats} (per-record gradients: "
         f"{result['grad_path']}; load average {result['load_average']})"
     )
     for k in steps:
