@@ -8,6 +8,8 @@
   opacus_ghost        Opacus' ghost clipping (two backward passes; cannot pre-noise)
   dpsgld_func, dpsgld_func_noprenoise   fedsgld's steps with per-record gradients from
                       torch.func (vmap over the one-record gradient), for comparison
+  dpsgld_serial_prenoise   dpsgld with the pre-noise drawn on the calling thread (what a
+                      run with threads = 1 does) instead of beside the gradients
 
 All are timed in the same process, interleaved over repeats, and reported with ratios to
 plain SGD measured in that run (ratios are what transfers between machines on the CPU).
@@ -35,6 +37,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from fedsgld.core import prenoise as prenoise_module
 from fedsgld.core.device import resolve_device
 from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum, langevin_update
 from fedsgld.models import PaperCNN, build_model
@@ -84,6 +87,20 @@ def make_dpsgld(model, batch, device, *, prenoise, grad_path="auto", chunk_size=
 
     step.fm = fm
     return step
+
+
+def serial_prenoise(step):
+    """The step with its pre-noise drawn on the calling thread, not beside the gradients."""
+    background = prenoise_module.draw_in_background
+
+    def serial(x, y):
+        prenoise_module.draw_in_background = lambda generator: False
+        try:
+            step(x, y)
+        finally:
+            prenoise_module.draw_in_background = background
+
+    return serial
 
 
 def make_opacus(model, batch, device):
@@ -317,6 +334,9 @@ def main() -> None:
         ),
         "dpsgld_func_noprenoise": make_dpsgld(
             PaperCNN(), args.batch, device, prenoise=0.0, grad_path="func"
+        ),
+        "dpsgld_serial_prenoise": serial_prenoise(
+            make_dpsgld(PaperCNN(), args.batch, device, prenoise=PRENOISE)
         ),
     }
     med = time_steps(

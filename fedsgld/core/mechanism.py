@@ -47,7 +47,7 @@ from ..privacy.clipping import clip_and_sum
 from ..privacy.noise import gaussian_noise
 from .device import check_generator, resolve_device
 from .per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
-from .prenoise import PrenoiseRows
+from .prenoise import PrenoiseRows, sharing_threads
 
 GRAD_PATHS = ("auto", "layers", "func")
 
@@ -209,7 +209,8 @@ class FlatModel:
         b = x.shape[0]
         if self._layers_ready(theta, x, y):
             try:
-                terms = self._layers.terms(self._leaf_forward(theta), x, y)
+                with sharing_threads(noise):
+                    terms = self._layers.terms(self._leaf_forward(theta), x, y)
             except UnsupportedModel as err:
                 self._drop_layers(err)
             else:
@@ -217,7 +218,8 @@ class FlatModel:
                     return self._layers.clipped_sum_norm_first(terms, clip, b)
                 blocks = param_blocks(noise.result(), b, self.numels)
                 return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
-        g = self.per_record_grads(theta, x, y)
+        with sharing_threads(noise):
+            g = self.per_record_grads(theta, x, y)
         if noise is None:
             return clip_and_sum(g, clip=clip)
         blocks = param_blocks(noise.result(), b, self._block_sizes())

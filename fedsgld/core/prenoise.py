@@ -3,10 +3,10 @@
 A chunk of B records needs B x P standard normals (z_i ~ N(0, I_P) independent per record
 and parameter), about as many random numbers as the step has multiply-adds on a small
 network. On the CPU, torch draws them with one Mersenne Twister stream, on one core,
-whatever the thread count; the per-record gradients meanwhile run forward and backward
-passes that leave a core idle much of the time. So when torch may use more than one
-thread, the chunk's noise is drawn on a second thread while the calling thread computes the
-gradients, and the two meet before clipping.
+whatever the thread count. So when torch may use n > 1 threads, the chunk's noise is drawn
+on a second thread while the calling thread computes the gradients with n - 1 threads
+(:func:`sharing_threads`: the step never runs more busy threads than torch is allowed),
+and the two meet before clipping, which uses all n threads again.
 
 The generator is the caller's explicit one and is used by one thread at a time (the caller
 waits for the draw before touching it again), in a fixed order, so a seed gives the same
@@ -17,8 +17,9 @@ is queued on the device like any other kernel; no thread is needed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -65,6 +66,7 @@ class PrenoiseRows:
         self._then = then
         if background is None:
             background = draw_in_background(generator)
+        self._background = bool(background)
         if background:
             self._thread = threading.Thread(target=self._draw, name="fedsgld-prenoise")
             self._thread.start()
@@ -76,6 +78,12 @@ class PrenoiseRows:
             self._value = gaussian_noise(self._shape, std=self._std, generator=self._generator)
         except BaseException as err:  # handed to the caller by result()
             self._error = err
+
+    @property
+    def in_background(self) -> bool:
+        """Whether the draw was started on another thread (finished or not: what runs
+        beside it must not depend on a race, or float sums would change run to run)."""
+        return self._background
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -93,3 +101,18 @@ class PrenoiseRows:
         if then is not None:
             then()
         return value
+
+
+@contextlib.contextmanager
+def sharing_threads(noise: PrenoiseRows | None) -> Iterator[None]:
+    """Run the block with one torch thread fewer while ``noise`` is drawn on another thread,
+    so that the draw and the computation share the threads torch may use."""
+    if noise is None or not noise.in_background:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(max(1, n - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
