@@ -9,10 +9,10 @@ on a second thread while the calling thread computes the gradients with n - 1 th
 and the two meet before clipping, which uses all n threads again.
 
 The generator is the caller's explicit one and is used by one thread at a time (the caller
-waits for the draw before touching it again), in a fixed order, so a seed gives the same
-numbers whether the draw runs in the background or not, and the same numbers as drawing the
-whole (B, P) matrix at once with ``fedsgld.privacy.noise.gaussian_noise``. On a GPU the draw
-is queued on the device like any other kernel; no thread is needed.
+waits for the draw before touching it again), in a fixed order: a seed gives the same
+numbers whether the draw runs in the background or not, namely one
+``fedsgld.privacy.noise.gaussian_noise((B * P,), ...)`` per chunk. On a GPU the draw is
+queued on the device like any other kernel; no thread is needed.
 """
 
 from __future__ import annotations
