@@ -38,6 +38,7 @@ PARTITIONS = ("iid", "dirichlet", "quantity")
 ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
 RANDOMNESS = ("seeded", "os")
+DEVICES = ("cpu", "cuda", "auto")  # fedsgld.core.device.DEVICES (kept here: no torch import)
 SECURE_NOISE = ("auto", "on", "off")
 
 
@@ -203,10 +204,22 @@ class PerfSettings:
         256, "records per vectorised per-record-gradient call (memory against speed), >= 1"
     )
     threads: int = setting(0, "torch CPU threads, in [0, 256]; 0: torch's default")
+    device: str = setting(
+        "cpu",
+        "where the site step, the server update and evaluation run: cpu | cuda | auto (cuda "
+        "when a GPU is visible, else cpu)",
+    )
 
     def __post_init__(self) -> None:
         _int("chunk_size", self.chunk_size, 1)
         _int("threads", self.threads, 0, 256)
+        _choice("device", self.device, DEVICES)
+
+    def torch_device(self):
+        """The torch.device to run on; ValueError for ``cuda`` on a machine without a GPU."""
+        from .core.device import resolve_device
+
+        return resolve_device(self.device)
 
 
 @dataclass(frozen=True, kw_only=True)

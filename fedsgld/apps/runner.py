@@ -175,7 +175,7 @@ def discover_sites(
         log(
             f"{len(directory)} sites on {len(nodes)} nodes (several sites per node); for one "
             f"SuperNode per site in a simulation pass --federation-config "
-            f"\"num-supernodes={len(directory)}\""
+            f'"num-supernodes={len(directory)}"'
         )
     shapes = {(e.num_classes, e.input_shape) for e in directory.values()}
     if len(shapes) != 1:

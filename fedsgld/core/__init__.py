@@ -1,14 +1,25 @@
 """Pure functions of DP-SGLD: per-record gradients, pre-noise, clipping, the Langevin step."""
 
-from .mechanism import FlatModel, clipped_gradient_sum, langevin_update, poisson_sample, site_step
+from .device import DEVICES, resolve_device
+from .mechanism import (
+    GRAD_PATHS,
+    FlatModel,
+    clipped_gradient_sum,
+    langevin_update,
+    poisson_sample,
+    site_step,
+)
 from .schedules import StepSchedule, sgld_noise_multiplier
 
 __all__ = [
+    "DEVICES",
+    "GRAD_PATHS",
     "FlatModel",
     "StepSchedule",
     "clipped_gradient_sum",
     "langevin_update",
     "poisson_sample",
+    "resolve_device",
     "sgld_noise_multiplier",
     "site_step",
 ]

@@ -20,12 +20,23 @@ Privacy caveat: the guarantee is that of the Poisson-subsampled Gaussian mechani
 noise multiplier sigma_t on sensitivity C, composed over steps by the accountant. It holds
 only if every record's contribution is clipped (``clip`` is not None), the sampling is
 truly Poisson with rate q, and the noise is drawn by the party that is trusted.
+
+Per-record gradients come from one of two paths, chosen per model (``FlatModel.grad_path``):
+``layers`` (every trainable parameter in a Linear or Conv2d layer: per-record gradients from
+activations and backpropagated errors, see :mod:`fedsgld.core.per_record`) or ``func``
+(anything else: ``torch.func.vmap`` of the one-record gradient). Both give the gradients of
+a loop over records to float rounding; the pre-noise rows are drawn the same way for both.
+
+Device: a :class:`FlatModel` lives on one device (``cpu`` or a CUDA GPU); the functions
+below move records to it, compute there and return tensors there. Every draw uses the
+caller's generator, which must be on that device (see :mod:`fedsgld.core.device`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -34,12 +45,32 @@ from torch.func import functional_call, grad, vmap
 
 from ..privacy.clipping import clip_and_sum
 from ..privacy.noise import gaussian_noise
+from .device import check_generator, resolve_device
+from .per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
+from .prenoise import PrenoiseRows, sharing_threads
+
+GRAD_PATHS = ("auto", "layers", "func")
 
 
 class FlatModel:
-    """A module seen as a function of one flat parameter vector theta of length P."""
+    """A module seen as a function of one flat parameter vector theta of length P.
 
-    def __init__(self, module: nn.Module) -> None:
+    ``device`` moves the module there (None: leave it where it is). ``grad_path`` picks how
+    per-record gradients are formed: ``auto`` (``layers`` when the module allows it, else
+    ``func``), ``layers`` (ValueError if the module does not allow it) or ``func``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        device: str | torch.device | None = None,
+        grad_path: str = "auto",
+    ) -> None:
+        if grad_path not in GRAD_PATHS:
+            raise ValueError(f"grad_path must be one of {', '.join(GRAD_PATHS)}; got {grad_path!r}")
+        if device is not None:
+            module.to(resolve_device(device))
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
@@ -47,11 +78,66 @@ class FlatModel:
         self.numels = [p.numel() for _, p in named]
         self.theta_size = int(sum(self.numels))  # network weights
         self.size = self.theta_size  # what the optimiser moves (2x for variational models)
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else torch.device("cpu")
         self.buffers = {n: b.detach() for n, b in module.named_buffers()}
         self._per_record = vmap(grad(self._loss_one), in_dims=(None, 0, 0))
+        self._layers: LayerGrads | None = None
+        self._layers_checked = False
+        # a subclass with its own per-record gradients (variational models) keeps them
+        own_grads = type(self).per_record_grads is not FlatModel.per_record_grads
+        if grad_path == "layers" and own_grads:
+            raise ValueError(f"grad_path='layers' is not available for {type(self).__name__}")
+        if grad_path != "func" and not own_grads:
+            try:
+                self._layers = LayerGrads(module, self.names, self.numels)
+            except UnsupportedModel as err:
+                if grad_path == "layers":
+                    raise ValueError(f"grad_path='layers' does not fit this module: {err}") from err
+
+    @property
+    def grad_path(self) -> str:
+        """``layers`` or ``func``: how this model's per-record gradients are formed."""
+        return "layers" if self._layers is not None else "func"
+
+    def _layers_ready(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the layer path may be used; checked once against ``torch.func``.
+
+        The layer path assumes what the module's code could break unseen: every layer
+        sees its records along the first axis, and records meet only in the summed loss.
+        So the first time two or more records come, their per-record gradients by both
+        paths are compared, and a mismatch turns the layer path off for this model."""
+        if self._layers is None:
+            return False
+        if self._layers_checked or x.shape[0] < 2:
+            return True
+        xs, ys = x[:2], y[:2]
+        try:
+            got = self._layers.per_record(self._leaf_forward(theta), xs, ys)
+            ref = self._per_record(theta.detach(), xs, ys)
+        except UnsupportedModel as err:
+            self._drop_layers(err)
+            return False
+        # what the check catches (records mixed) differs at order one; on a GPU, TF32
+        # convolutions (cuDNN's default) leave differences near 1e-3 between the paths
+        tol = 1e-3 if self.device.type == "cpu" else 2e-2
+        scale = ref.norm(dim=1, keepdim=True)
+        if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
+            self._drop_layers(
+                UnsupportedModel("its per-record gradients differ from torch.func's on this module")
+            )
+            return False
+        self._layers_checked = True
+        return True
+
+    def _drop_layers(self, err: UnsupportedModel) -> None:
+        warnings.warn(
+            f"per-record gradients fall back from layers to torch.func: {err}", stacklevel=3
+        )
+        self._layers = None
 
     def flatten(self) -> torch.Tensor:
-        """The module's current parameters as a flat float32 vector (a copy)."""
+        """The module's current parameters as a flat float32 vector (a copy, on its device)."""
         params = dict(self.module.named_parameters())
         return torch.cat([params[n].detach().reshape(-1) for n in self.names]).float().clone()
 
@@ -74,24 +160,92 @@ class FlatModel:
         out = self.logits(theta, x.unsqueeze(0))
         return F.cross_entropy(out, y.unsqueeze(0))
 
+    def _leaf_forward(self, theta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> logits, with the parameters views of a leaf theta that requires grad."""
+        t = theta.detach().requires_grad_(True)
+        params = self.unflatten(t)
+        return lambda x: functional_call(self.module, (params, self.buffers), (x,))
+
+    def _on_device(self, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(self.device, non_blocking=True) for t in ts)
+
     def per_record_grads(
         self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        """(B, P) matrix of per-record loss gradients, vectorised with torch.func."""
+        """(B, P) matrix of per-record loss gradients (rows in the flat parameter order)."""
+        theta, x, y = self._on_device(theta, x, y)
+        if self._layers_ready(theta, x, y):
+            try:
+                return self._layers.per_record(self._leaf_forward(theta), x, y)
+            except UnsupportedModel as err:
+                self._drop_layers(err)
         return self._per_record(theta.detach(), x, y)
 
     def summed_grad(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gradient of the summed loss (= sum of per-record gradients), by ordinary autograd."""
+        theta, x, y = self._on_device(theta, x, y)
         t = theta.detach().requires_grad_(True)
         loss = F.cross_entropy(self.logits(t, x), y, reduction="sum")
         (g,) = torch.autograd.grad(loss, t)
         return g
 
+    def clipped_chunk_sum(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        clip: float | None,
+        noise: PrenoiseRows | None,
+    ) -> torch.Tensor:
+        """sum_i clip_C(g_i + row_i) over one chunk of records (on this model's device).
+
+        ``noise`` holds the pre-noise rows rho z_i of the chunk (None: no pre-noise, and then
+        ``clip`` must be set). Each record's row gets its own gradient added before the
+        record is clipped.
+        """
+        if noise is None and clip is None:
+            raise ValueError("clipped_chunk_sum needs clip or pre-noise")
+        b = x.shape[0]
+        if self._layers_ready(theta, x, y):
+            try:
+                with sharing_threads(noise):
+                    terms = self._layers.terms(self._leaf_forward(theta), x, y)
+            except UnsupportedModel as err:
+                self._drop_layers(err)
+            else:
+                if noise is None:
+                    return self._layers.clipped_sum_norm_first(terms, clip, b)
+                blocks = param_blocks(noise.result(), b, self.numels)
+                return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
+        with sharing_threads(noise):
+            g = self.per_record_grads(theta, x, y)
+        if noise is None:
+            return clip_and_sum(g, clip=clip)
+        blocks = param_blocks(noise.result(), b, self._block_sizes())
+        pos = 0
+        for blk in blocks:
+            blk += g[:, pos : pos + blk.shape[1]]
+            pos += blk.shape[1]
+        return clip_blocks_and_sum(blocks, clip)
+
+    def _block_sizes(self) -> list[int]:
+        """Lengths of the flat vector's parameter blocks (the whole vector for subclasses
+        whose flat vector is not the module's parameters)."""
+        return self.numels if self.size == self.theta_size else [self.size]
+
     @torch.no_grad()
     def predict_proba(
         self, theta: torch.Tensor, x: torch.Tensor, batch: int = 2048
     ) -> torch.Tensor:
-        return torch.cat([self.logits(theta, xb).softmax(-1) for xb in x.split(batch)])
+        """Softmax of the logits, computed on this model's device, returned on x's device."""
+        theta = theta.to(self.device)
+        return torch.cat(
+            [
+                self.logits(theta, xb.to(self.device)).softmax(-1).to(x.device)
+                for xb in x.split(batch)
+            ]
+        )
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -112,26 +266,59 @@ def clipped_gradient_sum(
 ) -> torch.Tensor:
     """sum_i clip_C(grad l_i + rho z_i) over the given records, in chunks of ``chunk_size``.
 
+    z_i ~ N(0, I_P) is drawn from ``generator`` for every record and added to record i's
+    gradient before record i is clipped: one draw of chunk x P normals per chunk, in chunk
+    order, laid out parameter by parameter (``fedsgld.core.per_record.param_blocks``). On
+    the CPU with more than one torch thread, each chunk's draw runs on a second thread
+    beside that chunk's gradients (``fedsgld.core.prenoise``); the numbers are the same.
     Memory is O(chunk_size * P) whatever the number of records. With ``clip=None`` and no
-    pre-noise this is the plain summed gradient, computed by ordinary autograd.
+    pre-noise this is the plain summed gradient, computed by ordinary autograd. The result
+    is on ``fm.device``; records may live elsewhere (each chunk is moved there).
     """
-    total = torch.zeros(fm.size, dtype=torch.float32)
-    if x.shape[0] == 0:
+    if not (isinstance(chunk_size, int) and chunk_size >= 1):
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    prenoise = float(prenoise)
+    if not (prenoise >= 0.0 and math.isfinite(prenoise)):
+        raise ValueError(f"prenoise must be finite and >= 0, got {prenoise!r}")
+    if prenoise > 0.0:
+        if generator is None:
+            raise ValueError("prenoise > 0 needs an explicit torch.Generator")
+        check_generator(generator, fm.device, "pre-noise")
+    theta = theta.to(fm.device)
+    total = torch.zeros(fm.size, dtype=torch.float32, device=fm.device)
+    chunks = list(_chunks(x.shape[0], chunk_size))
+    if clip is None and prenoise == 0.0:
+        for sl in chunks:
+            total += fm.summed_grad(theta, *fm._on_device(x[sl], y[sl]))
         return total
-    for sl in _chunks(x.shape[0], chunk_size):
-        if clip is None and prenoise == 0.0:
-            total += fm.summed_grad(theta, x[sl], y[sl])
-        else:
-            g = fm.per_record_grads(theta, x[sl], y[sl])
-            total += clip_and_sum(g, clip=clip, prenoise=prenoise, generator=generator)
+    noise: list[PrenoiseRows | None] = [None] * len(chunks)
+
+    def draw(k: int) -> None:  # chunk k's pre-noise; taking it starts chunk k + 1's
+        rows = chunks[k].stop - chunks[k].start
+        nxt = (lambda: draw(k + 1)) if k + 1 < len(chunks) else None
+        noise[k] = PrenoiseRows(rows, fm.size, std=prenoise, generator=generator, then=nxt)
+
+    try:
+        if prenoise > 0.0 and chunks:
+            draw(0)
+        for k, sl in enumerate(chunks):
+            xb, yb = fm._on_device(x[sl], y[sl])
+            total += fm.clipped_chunk_sum(theta, xb, yb, clip=clip, noise=noise[k])
+            noise[k] = None
+    finally:
+        for n in noise:
+            if n is not None:
+                n.wait()  # the generator is never left in use by another thread
     return total
 
 
 def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
-    """Indices of records selected independently with probability ``sample_rate`` each."""
+    """Indices of records selected independently with probability ``sample_rate`` each.
+
+    The uniforms are drawn on the generator's device; so are the indices returned."""
     if not 0.0 < sample_rate <= 1.0:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    mask = torch.rand(n, generator=generator) < sample_rate
+    mask = torch.rand(n, generator=generator, device=generator.device) < sample_rate
     return mask.nonzero(as_tuple=True)[0]
 
 
@@ -149,9 +336,13 @@ def site_step(
 ) -> torch.Tensor:
     """One site's contribution to a Langevin step: the clipped, pre-noised sum S_k.
 
-    Returns only the (P,) sum; the realised batch size stays at the site.
+    Returns only the (P,) sum, on ``fm.device``; the realised batch size stays at the site.
+    ``generator`` draws the Poisson sample and the pre-noise and must be on ``fm.device``;
+    the records (x, y) may stay on the CPU.
     """
+    check_generator(generator, fm.device, "site_step")
     idx = poisson_sample(x.shape[0], sample_rate=sample_rate, generator=generator)
+    idx = idx.to(x.device)
     return clipped_gradient_sum(
         fm,
         theta,
@@ -177,12 +368,19 @@ def langevin_update(
     """theta - alpha * ((summed + N(0, noise_std^2 I)) / L + lambda * theta).
 
     ``noise_std`` is sigma_t * C (the Gaussian mechanism on the clipped sum);
-    ``expected_batch`` is L = q * sum_k N_k.
+    ``expected_batch`` is L = q * sum_k N_k. ``theta``, ``summed`` and ``generator`` must be
+    on one device.
     """
     if not expected_batch > 0:
         raise ValueError(f"expected batch size must be > 0, got {expected_batch!r}")
     if not (math.isfinite(step_size) and step_size > 0):
         raise ValueError(f"step size must be finite and > 0, got {step_size!r}")
+    if theta.device != summed.device:
+        raise ValueError(
+            f"theta is on {theta.device} but the summed gradient on {summed.device}; "
+            "move both to the device of the generator"
+        )
+    check_generator(generator, summed.device, "langevin_update")
     noisy = summed + gaussian_noise(
         summed.shape, std=noise_std, generator=generator, dtype=summed.dtype
     )

@@ -42,6 +42,7 @@ def gaussian_noise(
 
     ``std`` must be a finite number >= 0 (0 returns zeros, e.g. for non-private SGD).
     ``secure``: the hardened draw of the module docstring (same distribution).
+    The draw is made on the generator's device (a CUDA generator draws on its GPU).
     """
     if not isinstance(generator, torch.Generator):
         raise TypeError("gaussian_noise needs an explicit torch.Generator (generator=...)")
@@ -49,19 +50,25 @@ def gaussian_noise(
     if not (std >= 0.0 and std < float("inf")):
         raise ValueError(f"noise std must be finite and >= 0, got {std!r}")
     if std == 0.0:
-        return torch.zeros(shape, dtype=dtype)
+        return torch.zeros(shape, dtype=dtype, device=generator.device)
     if secure:
-        total = torch.zeros(shape, dtype=torch.float64)
+        total = torch.zeros(shape, dtype=torch.float64, device=generator.device)
         for _ in range(4):
-            total.add_(torch.randn(shape, generator=generator, dtype=torch.float64))
+            total.add_(
+                torch.randn(
+                    shape, generator=generator, dtype=torch.float64, device=generator.device
+                )
+            )
         return total.mul_(std / 2.0).to(dtype)
-    return torch.randn(shape, generator=generator, dtype=dtype).mul_(std)
+    return torch.randn(shape, generator=generator, dtype=dtype, device=generator.device).mul_(std)
 
 
-def seeded_generator(*key: int) -> torch.Generator:
+def seeded_generator(*key: int, device: torch.device | str = "cpu") -> torch.Generator:
     """A generator seeded from a tuple of non-negative ints, e.g. (seed, site, round).
 
     The tuple is mixed with a fixed 64-bit hash so (1, 2) and (2, 1) give unrelated streams.
+    ``device`` is where the generator draws (a CUDA generator is a different algorithm, so
+    the same key gives different, equally reproducible, numbers on a GPU).
     """
     h = 0x9E3779B97F4A7C15
     for k in key:
@@ -70,7 +77,7 @@ def seeded_generator(*key: int) -> torch.Generator:
         h ^= (int(k) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2)) & 0xFFFFFFFFFFFFFFFF
         h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
         h ^= h >> 31
-    g = torch.Generator()
+    g = torch.Generator(device=device)
     g.manual_seed(h & 0x7FFFFFFFFFFFFFFF)
     return g
 
