@@ -63,6 +63,12 @@ class Federation:
         run, perf = config.run, config.perf
         if perf.threads:
             torch.set_num_threads(perf.threads)
+        # the sites compute on this device (variational models stay on the CPU); the
+        # server's update is one vector per round and stays on the CPU
+        self.device = perf.torch_device()
+        if config.privacy.variational and self.device.type != "cpu":
+            log(f"device {self.device}: variational methods run on the CPU")
+            self.device = torch.device("cpu")
         if run.seed == -1:
             self.seed, self.seed_source = os_seed(), "os"
         else:
@@ -94,6 +100,7 @@ class Federation:
                 chunk_size=perf.chunk_size,
                 flat_model=self.flat_model(),
                 randomness=randomness() if randomness is not None else None,
+                device=self.device,
             )
             for d in self.site_data
         ]

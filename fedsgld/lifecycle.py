@@ -629,6 +629,10 @@ class RunLifecycle:
             "seed": self.seed,
             "seed_source": self.seed_source,
             "engine": self.transport,
+            "device": {
+                "setting": self.config.perf.device,
+                "note": "where the sites computed (the server's update runs on the CPU)",
+            },
             "privacy": privacy_block(server, self.config, self.randomness_record()),
             "sites": sites,
             "history": self.history,

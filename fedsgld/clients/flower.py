@@ -119,6 +119,7 @@ def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site
         seed=config.run.seed,
         chunk_size=config.perf.chunk_size,
         flat_model=variational_view(config, model),
+        device=None if config.privacy.variational else config.perf.torch_device(),
     )
 
 

@@ -39,11 +39,14 @@ class Site:
         chunk_size: int = 256,
         flat_model: FlatModel | None = None,
         randomness: Randomness | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
+        """``device``: where this site's gradients and predictions are computed (its
+        generators draw there too); its records stay where they are and move in chunks."""
         self.site_id = int(site_id)
         self.x_train, self.y_train = x_train, y_train
         self.x_test, self.y_test = x_test, y_test
-        self.fm = flat_model if flat_model is not None else FlatModel(model)
+        self.fm = flat_model if flat_model is not None else FlatModel(model, device=device)
         self.seed = seed
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.chunk_size = chunk_size
@@ -58,6 +61,7 @@ class Site:
         chunk_size: int = 256,
         flat_model: FlatModel | None = None,
         randomness: Randomness | None = None,
+        device: str | torch.device | None = None,
     ) -> Site:
         return cls(
             data.site_id,
@@ -70,6 +74,7 @@ class Site:
             chunk_size=chunk_size,
             flat_model=flat_model,
             randomness=randomness,
+            device=device,
         )
 
     @property
@@ -77,7 +82,7 @@ class Site:
         return int(self.x_train.shape[0])
 
     def generator(self, round_: int) -> torch.Generator:
-        return self.randomness.generator(1 + self.site_id, round_)
+        return self.randomness.generator(1 + self.site_id, round_, device=self.fm.device)
 
     def clipped_sum(
         self,
@@ -102,7 +107,7 @@ class Site:
             prenoise=prenoise,
             generator=gen,
             chunk_size=self.chunk_size,
-        )
+        ).cpu()  # what leaves the site's device: the (P,) sum, for the server
 
     def local_round(
         self,
@@ -124,6 +129,8 @@ class Site:
             return theta.clone()
         q, clip = privacy.sample_rate, privacy.clip_bound
         expected = q * self.num_train
+        dev = self.fm.device
+        theta = theta.to(dev)
         for i in range(local_steps):
             t = first_step + i
             s = site_step(
@@ -139,7 +146,11 @@ class Site:
             )
             std = privacy.sigma(t) * clip if clip is not None else 0.0
             noisy = s + self.randomness.gaussian(
-                s.shape, std=std, key=(1 + self.site_id, t, LOCAL_NOISE_STREAM), dtype=s.dtype
+                s.shape,
+                std=std,
+                key=(1 + self.site_id, t, LOCAL_NOISE_STREAM),
+                dtype=s.dtype,
+                device=dev,
             )
             theta = langevin_update(
                 theta,
@@ -148,9 +159,9 @@ class Site:
                 noise_std=0.0,
                 expected_batch=expected,
                 weight_decay=weight_decay,
-                generator=torch.Generator(),  # the noise is already in ``noisy``
+                generator=torch.Generator(device=dev),  # the noise is already in ``noisy``
             )
-        return theta
+        return theta.cpu()
 
     def predict(self, thetas: Sequence[torch.Tensor], split: str = "test") -> torch.Tensor:
         """Mean softmax over ``thetas`` (one theta: the plain prediction; several: the

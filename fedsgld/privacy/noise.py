@@ -129,15 +129,16 @@ class Randomness:
         """Fresh operating-system entropy for every generator (deployments)."""
         return cls("os", secure=secure)
 
-    def generator(self, *key: int) -> torch.Generator:
+    def generator(self, *key: int, device: torch.device | str = "cpu") -> torch.Generator:
+        """The generator for the use named by ``key``, drawing on ``device``."""
         if self.mode == "os":
-            g = torch.Generator()
+            g = torch.Generator(device=device)
             g.manual_seed(os_seed())
             return g
         assert self._seed is not None
         if self.epoch:
-            return seeded_generator(self._seed, *key, EPOCH_TAG, self.epoch)
-        return seeded_generator(self._seed, *key)
+            return seeded_generator(self._seed, *key, EPOCH_TAG, self.epoch, device=device)
+        return seeded_generator(self._seed, *key, device=device)
 
     def gaussian(
         self,
@@ -146,10 +147,15 @@ class Randomness:
         std: float,
         key: tuple[int, ...],
         dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
     ) -> torch.Tensor:
-        """N(0, std^2 I) from ``generator(*key)`` (hardened when ``secure``)."""
+        """N(0, std^2 I) from ``generator(*key)`` on ``device`` (hardened when ``secure``)."""
         return gaussian_noise(
-            shape, std=std, generator=self.generator(*key), dtype=dtype, secure=self.secure
+            shape,
+            std=std,
+            generator=self.generator(*key, device=device),
+            dtype=dtype,
+            secure=self.secure,
         )
 
     def describe(self) -> dict[str, object]:
