@@ -390,6 +390,36 @@ def test_prenoise_is_deterministic_for_a_seed_in_the_background_or_not():
         fm, theta, x, y, sample_rate=0.7, clip=0.5, prenoise=0.1, generator=seeded_generator(1, 3)
     )
     assert not torch.equal(a, c)
+    # one torch thread: the draw stays on the calling thread; the same numbers, summed
+    # in another order
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        d = site_step(
+            fm,
+            theta,
+            x,
+            y,
+            sample_rate=0.7,
+            clip=0.5,
+            prenoise=0.1,
+            generator=seeded_generator(1, 2),
+            chunk_size=2,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    e = site_step(
+        fm,
+        theta,
+        x,
+        y,
+        sample_rate=0.7,
+        clip=0.5,
+        prenoise=0.1,
+        generator=seeded_generator(1, 2),
+        chunk_size=2,
+    )
+    torch.testing.assert_close(d, e, rtol=1e-5, atol=1e-6)
 
 
 def test_prenoise_needs_a_generator_and_a_valid_std():
