@@ -503,3 +503,16 @@ def test_no_stray_warnings_on_the_supported_models():
                 fm, fm.flatten(), x, y, clip=1.0, prenoise=0.1, generator=torch.Generator()
             )
         assert fm.grad_path == "layers"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backbone_features_run_on_the_backbone_device(device):
+    from fedsgld.models.backbone import extract_features
+
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Conv2d(1, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    x = torch.randn(5, 1, 12, 12)
+    ref = backbone(F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False))
+    feats = extract_features(copy.deepcopy(backbone).to(device), x, image_size=16, batch=2)
+    assert feats.device == x.device and feats.shape == (5, 4)
+    torch.testing.assert_close(feats, ref.detach(), rtol=1e-4, atol=1e-5)
