@@ -47,7 +47,7 @@ from ..privacy.clipping import clip_and_sum
 from ..privacy.noise import gaussian_noise
 from .device import check_generator, resolve_device
 from .per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
-from .prenoise import PrenoiseRows, sharing_threads
+from .prenoise import PrenoiseRows, draw_in_background, sharing_threads
 
 GRAD_PATHS = ("auto", "layers", "func")
 
@@ -292,16 +292,21 @@ def clipped_gradient_sum(
             total += fm.summed_grad(theta, *fm._on_device(x[sl], y[sl]))
         return total
     noise: list[PrenoiseRows | None] = [None] * len(chunks)
+    ahead = prenoise > 0.0 and draw_in_background(generator)
 
-    def draw(k: int) -> None:  # chunk k's pre-noise; taking it starts chunk k + 1's
+    def draw(k: int) -> None:
+        # in the background, taking chunk k's pre-noise starts chunk k + 1's (two chunks of
+        # noise in memory at most); on the calling thread each chunk draws its own when due
         rows = chunks[k].stop - chunks[k].start
-        nxt = (lambda: draw(k + 1)) if k + 1 < len(chunks) else None
-        noise[k] = PrenoiseRows(rows, fm.size, std=prenoise, generator=generator, then=nxt)
+        nxt = (lambda: draw(k + 1)) if ahead and k + 1 < len(chunks) else None
+        noise[k] = PrenoiseRows(
+            rows, fm.size, std=prenoise, generator=generator, background=ahead, then=nxt
+        )
 
     try:
-        if prenoise > 0.0 and chunks:
-            draw(0)
         for k, sl in enumerate(chunks):
+            if prenoise > 0.0 and noise[k] is None:
+                draw(k)
             xb, yb = fm._on_device(x[sl], y[sl])
             total += fm.clipped_chunk_sum(theta, xb, yb, clip=clip, noise=noise[k])
             noise[k] = None

@@ -235,7 +235,10 @@ class LayerGrads:
             if w is not None:
                 block = blocks[w.index]
                 b, p, d = block.shape[0], t.E.shape[2], t.A.shape[2]
-                block.view(b, p, d).baddbmm_(t.E.transpose(1, 2), t.A)
+                if t.positions == 1:  # outer products e_i a_i^T: a broadcast multiply-add
+                    block.view(b, p, d).addcmul_(t.E.transpose(1, 2), t.A)
+                else:
+                    block.view(b, p, d).baddbmm_(t.E.transpose(1, 2), t.A)
             if bias is not None:
                 blocks[bias.index] += t.E.sum(1)
         return blocks

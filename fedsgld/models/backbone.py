@@ -84,14 +84,20 @@ def load_backbone(name: str, *, weights: str | None = None, in_chans: int = 1) -
 def extract_features(
     backbone: nn.Module, x: torch.Tensor, *, image_size: int, batch: int = 64
 ) -> torch.Tensor:
-    """Features of images ``x`` (N, C, H, W), resized to ``image_size``, in batches."""
+    """Features of images ``x`` (N, C, H, W), resized to ``image_size``, in batches.
+
+    Runs on the backbone's device (each batch is moved there); the features come back on
+    ``x``'s device."""
+    first = next(backbone.parameters(), None)
+    device = first.device if first is not None else x.device
     out = []
     for xb in x.split(batch):
+        xb = xb.to(device)
         if xb.shape[-1] != image_size or xb.shape[-2] != image_size:
             xb = F.interpolate(
                 xb, size=(image_size, image_size), mode="bilinear", align_corners=False
             )
-        out.append(backbone(xb).float())
+        out.append(backbone(xb).float().to(x.device))
     return torch.cat(out) if out else torch.zeros(0, getattr(backbone, "num_features", 0))
 
 
@@ -102,8 +108,12 @@ def cached_features(
     weights: str | None,
     image_size: int,
     cache_dir: str | None = None,
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
-    """``extract_features`` with an on-disk cache keyed by inputs, backbone, weights and size."""
+    """``extract_features`` with an on-disk cache keyed by inputs, backbone, weights and size.
+
+    ``device`` is where the backbone runs (features are returned, and cached, on the CPU;
+    a GPU's features differ from the CPU's by float rounding only, so the cache is shared)."""
     h = hashlib.sha256()
     h.update(x.detach().contiguous().numpy().tobytes())
     h.update(f"{name}|{image_size}|{_file_digest(weights) if weights else 'random'}".encode())
@@ -117,7 +127,7 @@ def cached_features(
     with torch.random.fork_rng():
         torch.manual_seed(0)  # random backbones are the same in every process
         backbone = load_backbone(name, weights=weights, in_chans=x.shape[1])
-    feats = extract_features(backbone, x, image_size=image_size)
+    feats = extract_features(backbone.to(device), x.cpu(), image_size=image_size)
     root.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(feats, tmp)

@@ -390,6 +390,36 @@ def test_prenoise_is_deterministic_for_a_seed_in_the_background_or_not():
         fm, theta, x, y, sample_rate=0.7, clip=0.5, prenoise=0.1, generator=seeded_generator(1, 3)
     )
     assert not torch.equal(a, c)
+    # one torch thread: the draw stays on the calling thread; the same numbers, summed
+    # in another order
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        d = site_step(
+            fm,
+            theta,
+            x,
+            y,
+            sample_rate=0.7,
+            clip=0.5,
+            prenoise=0.1,
+            generator=seeded_generator(1, 2),
+            chunk_size=2,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    e = site_step(
+        fm,
+        theta,
+        x,
+        y,
+        sample_rate=0.7,
+        clip=0.5,
+        prenoise=0.1,
+        generator=seeded_generator(1, 2),
+        chunk_size=2,
+    )
+    torch.testing.assert_close(d, e, rtol=1e-5, atol=1e-6)
 
 
 def test_prenoise_needs_a_generator_and_a_valid_std():
@@ -473,3 +503,16 @@ def test_no_stray_warnings_on_the_supported_models():
                 fm, fm.flatten(), x, y, clip=1.0, prenoise=0.1, generator=torch.Generator()
             )
         assert fm.grad_path == "layers"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backbone_features_run_on_the_backbone_device(device):
+    from fedsgld.models.backbone import extract_features
+
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Conv2d(1, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    x = torch.randn(5, 1, 12, 12)
+    ref = backbone(F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False))
+    feats = extract_features(copy.deepcopy(backbone).to(device), x, image_size=16, batch=2)
+    assert feats.device == x.device and feats.shape == (5, 4)
+    torch.testing.assert_close(feats, ref.detach(), rtol=1e-4, atol=1e-5)
