@@ -123,3 +123,18 @@ def test_dpvi_noise_depends_on_the_runs_seed_and_adam_normalises_the_noisy_gradi
     adam = steps[1, "adam"].numpy()
     assert np.allclose(np.abs(adam), 0.02, rtol=1e-3)
     assert np.array_equal(np.sign(adam), np.sign(a))
+
+
+def test_dpvi_site_draws_a_fresh_reparameterisation_every_round():
+    """A DPVI site's sum has a data gradient in rho (through theta = mu + s * eps, eps drawn
+    from the site's generator of the round), and a different one every round."""
+    torch.manual_seed(2)
+    vm = VariationalModel(LogisticRegression(4, 3), init_std=0.3)
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    site = Site(0, x, y, x, y, vm.module, seed=3, flat_model=vm)
+    phi = vm.flatten()
+    sums = [
+        site.clipped_sum(phi, round=r, sample_rate=1.0, clip=100.0, prenoise=0.0) for r in (0, 1)
+    ]
+    assert all(s[vm.P :].abs().max() > 1e-4 for s in sums)
+    assert not torch.allclose(sums[0][vm.P :], sums[1][vm.P :])
