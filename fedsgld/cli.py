@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     pate_an = sub.add_parser("pate-analysis", help="epsilons of a saved PATE vote file")
     pate_cli.add_analysis_arguments(pate_an)
     pate_an.set_defaults(func=pate_cli.run_analysis_command)
+    from .deploy import fast as deploy_fast
+
+    deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
     return parser
 
 
