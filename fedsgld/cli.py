@@ -18,7 +18,17 @@ import sys
 
 from . import __version__
 
-COMMANDS = ("simulate", "benchmark", "config", "compare", "privacy", "pate", "pate-analysis")
+COMMANDS = (
+    "simulate",
+    "benchmark",
+    "config",
+    "compare",
+    "privacy",
+    "pate",
+    "pate-analysis",
+    "supernode",
+    "superlink",
+)
 
 
 class _PlainFormatter(argparse.RawDescriptionHelpFormatter):
@@ -199,6 +209,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         pate.set_defaults(func=pate_cli.run_pate_command)
         pate_cli.add_analysis_arguments(pate_an)
         pate_an.set_defaults(func=pate_cli.run_analysis_command)
+
+    from .deploy import fast as deploy_fast
+
+    deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
     return parser
 
 

@@ -1,0 +1,450 @@
+"""The fast path: Flower's own SuperNode and SuperLink with their fixed waits shortened.
+
+    fedsgld supernode [--pull-interval S] [--reply-poll S] [--pull-backoff S]
+        [--pull-backoff-cap S] [--task-poll S] [--active-for S] [--no-warm]
+        -- FLOWER-SUPERNODE-ARGUMENTS
+    fedsgld superlink [--pull-backoff S] [--pull-backoff-cap S] -- FLOWER-SUPERLINK-ARGUMENTS
+
+Opt-in. Each runs Flower's own ``flower-supernode`` / ``flower-superlink`` (same flags,
+TLS, SuperNode authentication, SuperExec, ClientApp and ServerApp processes) in this
+process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes:
+
+``fedsgld supernode``
+  * **empty-pull sleep.** The SuperNode sleeps 3 s after every pull that brought no
+    message, and in a federated round the pull right after a reply is always empty. While
+    a run is active (a message arrived in the last ``--active-for`` s, default 60) it
+    sleeps ``--pull-interval`` (0.05 s) instead; an idle node keeps Flower's 3 s.
+  * **reply waits.** It checks every 0.5 s whether the ClientApp's reply (and each of its
+    objects) is ready: every ``--reply-poll`` (0.01 s) instead (local checks).
+  * **SuperExec task poll.** Its SuperExec asks for new tasks every
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (1 s). Here the SuperNode wakes its SuperExec
+    (Flower's own, started through a ``flower-superexec`` wrapper first on its ``PATH``)
+    the moment it has stored a message, over a datagram socket in a private directory; the
+    SuperExec otherwise polls every ``--task-poll`` (2 s) unless the environment sets
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (a task taken before its message's objects are
+    stored makes its ClientApp poll for them).
+  * **object-pull backoff** in the SuperNode and in its ClientApp processes (below).
+  * unless ``--no-warm``, **warm sites** (:mod:`fedsgld.deploy.warm`), started now.
+
+``fedsgld superlink``
+  * **object-pull backoff** in its ServerApp process (started through a
+    ``flwr-serverapp`` wrapper first on the SuperLink's ``PATH``): a reply is visible to
+    the ServerApp before its objects have all arrived, and Flower then retries after 1 s.
+
+  **Object-pull backoff**: retries start after ``--pull-backoff`` (0.02 s) instead of 1 s
+  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; the limits on tries
+  and total time are Flower's.
+
+Nothing else changes: messages, objects, retries, timeouts, authentication and the apps
+are Flower's. The price is more requests to the SuperLink while a run is active: one per
+``--pull-interval`` per SuperNode instead of one per 3 s (about 0.1 core of the
+SuperLink's machine per SuperNode at 0.05 s, measured on loopback).
+
+Before anything starts, the code adjusted is checked: the installed flwr must be one of
+:data:`SUPPORTED` and every adjusted file byte-identical to that release's (SHA-256, in
+:data:`ADJUSTED`); otherwise the command refuses to start and says to use Flower's own
+``flower-supernode`` / ``flower-superlink``, with which the warm sites work too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import math
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# flwr releases this fast path was tested with: SHA-256 of each file whose waits it adjusts
+_SUPERNODE = "d6342f743fdf768f63305b88414ae2654e9a21bda153739da19c608e8d375067"
+_INFLATABLE = "077b26d921aa86389f0a9e16bab761bd10525ec66d6f175b56fdf4bac7872d40"
+ADJUSTED = {
+    "1.41.0": {
+        "supernode/start_client_internal.py": _SUPERNODE,
+        "supercore/inflatable/inflatable_utils.py": _INFLATABLE,
+        "supercore/superexec/run_superexec.py": (
+            "6b4855d76940ae0f257555b6e0e9894cc46b1ee9d5675092b0e16a5053e4b2fa"
+        ),
+    },
+    "1.42.0": {
+        "supernode/start_client_internal.py": _SUPERNODE,
+        "supercore/inflatable/inflatable_utils.py": _INFLATABLE,
+        "supercore/superexec/run_superexec.py": (
+            "51cb82facb912f41320d002e1c862b3e5c712cbdf06736f527ede43cf4d207ea"
+        ),
+    },
+}
+SUPPORTED = tuple(ADJUSTED)
+FLOWER_EMPTY_PULL_SLEEP = 3  # start_client_internal: time.sleep(3) after an empty pull
+FLOWER_REPLY_SLEEP = 0.5  # _push_messages: time.sleep(0.5) while the reply is not ready
+FLOWER_PULL_BACKOFF = (1, 10)  # supercore.constant: PULL_INITIAL_BACKOFF, PULL_BACKOFF_CAP
+ENV_WAKE = "FEDSGLD_SUPEREXEC_WAKE"  # the datagram socket the SuperExec wrapper waits on
+ENV_BACKOFF = "FEDSGLD_PULL_BACKOFF"  # "initial,cap" for the app processes
+STOCK = "use Flower's own flower-supernode / flower-superlink (the warm sites work with them)"
+
+
+class UnsupportedFlower(RuntimeError):
+    """The installed flwr is not one this fast path was tested with."""
+
+
+def flower_version() -> str:
+    """The installed flwr's version, as Flower itself reads it (package metadata)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("flwr")
+    except md.PackageNotFoundError as e:
+        raise UnsupportedFlower(f"flwr is not installed: {STOCK}") from e
+
+
+def check_flower(version: str | None = None, root: str | Path | None = None) -> None:
+    """Refuse (:class:`UnsupportedFlower`) unless flwr ``version`` is one of
+    :data:`SUPPORTED` and the files it adjusts under ``root`` (the flwr package) are that
+    release's."""
+    version = flower_version() if version is None else version
+    if version not in ADJUSTED:
+        raise UnsupportedFlower(
+            f"the fast path supports flwr {' and '.join(SUPPORTED)} only (it adjusts "
+            f"internal waits of those releases); the installed flwr is {version}: {STOCK}"
+        )
+    if root is None:
+        import flwr
+
+        root = Path(flwr.__file__).parent
+    for rel, want in ADJUSTED[version].items():
+        p = Path(root) / rel
+        try:
+            got = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError as e:
+            raise UnsupportedFlower(f"flwr file {p} cannot be read ({e}): {STOCK}") from e
+        if got != want:
+            raise UnsupportedFlower(
+                f"flwr file {p} is not flwr {version}'s, which the fast path was tested "
+                f"with (sha256 {got[:12]}..., expected {want[:12]}...): {STOCK}"
+            )
+
+
+def adjust_pull_backoff(initial: float, cap: float) -> None:
+    """Object pulls in this process retry after ``initial`` s, doubling up to ``cap``."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    for fn in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
+        kw = dict(fn.__kwdefaults__ or {})
+        if (kw.get("initial_backoff"), kw.get("backoff_cap")) != FLOWER_PULL_BACKOFF:
+            raise UnsupportedFlower(f"flwr's {fn.__name__} is not as expected: {STOCK}")
+        kw.update(initial_backoff=initial, backoff_cap=cap)
+        fn.__kwdefaults__ = kw
+
+
+def backoff_from_env() -> tuple[float, float] | None:
+    raw = os.environ.get(ENV_BACKOFF)
+    if not raw:
+        return None
+    initial, cap = (float(x) for x in raw.split(","))
+    return initial, cap
+
+
+class _Waits:
+    """Stands in for the ``time`` module inside Flower's ``start_client_internal``: its
+    fixed sleeps shortened while a run is active, everything else ``time``'s."""
+
+    def __init__(self, pull_interval: float, reply_poll: float, active_for: float) -> None:
+        self.pull_interval = pull_interval
+        self.reply_poll = reply_poll
+        self.active_for = active_for
+        self.last_message = -math.inf
+
+    def sleep(self, seconds: float) -> None:
+        if seconds == FLOWER_EMPTY_PULL_SLEEP:
+            if time.monotonic() - self.last_message < self.active_for:
+                seconds = self.pull_interval
+        elif seconds == FLOWER_REPLY_SLEEP:
+            seconds = self.reply_poll
+        time.sleep(seconds)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def adjust_supernode(
+    *, pull_interval: float, reply_poll: float, active_for: float, wake: str | None = None
+) -> _Waits:
+    """Shorten the SuperNode's fixed sleeps in this process (after :func:`check_flower`);
+    ``wake``: a datagram socket to signal whenever a message (a task) has been stored."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+    from flwr.supernode import start_client_internal as sci
+
+    if (
+        sci.time is not time
+        or not callable(getattr(sci, "_pull_and_store_message", None))
+        or sci.pull_objects is not iu.pull_objects
+    ):
+        raise UnsupportedFlower(f"flwr.supernode.start_client_internal is not as expected: {STOCK}")
+    waits = _Waits(pull_interval, reply_poll, active_for)
+    pull_and_store = sci._pull_and_store_message
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if wake else None
+    if sender is not None:
+        sender.setblocking(False)
+
+    def pull_and_store_message(*args, **kwargs):
+        run_id = pull_and_store(*args, **kwargs)
+        if run_id is not None:  # a message and its task are stored: wake the SuperExec
+            waits.last_message = time.monotonic()
+            if sender is not None:
+                with contextlib.suppress(OSError):  # not listening yet, or already woken
+                    sender.sendto(b"t", wake)
+        return run_id
+
+    sci.time = waits
+    sci._pull_and_store_message = pull_and_store_message
+    return waits
+
+
+class _Wakeable:
+    """Stands in for ``time`` inside Flower's ``run_superexec``: its task-poll sleep ends
+    as soon as the SuperNode signals a new task on ``sock``."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def sleep(self, seconds: float) -> None:
+        ready, _, _ = select.select([self.sock], [], [], seconds)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    self.sock.recv(64)
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def _exit_code(e: SystemExit) -> int:
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def superexec_main(args: list[str] | None = None) -> int:
+    """Flower's ``flower-superexec``, woken by its SuperNode (``fedsgld supernode``)."""
+    args = list(sys.argv[1:] if args is None else args)
+    check_flower()
+    from flwr.supercore.cli.flower_superexec import flower_superexec
+    from flwr.supercore.superexec import run_superexec as rs
+
+    if rs.time is not time:
+        raise UnsupportedFlower(f"flwr's run_superexec is not as expected: {STOCK}")
+    wake = os.environ.get(ENV_WAKE)
+    if wake:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(wake)
+        sock.bind(wake)
+        sock.setblocking(False)
+        rs.time = _Wakeable(sock)
+    sys.argv = ["flower-superexec", *args]
+    try:
+        flower_superexec()
+    except SystemExit as e:
+        return _exit_code(e)
+    return 0
+
+
+def serverapp_main(args: list[str] | None = None) -> int:
+    """Flower's ``flwr-serverapp`` with the object-pull backoff of ``fedsgld superlink``."""
+    args = list(sys.argv[1:] if args is None else args)
+    check_flower()
+    backoff = backoff_from_env()
+    if backoff is not None:
+        adjust_pull_backoff(*backoff)
+    from flwr.superlink.cli.flwr_serverapp import flwr_serverapp
+
+    sys.argv = ["flwr-serverapp", *args]
+    try:
+        flwr_serverapp()
+    except SystemExit as e:
+        return _exit_code(e)
+    return 0
+
+
+WRAPPER = """#!{python}
+# fedsgld fast path: Flower's {name}, its fixed waits shortened
+# (written by `fedsgld {command}`; see fedsgld/deploy/fast.py)
+import sys
+from fedsgld.deploy.fast import {main}
+sys.exit({main}())
+"""
+
+
+def _wrapper(d: Path, name: str, command: str, main: str) -> None:
+    p = d / name
+    p.write_text(WRAPPER.format(python=sys.executable, name=name, command=command, main=main))
+    p.chmod(0o700)
+
+
+def _seconds(name: str, lo: float, hi: float):
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise argparse.ArgumentTypeError(f"{name} must be in [{lo:g}, {hi:g}] seconds, got {s}")
+        return v
+
+    return parse
+
+
+def _backoff_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--pull-backoff",
+        type=_seconds("--pull-backoff", 0.001, 1.0),
+        default=0.02,
+        help="first retry of an object pull (Flower: 1; default 0.02)",
+    )
+    ap.add_argument(
+        "--pull-backoff-cap",
+        type=_seconds("--pull-backoff-cap", 0.001, 10.0),
+        default=0.1,
+        help="longest retry wait of an object pull (Flower: 10; default 0.1)",
+    )
+
+
+def _flower_arguments(ap: argparse.ArgumentParser, exe: str) -> None:
+    ap.add_argument(
+        "flower_args",
+        nargs=argparse.REMAINDER,
+        metavar=f"-- {exe.upper()}-ARGUMENTS",
+        help=f"passed to Flower's {exe} unchanged (after --)",
+    )
+
+
+def add_supernode_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--pull-interval",
+        type=_seconds("--pull-interval", 0.005, 3.0),
+        default=0.05,
+        help="seconds between pulls from the SuperLink while a run is active "
+        "(Flower: 3 after every empty pull; default 0.05)",
+    )
+    ap.add_argument(
+        "--reply-poll",
+        type=_seconds("--reply-poll", 0.001, 0.5),
+        default=0.01,
+        help="seconds between local checks for the ClientApp's reply (Flower: 0.5; default 0.01)",
+    )
+    _backoff_arguments(ap)
+    ap.add_argument(
+        "--task-poll",
+        type=_seconds("--task-poll", 0.01, 60.0),
+        default=2.0,
+        help="the SuperExec's task poll besides the SuperNode's wake-up "
+        "(FLWR_SUPEREXEC_TASK_POLL_INTERVAL, if not set; Flower: 1; default 2)",
+    )
+    ap.add_argument(
+        "--active-for",
+        type=_seconds("--active-for", 0.0, 86400.0),
+        default=60.0,
+        help="a node that got a message within this many seconds polls fast (default 60)",
+    )
+    ap.add_argument(
+        "--no-warm", action="store_true", help="no warm sites: Flower's own flwr-clientapp"
+    )
+    _flower_arguments(ap, "flower-supernode")
+
+
+def add_superlink_arguments(ap: argparse.ArgumentParser) -> None:
+    _backoff_arguments(ap)
+    _flower_arguments(ap, "flower-superlink")
+
+
+def _flower_args(args: argparse.Namespace) -> list[str]:
+    rest = list(args.flower_args)
+    return rest[1:] if rest and rest[0] == "--" else rest
+
+
+def _checked(command: str) -> bool:
+    try:
+        check_flower()
+    except UnsupportedFlower as e:
+        print(f"fedsgld {command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def run_supernode(args: argparse.Namespace) -> int:
+    """``fedsgld supernode``."""
+    if not _checked("supernode"):
+        return 2
+    from . import shim
+
+    bin_dir = Path(tempfile.mkdtemp(prefix="fedsgld-node-"))  # mode 0700: sockets, wrappers
+    server: subprocess.Popen | None = None
+    try:
+        wake = str(bin_dir / "superexec.wake")
+        _wrapper(bin_dir, "flower-superexec", "supernode", "superexec_main")
+        os.environ[ENV_WAKE] = wake
+        os.environ[ENV_BACKOFF] = f"{args.pull_backoff:g},{args.pull_backoff_cap:g}"
+        os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", f"{args.task_poll:g}")
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        adjust_pull_backoff(args.pull_backoff, args.pull_backoff_cap)
+        adjust_supernode(
+            pull_interval=args.pull_interval,
+            reply_poll=args.reply_poll,
+            active_for=args.active_for,
+            wake=wake,
+        )
+        if not args.no_warm:
+            shim.install_shim(str(bin_dir))
+            sock = str(bin_dir / "fork.sock")
+            os.environ[shim.ENV_SOCKET] = sock
+            server = shim.start_server(sock, os.getpid())
+        from flwr.supernode.cli.flower_supernode import flower_supernode
+
+        sys.argv = ["flower-supernode", *_flower_args(args)]
+        flower_supernode()
+        return 0
+    finally:
+        if server is not None and server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        shutil.rmtree(bin_dir, ignore_errors=True)
+
+
+def run_superlink(args: argparse.Namespace) -> int:
+    """``fedsgld superlink``."""
+    if not _checked("superlink"):
+        return 2
+    bin_dir = Path(tempfile.mkdtemp(prefix="fedsgld-link-"))  # mode 0700
+    try:
+        _wrapper(bin_dir, "flwr-serverapp", "superlink", "serverapp_main")
+        os.environ[ENV_BACKOFF] = f"{args.pull_backoff:g},{args.pull_backoff_cap:g}"
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+        from flwr.superlink.cli.flower_superlink import flower_superlink
+
+        sys.argv = ["flower-superlink", *_flower_args(args)]
+        flower_superlink()
+        return 0
+    finally:
+        shutil.rmtree(bin_dir, ignore_errors=True)
+
+
+def register(sub) -> None:
+    """Add ``supernode`` and ``superlink`` to the ``fedsgld`` command's subparsers."""
+    node = sub.add_parser(
+        "supernode", help="Flower's SuperNode with its fixed waits shortened (fast path)"
+    )
+    add_supernode_arguments(node)
+    node.set_defaults(func=run_supernode)
+    link = sub.add_parser(
+        "superlink", help="Flower's SuperLink with its object-pull backoff shortened (fast path)"
+    )
+    add_superlink_arguments(link)
+    link.set_defaults(func=run_superlink)

@@ -1,0 +1,363 @@
+"""Warm sites: Flower's per-message ``flwr-clientapp`` process, forked from a warm one.
+
+Flower's SuperExec starts a new ``flwr-clientapp`` process for every message a SuperNode
+receives (the executable of that name on ``PATH``); a fresh interpreter importing torch
+and flwr costs seconds per message and per site. Here:
+
+* a **fork server** (one per SuperNode) imports the heavy *libraries* once
+  (:data:`DEFAULT_PRELOAD`: torch, numpy, scipy, httpx, flwr's ClientApp runtime) and
+  waits on a Unix socket in a directory private to the user (mode 0700; the peer's uid is
+  checked too, since every request carries a Flower task token);
+* the **shim** (:mod:`fedsgld.deploy.shim`), installed as ``flwr-clientapp`` first on the
+  SuperNode's ``PATH``, hands each task to it. The server forks; the child takes the
+  task's arguments, environment, working directory and stdin/stdout/stderr and runs
+  Flower's own ``flwr-clientapp`` entry point, which pulls the task, installs the app
+  bundle, loads the ClientApp from it and runs it, exactly as a fresh process would. The
+  shim exits with the child's status. Without a serving fork server the shim starts one
+  in the background and runs Flower's own ``flwr-clientapp``.
+
+What runs is the submitted app bundle's code. Flower's ``load_app`` reuses any module
+already in ``sys.modules``, so a preloaded app package would silently run the site's
+installed copy instead of the bundle: the server refuses to preload ``fedsgld`` (and
+checks that no library imported it), and each child drops every ``fedsgld`` module (the
+server's own code) before Flower loads the bundle. The site's shard and model are rebuilt
+in each task from ``context.state``, which Flower keeps per run, as in a cold process.
+
+Each child starts as a fresh interpreter would: CPython reseeds ``random`` at fork, numpy's
+global generator is reseeded from the OS, torch's default generator is untouched (the
+server draws nothing from it). The server never starts a Python thread and runs no torch
+operation; it refuses to fork (the task then runs cold) if a Python thread appeared.
+Variables read when libraries are imported (``PYTHON*``, ``OMP_*``, ``MKL_*``, ``TORCH*``,
+``FLWR_TELEMETRY*``, ...) must be the same in the task's environment as in the server's,
+otherwise the task runs cold. Each forked task has ``FEDSGLD_WARM_SITE`` set to the fork
+server's pid; with ``FEDSGLD_WARM_DEBUG=1`` it logs its run time and the library modules
+it imported that were not preloaded (candidates for ``--preload``).
+
+    python -m fedsgld.deploy.warm install-shim DIR     # writes DIR/flwr-clientapp
+    PATH=DIR:$PATH FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.02 flower-supernode ...
+
+A fork server stops when its owner exits: the SuperExec that ran the shim (its
+``--parent-pid``), or ``fedsgld supernode``. Linux (Unix sockets, ``fork``,
+``SO_PEERCRED``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+
+from .shim import (
+    ENV_MODE,
+    ENV_SOCKET,
+    SHIM_NAME,
+    STATUS,
+    alive,
+    install_shim,
+    private_dir,
+    send_json,
+    socket_path,
+    start_server,
+)
+
+ENV_CHILD = "FEDSGLD_WARM_SITE"  # set in every forked task: the fork server's pid
+ENV_DEBUG = "FEDSGLD_WARM_DEBUG"  # set: each task logs its run time and unpreloaded imports
+
+# What a fedsgld site task imports besides fedsgld itself (FEDSGLD_WARM_DEBUG lists the
+# rest); libraries only, never an app package.
+DEFAULT_PRELOAD = (
+    "numpy",
+    "torch",
+    "torch.func",
+    "torch._dynamo",  # torch.func.grad imports it on first use: seconds per task otherwise
+    "scipy.special",
+    "scipy.stats",
+    "scipy.optimize",
+    "httpx",
+    "httpcore",  # httpx imports it when the task's client is made
+    "h11",
+    "encodings.cp437",  # zipfile, when Flower unpacks the app bundle
+    "flwr.app",
+    "flwr.clientapp",
+    "flwr.supernode.cli.flwr_clientapp",
+    "flwr.supernode.runtime.run_clientapp",
+)
+NEVER_PRELOAD = ("fedsgld",)  # app packages: the bundle's copy must be the one that runs
+# environment variables that take effect when a library is imported, not per task
+IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "TORCH", "CUDA_", "FLWR_TELEMETRY")
+
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "ENV_CHILD",
+    "ENV_DEBUG",
+    "ENV_MODE",
+    "ENV_SOCKET",
+    "install_shim",
+    "serve",
+    "socket_path",
+    "start_server",
+]
+
+
+def _log(msg: str) -> None:
+    t = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+    print(f"{stamp} [fedsgld warm {os.getpid()}] {msg}", file=sys.stderr, flush=True)
+
+
+def _import_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+
+
+def _app_modules() -> list[str]:
+    return [m for m in sys.modules if m.split(".")[0] in NEVER_PRELOAD]
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    import json
+
+    from .shim import HEADER
+
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    fds = list(fds)
+    try:
+        if len(data) < HEADER.size:
+            raise ConnectionError("short request")
+        (n,) = HEADER.unpack_from(data)
+        body = bytearray(data[HEADER.size :])
+        while len(body) < n:
+            chunk = conn.recv(n - len(body))
+            if not chunk:
+                raise ConnectionError("request cut short")
+            body += chunk
+        return json.loads(bytes(body)), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None  # the private directory is the guard
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _refusal(req: dict, fds: list[int], base_env: dict[str, str]) -> str | None:
+    if (
+        len(fds) != 3
+        or not isinstance(req.get("argv"), list)
+        or not isinstance(req.get("env"), dict)
+        or not isinstance(req.get("cwd"), str)
+    ):
+        return "malformed request"
+    diff = set(base_env.items()) ^ set(_import_env(req["env"]).items())
+    if diff:
+        names = sorted({k for k, _ in diff})
+        return f"import-time environment differs from the fork server's ({', '.join(names)})"
+    if threading.active_count() != 1:
+        return "the fork server has a thread; forking is unsafe"
+    return None
+
+
+def _reseed_after_fork() -> None:
+    """The child's global generators as a fresh interpreter's (``random``: CPython)."""
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()  # from the OS, as numpy does at import
+
+
+def _child(
+    lsock: socket.socket, conn: socket.socket, req: dict, fds: list[int], server: int
+) -> None:
+    """In the forked process: become Flower's ``flwr-clientapp`` for this task."""
+    code = 1
+    try:
+        lsock.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.environ[ENV_CHILD] = str(server)
+        os.chdir(req["cwd"])
+        sys.argv = list(req["argv"])
+        for name in _app_modules():  # the server's own fedsgld: the bundle's must load
+            del sys.modules[name]
+        importlib.invalidate_caches()
+        _reseed_after_fork()
+        send_json(conn, {"pid": os.getpid()})
+        from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
+
+        debug = bool(os.environ.get(ENV_DEBUG))
+        before = set(sys.modules) if debug else set()
+        t0 = time.monotonic()
+        try:
+            flwr_clientapp()
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if debug:
+            new = {m.split(".")[0] for m in set(sys.modules) - before}
+            libs = sorted(new - set(NEVER_PRELOAD) - set(sys.builtin_module_names))
+            _log(
+                f"task done (exit {code}) in {time.monotonic() - t0:.3f} s; "
+                f"imported packages not preloaded: {libs}"
+            )
+    except BaseException:  # noqa: BLE001 - the task's process must always report
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            import logging
+
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            conn.sendall(STATUS.pack(code))
+        os._exit(code)
+
+
+def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
+    """Import ``preload``, listen on ``path`` and fork one child per task until the owner
+    process (the SuperNode's SuperExec, or ``fedsgld supernode``) exits."""
+    bad = [m for m in preload if m.split(".")[0] in NEVER_PRELOAD]
+    if bad:
+        raise ValueError(
+            f"preload must not name app packages ({', '.join(bad)}): Flower would run "
+            "the preloaded copy instead of the submitted app bundle"
+        )
+    base_env = _import_env(dict(os.environ))  # before the imports (torch sets some itself)
+    server_modules = set(_app_modules())  # this module's own package
+    t0 = time.monotonic()
+    for m in preload:
+        importlib.import_module(m)
+    leaked = sorted(set(_app_modules()) - server_modules)
+    if leaked:
+        raise RuntimeError(f"preloading imported app modules {leaked}; refusing to serve")
+    from .fast import adjust_pull_backoff, backoff_from_env, check_flower
+
+    backoff = backoff_from_env()  # set by `fedsgld supernode`: its children pull the same way
+    if backoff is not None:
+        check_flower()
+        adjust_pull_backoff(*backoff)
+    gc.freeze()  # what is loaded now stays shared with the children (fewer copied pages)
+    private_dir(os.path.dirname(os.path.abspath(path)))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        lsock.bind(path)
+    finally:
+        os.umask(old)
+    lsock.listen(64)
+    ino = os.stat(path).st_ino
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+
+    def _stop(signum, _frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    _log(f"serving {path} (preloaded {len(preload)} modules in {time.monotonic() - t0:.1f} s)")
+    served = 0
+    debug = bool(os.environ.get(ENV_DEBUG))
+    try:
+        while True:
+            ready, _, _ = select.select([lsock], [], [], 0.5)
+            if owner_pid is not None and not alive(owner_pid):
+                _log(f"owner {owner_pid} exited; stopping after {served} tasks")
+                return 0
+            if not ready:
+                continue
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            fds: list[int] = []
+            try:
+                conn.settimeout(10.0)
+                if _peer_uid(conn) not in (None, os.getuid()):
+                    _log("refused a connection from another user")
+                    continue
+                req, fds = _recv_request(conn)
+                why = _refusal(req, fds, base_env)
+                if why:
+                    _log(f"task refused: {why}")
+                    send_json(conn, {"error": why})
+                    continue
+                conn.settimeout(None)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(lsock, conn, req, fds, os.getppid())
+                served += 1
+                if debug:
+                    _log(f"task {served}: forked {pid}")
+            except (OSError, ValueError, ConnectionError) as e:
+                _log(f"bad request: {e!r}")
+            finally:
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                conn.close()
+    finally:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == ino:
+                os.unlink(path)
+        lsock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m fedsgld.deploy.warm", description=__doc__.split("\n\n")[0]
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ins = sub.add_parser(
+        "install-shim", help=f"write DIR/{SHIM_NAME} (put DIR first on the SuperNode's PATH)"
+    )
+    ins.add_argument("dir")
+    srv = sub.add_parser("serve", help="run a fork server (the shim starts one when needed)")
+    srv.add_argument("--socket", required=True)
+    srv.add_argument("--owner-pid", type=int, default=None, help="stop when this process exits")
+    srv.add_argument(
+        "--preload",
+        default=",".join(DEFAULT_PRELOAD),
+        help="comma-separated library modules to import once (never the app's own package)",
+    )
+    args = ap.parse_args(argv)
+    if args.cmd == "install-shim":
+        print(install_shim(args.dir))
+        return 0
+    preload = [m.strip() for m in args.preload.split(",") if m.strip()]
+    try:
+        return serve(args.socket, args.owner_pid, preload)
+    except Exception as e:  # shims stop starting servers for this owner (shim.connect)
+        _log(f"error: {e!r}")
+        with contextlib.suppress(OSError), open(args.socket + ".failed", "w") as f:
+            f.write(f"{args.owner_pid} {e!r}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
