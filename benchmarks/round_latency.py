@@ -7,7 +7,7 @@ Transports: the in-process engine (``fedsgld.engine.run``), the Flower apps over
 in-process ``LocalGrid`` (``fedsgld.apps.local_grid.run_local``), Flower's Ray simulation
 (``flwr run .``) and a loopback deployment (one ``flower-superlink``, one
 ``flower-supernode`` per site, ``flwr run . <connection>``). Flower runs report the
-server loop's own mean round time (``results.json`` -> ``flower.round_wall_time_s``,
+server loop's own mean round time (``results.json`` -> ``round_wall_time_s``,
 training rounds only, no evaluation, the first round (warm-up) left out); the engine's
 results.json has the same field for its own loop. MNIST-5k, the
 paper CNN, q = 0.064, no evaluation rounds. Every Flower process gets its own FLWR_HOME
@@ -124,9 +124,7 @@ def local_grid_round(sites: int, rounds: int, tmp: Path) -> float:
 
     out = tmp / f"local-{sites}"
     run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
-        "mean_after_first"
-    ]
+    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
 
 
 def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -142,9 +140,7 @@ def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop([], str(home))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
-        "mean_after_first"
-    ]
+    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
 
 
 def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
@@ -215,9 +211,7 @@ def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
         )  # fmt: skip
     finally:
         _stop(procs, str(root))
-    return json.loads((out / "results.json").read_text())["flower"]["round_wall_time_s"][
-        "mean_after_first"
-    ]
+    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
 
 
 def main(argv: list[str] | None = None) -> int:
