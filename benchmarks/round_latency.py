@@ -1,17 +1,40 @@
 """Per-round wall time of one DP-SGLD round over each transport, on the paper CNN.
 
-    python benchmarks/round_latency.py [--sites 4 16] [--rounds 6] [--skip-local] [--skip-sim]
-        [--skip-deploy] [--local-steps E] [--superexec-poll S] [--json]
+    python benchmarks/round_latency.py [--sites 4 16] [--rounds 6]
+        [--transports engine,local_grid,ray,deploy,deploy_fast] [--task-poll S]
+        [--local-steps E] [--json]
+    python benchmarks/round_latency.py --demo [--json]
 
-Transports: the in-process engine (``fedsgld.engine.run``), the Flower apps over the
-in-process ``LocalGrid`` (``fedsgld.apps.local_grid.run_local``), Flower's Ray simulation
-(``flwr run .``) and a loopback deployment (one ``flower-superlink``, one
-``flower-supernode`` per site, ``flwr run . <connection>``). Flower runs report the
-server loop's own mean round time (``results.json`` -> ``round_wall_time_s``,
-training rounds only, no evaluation, the first round (warm-up) left out); the engine's
-results.json has the same field for its own loop. MNIST-5k, the
-paper CNN, q = 0.064, no evaluation rounds. Every Flower process gets its own FLWR_HOME
-under a temporary directory and is stopped at the end.
+Transports (MNIST-5k, the paper CNN, q = 0.064, no evaluation rounds):
+
+``engine``       the in-process engine (``fedsgld.engine.run``);
+``local_grid``   the Flower apps over the in-process ``LocalGrid``;
+``ray``          Flower's Ray simulation (``flwr run .`` on its local SuperLink);
+``deploy``       a loopback deployment on Flower's stock ``flower-superlink`` and one stock
+                 ``flower-supernode`` per site, with warm sites (the ``flwr-clientapp`` shim
+                 of ``python -m fedsgld.deploy.warm install-shim`` first on each SuperNode's
+                 PATH, ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL=--task-poll``, default 0.1);
+``deploy_fast``  the same over the fast path: ``fedsgld superlink`` and one
+                 ``fedsgld supernode`` per site (defaults), warm sites included.
+
+Each number is the mean wall time of the rounds after the first (warm-up): the server
+loop's own timer (``results.json`` -> ``round_wall_time_s.mean_after_first``, the same
+key for every transport). Deployments use ``poll-interval = 0.05`` (how often
+the ServerApp looks for replies). ``--json`` prints one object: ``engine``,
+``local_grid``, ``ray``, ``deploy``, ``deploy_fast`` (seconds per round for the first
+``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``), and
+``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count).
+
+``--demo`` runs ``simulations/demo.toml`` (DP-SGLD, 4 sites, until the budget halts it,
+with its evaluation rounds) once in-process and once deployed on loopback over the fast
+path, and reports the deployment's wall time (``flwr run`` start to finish), steps,
+epsilon and pooled accuracy next to the in-process run's.
+
+Every Flower process gets its own FLWR_HOME under a temporary directory and is stopped
+by PID at the end (the detached local SuperLink of ``flwr run`` and the SuperExec
+children are found by that FLWR_HOME in their environment). Flower's processes run with
+Python's default bytecode caching (``PYTHONDONTWRITEBYTECODE`` removed from their
+environment), as on a site's machine: the app bundle is compiled once, not per message.
 """
 
 from __future__ import annotations
@@ -29,6 +52,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+TRANSPORTS = ("engine", "local_grid", "ray", "deploy", "deploy_fast")
 BASE = {
     "dataset": "mnist5k",
     "model": "cnn",
@@ -46,39 +70,24 @@ BASE = {
     "seed": 0,
     "threads": 1,
 }
+DEPLOY_RUN = {"poll-interval": 0.05, "wait-for-sites": 600.0, "round-timeout": 600.0}
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(
         FLWR_HOME=str(home),
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         RAY_USAGE_STATS_ENABLED="0",
-        PATH=os.pathsep.join(
-            [str(Path(sys.executable).parent), env.get("PATH", "")]
-        ),  # flower-superexec
-        **extra,
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),  # flower-superexec etc.
     )
+    env.update(extra)
     return env
-
-
-SUPEREXEC_POLL: float | None = None  # --superexec-poll: FLWR_SUPEREXEC_TASK_POLL_INTERVAL
-
-
-def import_cost(repeats: int = 3) -> float:
-    """Median wall time of a fresh interpreter importing what a site process imports."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.clients.flower"],
-            check=True,
-        )
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def _port() -> int:
@@ -87,30 +96,64 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}; log:\n{log.read_text()[-3000:]}")
+
+
 def _run_config(cfg: dict) -> str:
-    return " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v!r}" for k, v in cfg.items())
+    parts = []
+    for k, v in cfg.items():
+        if isinstance(v, bool):
+            parts.append(f"{k}={'true' if v else 'false'}")
+        elif isinstance(v, str):
+            parts.append(f"{k}='{v}'")
+        else:
+            parts.append(f"{k}={v!r}")
+    return " ".join(parts)
 
 
 def _stop(procs: list[subprocess.Popen], tag: str) -> None:
+    """Stop our processes by PID: those started here (their sessions), then any process
+    whose environment carries ``tag`` (a FLWR_HOME under our temporary directory)."""
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(timeout=15)
+            p.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-    # the detached local SuperLink of `flwr run` and SuperExec children carry our FLWR_HOME
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if tag.encode() in (d / "environ").read_bytes():
-                    os.kill(int(d.name), signal.SIGTERM)
-            except OSError:
-                pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        found = False
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit() and int(d.name) != os.getpid():
+                try:
+                    if tag.encode() in (d / "environ").read_bytes():
+                        os.kill(int(d.name), sig)
+                        found = True
+                except OSError:
+                    pass
+        if not found:
+            return
+        time.sleep(3)
 
 
-def engine_round(sites: int, rounds: int, tmp: Path) -> float:
+def _flower_round(out: Path) -> float:
+    return json.loads((out / "results.json").read_text())["round_wall_time_s"][
+        "mean_after_first"
+    ]
+
+
+def engine_round(sites: int, rounds: int, tmp: Path, **_) -> float:
     from fedsgld import engine
     from fedsgld.config import load_config
 
@@ -119,155 +162,198 @@ def engine_round(sites: int, rounds: int, tmp: Path) -> float:
     return res["round_wall_time_s"]["mean_after_first"]
 
 
-def local_grid_round(sites: int, rounds: int, tmp: Path) -> float:
+def local_grid_round(sites: int, rounds: int, tmp: Path, **_) -> float:
     from fedsgld.apps.local_grid import run_local
 
     out = tmp / f"local-{sites}"
     run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
-    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
+    return _flower_round(out)
 
 
-def simulation_round(sites: int, rounds: int, tmp: Path) -> float:
-    home = tmp / f"sim-home-{sites}"
-    out = tmp / f"sim-{sites}"
+def ray_round(sites: int, rounds: int, tmp: Path, **_) -> float:
+    home = tmp / f"ray-home-{sites}"
+    out = tmp / f"ray-{sites}"
     env = _env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_port()))
     try:
         subprocess.run(
             [str(BIN / "flwr"), "run", ".", "--stream",
              "--run-config", _run_config({**BASE, "sites": sites, "rounds": rounds, "out": str(out)}),
              "--federation-config", f"num-supernodes={sites} client-resources-num-cpus=1"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=True,
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600, check=True,
         )  # fmt: skip
     finally:
         _stop([], str(home))
-    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
+    return _flower_round(out)
 
 
-def deployment_round(sites: int, rounds: int, tmp: Path) -> float:
+def deploy(
+    cfg: dict, tmp: Path, name: str, *, fast: bool, task_poll: float = 0.1
+) -> tuple[dict, float]:
+    """A loopback deployment of run config ``cfg`` (one SuperNode per site); the run's
+    results.json and the wall time of ``flwr run``."""
     from fedsgld.apps.export_sites import export_sites
     from fedsgld.config import load_config
+    from fedsgld.deploy.shim import install_shim
 
-    root = tmp / f"deploy-{sites}"
-    cfg = {**BASE, "sites": sites, "rounds": rounds}
-    files = export_sites(load_config(None, cfg), root / "data")
+    root = tmp / name
+    files = export_sites(
+        load_config(None, {k: v for k, v in cfg.items() if "-" not in k}), root / "data"
+    )
     port = _port()
     procs: list[subprocess.Popen] = []
+    fedsgld = [sys.executable, "-m", "fedsgld"]
+    shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
+    install_shim(str(shim_dir))
 
-    def start(name: str, args: list[str]) -> None:
-        extra = (
-            {}
-            if SUPEREXEC_POLL is None
-            else {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL)}
-        )
-        log = open(root / f"{name}.log", "wb")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
-                args,
-                env=_env(root / f"home-{name}", **extra),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+    def start(tag: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(root / f"{tag}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root,
+                             start_new_session=True)  # fmt: skip
+        procs.append(p)
+        return p
 
     try:
-        start(
-            "link",
-            [
-                str(BIN / "flower-superlink"),
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--disable-runtime-dependency-installation",
-            ],
-        )
-        time.sleep(3)
+        link_args = ["--insecure", "--host", "127.0.0.1", "--port", str(port),
+                     "--disable-runtime-dependency-installation"]  # fmt: skip
+        link_cmd = [*fedsgld, "superlink", "--"] if fast else [str(BIN / "flower-superlink")]
+        link = start("link", [*link_cmd, *link_args], _env(root / "home-link"))
+        _wait_port(port, link, root / "link.log")
         for k, f in enumerate(files):
-            start(
-                f"node{k}",
-                [
-                    str(BIN / "flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{port}",
-                    "--port",
-                    str(_port()),
-                    "--node-config",
-                    f"site-id={k} site-data='{f}'",
-                ],
-            )
+            node_args = ["--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(_port()),
+                         "--node-config", f"site-id={k} site-data='{f}'"]  # fmt: skip
+            if fast:
+                start(f"node{k}", [*fedsgld, "supernode", "--", *node_args],
+                      _env(root / f"home-node{k}"))  # fmt: skip
+            else:
+                env = _env(
+                    root / f"home-node{k}", FLWR_SUPEREXEC_TASK_POLL_INTERVAL=f"{task_poll:g}"
+                )
+                env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
+                start(f"node{k}", [str(BIN / "flower-supernode"), *node_args], env)
         cli = root / "home-cli"
         cli.mkdir(parents=True, exist_ok=True)
         (cli / "config.toml").write_text(
             f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
         )
         out = root / "out"
-        subprocess.run(
+        t0 = time.perf_counter()
+        res = subprocess.run(
             [str(BIN / "flwr"), "run", ".", "loop", "--stream",
-             "--run-config", _run_config({**cfg, "out": str(out), "poll-interval": 0.1})],
-            cwd=ROOT, env=_env(cli), capture_output=True, text=True, timeout=3600, check=True,
+             "--run-config", _run_config({**cfg, **DEPLOY_RUN, "out": str(out)})],
+            cwd=ROOT, env=_env(cli), capture_output=True, text=True, timeout=7200,
         )  # fmt: skip
+        took = time.perf_counter() - t0
+        if res.returncode != 0 or not (out / "results.json").is_file():
+            raise RuntimeError(f"{name}: flwr run failed:\n{(res.stdout + res.stderr)[-3000:]}")
+        return json.loads((out / "results.json").read_text()), took
     finally:
         _stop(procs, str(root))
-    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
+
+
+def deploy_round(sites: int, rounds: int, tmp: Path, *, task_poll: float = 0.1, **_) -> float:
+    r, _ = deploy({**BASE, "sites": sites, "rounds": rounds}, tmp, f"deploy-{sites}",
+                  fast=False, task_poll=task_poll)  # fmt: skip
+    return r["round_wall_time_s"]["mean_after_first"]
+
+
+def deploy_fast_round(sites: int, rounds: int, tmp: Path, **_) -> float:
+    r, _ = deploy({**BASE, "sites": sites, "rounds": rounds}, tmp, f"fast-{sites}", fast=True)
+    return r["round_wall_time_s"]["mean_after_first"]
+
+
+ROUND = {
+    "engine": engine_round,
+    "local_grid": local_grid_round,
+    "ray": ray_round,
+    "deploy": deploy_round,
+    "deploy_fast": deploy_fast_round,
+}
+
+
+def demo(tmp: Path) -> dict:
+    """simulations/demo.toml in-process and deployed over the fast path."""
+    from fedsgld import engine
+    from fedsgld.config import load_config
+
+    cfg = load_config(ROOT / "simulations" / "demo.toml", {})
+    t0 = time.perf_counter()
+    eng = engine.run(cfg, out_dir=tmp / "demo-engine", progress=False, log=lambda s: None)
+    eng_wall = time.perf_counter() - t0
+    dep, dep_wall = deploy(cfg.flat(), tmp, "demo-fast", fast=True)
+
+    def summary(r: dict, wall: float) -> dict:
+        p = r["privacy"]
+        return {
+            "wall_time_s": round(wall, 1),
+            "steps": p["steps"],
+            "epsilon": p["epsilon"][p["rigorous_accountant"]],
+            "pooled_accuracy": r["metrics"]["pooled"]["accuracy"],
+        }
+
+    return {"engine": summary(eng, eng_wall), "deploy_fast": summary(dep, dep_wall)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sites", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--skip-sim", action="store_true", help="skip Flower's Ray simulation")
-    ap.add_argument("--skip-deploy", action="store_true", help="skip the loopback deployment")
     ap.add_argument(
-        "--superexec-poll",
-        type=float,
-        default=None,
-        help="deployment: seconds between the SuperNodes' SuperExec task polls "
-        "(FLWR_SUPEREXEC_TASK_POLL_INTERVAL; Flower's default 1.0)",
+        "--transports",
+        default=",".join(TRANSPORTS),
+        help=f"comma-separated, from {', '.join(TRANSPORTS)} (default: all)",
     )
-    ap.add_argument("--skip-local", action="store_true", help="skip the engine and LocalGrid")
+    ap.add_argument(
+        "--task-poll",
+        type=float,
+        default=0.1,
+        help="deploy (stock SuperNodes): FLWR_SUPEREXEC_TASK_POLL_INTERVAL (Flower: 1.0)",
+    )
     ap.add_argument(
         "--local-steps",
         type=int,
         default=0,
         help="noise_placement = 'sites' with this many local steps per round (default: server)",
     )
+    ap.add_argument("--demo", action="store_true", help="time simulations/demo.toml deployed")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    global SUPEREXEC_POLL
-    SUPEREXEC_POLL = args.superexec_poll
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2 (the first round is left out)")
+    names = [t.strip() for t in args.transports.split(",") if t.strip()]
+    bad = sorted(set(names) - set(TRANSPORTS))
+    if bad:
+        ap.error(f"--transports: unknown {bad}; choose from {', '.join(TRANSPORTS)}")
     if args.local_steps:
         BASE.update(noise_placement="sites", local_steps=args.local_steps)
-    transports = {} if args.skip_local else {"engine": engine_round, "local_grid": local_grid_round}
-    if not args.skip_sim:
-        transports["simulation"] = simulation_round
-    if not args.skip_deploy:
-        transports["deployment"] = deployment_round
-    res: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="fedsgld-latency-") as d:
-        for name, fn in transports.items():
+        if args.demo:
+            res = demo(Path(d))
+            print(json.dumps(res) if args.json else json.dumps(res, indent=1))
+            return 0
+        per: dict[str, dict[str, float]] = {}
+        for name in names:
             for k in args.sites:
-                t = fn(k, args.rounds, Path(d))
-                res.setdefault(name, {})[str(k)] = t
+                t = ROUND[name](k, args.rounds, Path(d), task_poll=args.task_poll)
+                per.setdefault(name, {})[str(k)] = t
                 if not args.json:
-                    print(f"{name:11s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
-    imports = import_cost()
+                    print(f"{name:12s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
+    first = str(args.sites[0])
+    out: dict = {n: per[n][first] for n in names}
+    ratios = {
+        k: {n: round(per[n][k] / per["engine"][k], 2) for n in names}
+        for k in map(str, args.sites)
+        if "engine" in per
+    }
+    if ratios:
+        out["ratio_to_engine"] = ratios[first]
+    out.update(
+        seconds_per_round=per, ratio_to_engine_by_sites=ratios, rounds=args.rounds, sites=args.sites
+    )
     if args.json:
-        print(
-            json.dumps(
-                {"seconds_per_round": res, "rounds": args.rounds, "site_process_import_s": imports}
-            )
-        )
-    else:
-        print(f"a fresh site process imports torch, flwr and fedsgld in {imports:.2f} s")
-        for k in args.sites if "engine" in res else []:
-            base = res["engine"][str(k)]
-            print(
-                f"{k} sites, relative to the in-process engine: "
-                + ", ".join(f"{n} x{v[str(k)] / base:.1f}" for n, v in res.items())
-            )
+        print(json.dumps(out))
+    for k, r in ratios.items() if not args.json else ():
+        print(f"{k} sites, relative to the in-process engine: "
+              + ", ".join(f"{n} x{v:.1f}" for n, v in r.items()))  # fmt: skip
     return 0
 
 

@@ -153,18 +153,45 @@ def backoff_from_env() -> tuple[float, float] | None:
 
 class _Waits:
     """Stands in for the ``time`` module inside Flower's ``start_client_internal``: its
-    fixed sleeps shortened while a run is active, everything else ``time``'s."""
+    fixed sleeps shortened while a run is active, everything else ``time``'s.
 
-    def __init__(self, pull_interval: float, reply_poll: float, active_for: float) -> None:
+    After a reply has been sent the next message cannot come before the other sites have
+    replied and the server has taken its step; rounds are regular, so the first sleep
+    after a reply lasts ``predict`` times the shortest of the last three waits from a
+    reply to the next message (at most Flower's 3 s), and only then does the node poll
+    every ``pull_interval``. This cuts the requests a node makes per round several-fold
+    at the cost of a late pull when a round is much shorter than the previous three."""
+
+    def __init__(
+        self, pull_interval: float, reply_poll: float, active_for: float, predict: float
+    ) -> None:
         self.pull_interval = pull_interval
         self.reply_poll = reply_poll
         self.active_for = active_for
+        self.predict = predict
         self.last_message = -math.inf
+        self.sent_at: float | None = None  # when the last reply went out
+        self.gaps: list[float] = []  # reply -> next message, the last three rounds
+        self.after_reply = False
+
+    def message(self) -> None:
+        now = time.monotonic()
+        self.last_message = now
+        if self.sent_at is not None:
+            self.gaps = [*self.gaps[-2:], now - self.sent_at]
+            self.sent_at = None
+
+    def replied(self) -> None:
+        self.sent_at = time.monotonic()
+        self.after_reply = True
 
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_EMPTY_PULL_SLEEP:
             if time.monotonic() - self.last_message < self.active_for:
                 seconds = self.pull_interval
+                if self.after_reply and self.gaps:
+                    seconds = min(3.0, max(seconds, self.predict * min(self.gaps)))
+            self.after_reply = False
         elif seconds == FLOWER_REPLY_SLEEP:
             seconds = self.reply_poll
         time.sleep(seconds)
@@ -174,7 +201,12 @@ class _Waits:
 
 
 def adjust_supernode(
-    *, pull_interval: float, reply_poll: float, active_for: float, wake: str | None = None
+    *,
+    pull_interval: float,
+    reply_poll: float,
+    active_for: float,
+    predict: float = 0.0,
+    wake: str | None = None,
 ) -> _Waits:
     """Shorten the SuperNode's fixed sleeps in this process (after :func:`check_flower`);
     ``wake``: a datagram socket to signal whenever a message (a task) has been stored."""
@@ -184,11 +216,12 @@ def adjust_supernode(
     if (
         sci.time is not time
         or not callable(getattr(sci, "_pull_and_store_message", None))
+        or not callable(getattr(sci, "_push_messages", None))
         or sci.pull_objects is not iu.pull_objects
     ):
         raise UnsupportedFlower(f"flwr.supernode.start_client_internal is not as expected: {STOCK}")
-    waits = _Waits(pull_interval, reply_poll, active_for)
-    pull_and_store = sci._pull_and_store_message
+    waits = _Waits(pull_interval, reply_poll, active_for, predict)
+    pull_and_store, push = sci._pull_and_store_message, sci._push_messages
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if wake else None
     if sender is not None:
         sender.setblocking(False)
@@ -196,14 +229,21 @@ def adjust_supernode(
     def pull_and_store_message(*args, **kwargs):
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:  # a message and its task are stored: wake the SuperExec
-            waits.last_message = time.monotonic()
+            waits.message()
             if sender is not None:
                 with contextlib.suppress(OSError):  # not listening yet, or already woken
                     sender.sendto(b"t", wake)
         return run_id
 
+    def push_messages(*args, **kwargs):
+        try:
+            return push(*args, **kwargs)
+        finally:
+            waits.replied()
+
     sci.time = waits
     sci._pull_and_store_message = pull_and_store_message
+    sci._push_messages = push_messages
     return waits
 
 
@@ -299,6 +339,16 @@ def _seconds(name: str, lo: float, hi: float):
     return parse
 
 
+def _fraction(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"--predict must be in [0, 1], got {s}")
+    return v
+
+
 def _backoff_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--pull-backoff",
@@ -330,6 +380,13 @@ def add_supernode_arguments(ap: argparse.ArgumentParser) -> None:
         default=0.05,
         help="seconds between pulls from the SuperLink while a run is active "
         "(Flower: 3 after every empty pull; default 0.05)",
+    )
+    ap.add_argument(
+        "--predict",
+        type=_fraction,
+        default=0.7,
+        help="after a reply, first wait this fraction of the shortest of the last three "
+        "reply-to-next-message waits before polling (0: poll at once; default 0.7)",
     )
     ap.add_argument(
         "--reply-poll",
@@ -376,6 +433,30 @@ def _checked(command: str) -> bool:
     return True
 
 
+def _cleanup_on_exit(bin_dir: Path, server: list[subprocess.Popen]):
+    """Stop the fork server and remove ``bin_dir``: once, on Flower's graceful exit (its
+    handlers run before it forces the exit) or when the command returns."""
+    done = []
+
+    def cleanup() -> None:
+        if done:
+            return
+        done.append(True)
+        for p in server:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(bin_dir, ignore_errors=True)
+
+    from flwr.supercore.exit import add_exit_handler
+
+    add_exit_handler(cleanup, run_before_force_exit=True)
+    return cleanup
+
+
 def run_supernode(args: argparse.Namespace) -> int:
     """``fedsgld supernode``."""
     if not _checked("supernode"):
@@ -383,7 +464,8 @@ def run_supernode(args: argparse.Namespace) -> int:
     from . import shim
 
     bin_dir = Path(tempfile.mkdtemp(prefix="fedsgld-node-"))  # mode 0700: sockets, wrappers
-    server: subprocess.Popen | None = None
+    server: list[subprocess.Popen] = []
+    cleanup = _cleanup_on_exit(bin_dir, server)
     try:
         wake = str(bin_dir / "superexec.wake")
         _wrapper(bin_dir, "flower-superexec", "supernode", "superexec_main")
@@ -396,26 +478,21 @@ def run_supernode(args: argparse.Namespace) -> int:
             pull_interval=args.pull_interval,
             reply_poll=args.reply_poll,
             active_for=args.active_for,
+            predict=args.predict,
             wake=wake,
         )
         if not args.no_warm:
             shim.install_shim(str(bin_dir))
-            sock = str(bin_dir / "fork.sock")
-            os.environ[shim.ENV_SOCKET] = sock
-            server = shim.start_server(sock, os.getpid())
+            sock = os.environ.get(shim.ENV_SOCKET) or str(bin_dir / "fork.sock")
+            os.environ[shim.ENV_SOCKET] = shim.socket_path([], {shim.ENV_SOCKET: sock})
+            server.append(shim.start_server(sock, os.getpid()))
         from flwr.supernode.cli.flower_supernode import flower_supernode
 
         sys.argv = ["flower-supernode", *_flower_args(args)]
         flower_supernode()
         return 0
     finally:
-        if server is not None and server.poll() is None:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-        shutil.rmtree(bin_dir, ignore_errors=True)
+        cleanup()
 
 
 def run_superlink(args: argparse.Namespace) -> int:
@@ -423,6 +500,7 @@ def run_superlink(args: argparse.Namespace) -> int:
     if not _checked("superlink"):
         return 2
     bin_dir = Path(tempfile.mkdtemp(prefix="fedsgld-link-"))  # mode 0700
+    cleanup = _cleanup_on_exit(bin_dir, [])
     try:
         _wrapper(bin_dir, "flwr-serverapp", "superlink", "serverapp_main")
         os.environ[ENV_BACKOFF] = f"{args.pull_backoff:g},{args.pull_backoff_cap:g}"
@@ -433,7 +511,7 @@ def run_superlink(args: argparse.Namespace) -> int:
         flower_superlink()
         return 0
     finally:
-        shutil.rmtree(bin_dir, ignore_errors=True)
+        cleanup()
 
 
 def register(sub) -> None:

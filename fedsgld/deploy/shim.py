@@ -231,6 +231,10 @@ def shim_main(shim: str | None = None, args: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if args is None else args)
     if os.environ.get(ENV_MODE, "on").lower() in ("off", "0", "no", "false"):
         return run_cold(args, shim)
+    if "--allow-runtime-dependency-installation" in args:
+        # the task installs the app's dependencies into a new environment: the libraries
+        # a fork server has already imported would shadow them
+        return run_cold(args, shim, "runtime dependency installation is on")
     try:
         path = socket_path(args)
         owner = arg_value(args, "--parent-pid")

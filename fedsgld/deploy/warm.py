@@ -208,7 +208,7 @@ def _child(
 
         debug = bool(os.environ.get(ENV_DEBUG))
         before = set(sys.modules) if debug else set()
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         try:
             flwr_clientapp()
             code = 0
@@ -218,7 +218,8 @@ def _child(
             new = {m.split(".")[0] for m in set(sys.modules) - before}
             libs = sorted(new - set(NEVER_PRELOAD) - set(sys.builtin_module_names))
             _log(
-                f"task done (exit {code}) in {time.monotonic() - t0:.3f} s; "
+                f"task done (exit {code}) in {time.monotonic() - t0:.3f} s "
+                f"({time.process_time() - c0:.3f} s CPU); "
                 f"imported packages not preloaded: {libs}"
             )
     except BaseException:  # noqa: BLE001 - the task's process must always report
