@@ -40,6 +40,7 @@ import torch
 
 from . import __version__
 from .config import Config
+from .posteriors import iterate_average
 from .privacy.noise import Randomness, os_seed
 
 CHECKPOINT = "checkpoint.pt"
@@ -139,13 +140,19 @@ def round_time_summary(round_times: list[float]) -> dict[str, Any]:
 
 
 def metrics_block(server, last: dict[str, Any], post: dict[str, Any] | None) -> dict[str, Any]:
-    """results.json's ``metrics``: the last iterate's and the posterior average's reports."""
+    """results.json's ``metrics``: the last iterate's and the kept iterates' average's reports.
+
+    The average sits under ``posterior`` for every method; its ``kind``, ``suffix`` and
+    ``label`` name it honestly (a posterior average only for Langevin methods, an iterate
+    average otherwise: :func:`fedsgld.posteriors.iterate_average`).
+    """
     return {
         "pooled": last["pooled"],
         "sites": last["sites"],
         "posterior": None
         if post is None
         else {
+            **iterate_average(server.privacy.method),
             "pooled": post["pooled"],
             "sites": post["sites"],
             "samples": len(server.posterior),

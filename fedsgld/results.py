@@ -52,6 +52,15 @@ def plot_history(history: list[dict[str, Any]], path: Path, *, budget: float | N
     return path
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _average_label(block: dict[str, Any]) -> str:
+    """The honest name of the kept iterates' average (older result files: their old name)."""
+    return block.get("label", "posterior average")
+
+
 def report_markdown(results: dict[str, Any]) -> str:
     pr = results["privacy"]
     m = results["metrics"]
@@ -79,9 +88,11 @@ def report_markdown(results: dict[str, Any]) -> str:
         p = m["posterior"]
         lines += [
             "",
-            f"## Posterior average over {p['samples']} samples (Bayesian model averaging)",
+            f"## {_cap(_average_label(p))} over {p['samples']} kept iterates "
+            f"(`{pr['method']}{p.get('suffix', '+bma')}`)",
             "",
-            "Averaging the softmax over kept iterates is post-processing: it costs no privacy.",
+            "Averaging the softmax over kept iterates is post-processing: it costs no privacy."
+            + (f" {_cap(p['note'])}." if p.get("note") else ""),
             "",
             "| | " + " | ".join(METRIC_KEYS) + " |",
             "|---|" + "---|" * len(METRIC_KEYS),
@@ -111,7 +122,8 @@ def write_outputs(
         return
     curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
     if posterior is not None:
-        curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+        name = _average_label(results["metrics"].get("posterior") or {})
+        curves[name] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
     plot_reliability_overlay(
         curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test"
     )
