@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .core.schedules import StepSchedule, sgld_noise_multiplier
+from .core.schedules import CyclicalSchedule, StepSchedule, sgld_noise_multiplier
 
 PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
@@ -29,6 +29,7 @@ ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
 RANDOMNESS = ("seeded", "os")
 SECURE_NOISE = ("auto", "on", "off")
+LR_SCHEDULES = ("polynomial", "cyclical")
 
 
 def _num(
@@ -85,6 +86,22 @@ class PrivacySettings:
                 dpsgld only)
     local_steps local steps per round with noise_placement = sites, >= 1 (must be 1 with
                 server placement)
+    lr_schedule polynomial (default: the decay above; decay_gamma = 0 is constant) |
+                cyclical (cSGLD, Zhang et al. 2020: cosine cycles of cycle_length steps
+                from lr down towards cycle_floor * lr); sgd and dpsgld only, dpsgd keeps
+                its step size constant. DP-SGLD's sigma_t = sqrt(2 alpha_t tau) follows
+                either schedule, and the accountant composes whatever sigma_t it gives
+    cycle_length steps per cycle of the cyclical schedule, >= 1
+    cycle_floor  smallest step size of a cycle as a fraction of lr, [0, 1); 0 is Zhang et
+                al.'s schedule, whose last steps of a cycle have a tiny sigma_t under
+                DP-SGLD and cost much privacy
+    recal_steps, recal_sample_rate, recal_noise_multiplier, recal_clip  private
+                recalibration (on when the run setting recal_fraction > 0): that many
+                noisy steps on the log temperature, each a Poisson-subsampled (rate
+                recal_sample_rate, (0, 1]) sum of per-record gradients clipped to
+                recal_clip (> 0) plus Gaussian noise recal_noise_multiplier * recal_clip
+                (> 0); recal_steps in [1, 100000]. They enter the run's one ledger, and
+                training is planned so that they fit in the budget
     """
 
     method: str = "dpsgld"
@@ -102,6 +119,13 @@ class PrivacySettings:
     sigma_grid: float = 0.0
     noise_placement: str = "server"
     local_steps: int = 1
+    lr_schedule: str = "polynomial"
+    cycle_length: int = 100
+    cycle_floor: float = 0.1
+    recal_steps: int = 10
+    recal_sample_rate: float = 1.0
+    recal_noise_multiplier: float = 50.0
+    recal_clip: float = 2.0
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -119,6 +143,20 @@ class PrivacySettings:
         _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
         _choice("noise_placement", self.noise_placement, PLACEMENTS)
         _int("local_steps", self.local_steps, 1, 10_000)
+        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _int("cycle_length", self.cycle_length, 1, 10**9)
+        _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)
+        _int("recal_steps", self.recal_steps, 1, 100_000)
+        _num("recal_sample_rate", self.recal_sample_rate, 0.0, 1.0, lo_open=True)
+        _num(
+            "recal_noise_multiplier",
+            self.recal_noise_multiplier,
+            0.0,
+            math.inf,
+            lo_open=True,
+            hi_open=True,
+        )
+        _num("recal_clip", self.recal_clip, 0.0, math.inf, lo_open=True, hi_open=True)
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "
@@ -139,10 +177,14 @@ class PrivacySettings:
         return self.method in ("dpvi", "vi")
 
     @property
-    def schedule(self) -> StepSchedule:
-        """DP-SGD keeps its step size constant; SGD and DP-SGLD use the decay settings."""
-        gamma = self.decay_gamma if self.method in ("sgd", "dpsgld") else 0.0
-        return StepSchedule(self.lr, gamma, self.decay_t0)
+    def schedule(self) -> StepSchedule | CyclicalSchedule:
+        """DP-SGD (and DPVI) keep their step size constant; SGD and DP-SGLD follow
+        ``lr_schedule`` (the polynomial decay, or cosine cycles)."""
+        if self.method not in ("sgd", "dpsgld"):
+            return StepSchedule(self.lr, 0.0, self.decay_t0)
+        if self.lr_schedule == "cyclical":
+            return CyclicalSchedule(self.lr, self.cycle_length, self.cycle_floor)
+        return StepSchedule(self.lr, self.decay_gamma, self.decay_t0)
 
     @property
     def applied_prenoise(self) -> float:
