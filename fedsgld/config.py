@@ -252,6 +252,15 @@ class RunSettings:
     # (deployments: each party draws fresh operating-system entropy that never leaves it)
     randomness: str = "seeded"
     secure_noise: str = "auto"  # hardened Gaussian draws: auto (on with os randomness) | on | off
+    # SWAG (+swag): a Gaussian fitted to every kept iterate (burn_in, thin), sampled at the
+    # end for model averaging; post-processing, no privacy cost (sgd, dpsgd, dpsgld only)
+    swag_rank: int = 10  # deviations of the last swag_rank iterates (low-rank part); 0: diagonal
+    swag_samples: int = 20  # draws averaged for the +swag model; 0: no SWAG
+    # private recalibration (+recal; sgd, dpsgd, dpsgld with noise_placement "server", the
+    # in-process engine): each site holds this share of its TRAINING split out of training
+    # as its calibration split, on which the last iterate's temperature is fitted; 0: off
+    recal_fraction: float = 0.0  # in [0, 1)
+    recal_lr: float = 1.0  # step size on log T (post-processing), > 0
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -275,6 +284,10 @@ class RunSettings:
         _int("vi_samples", self.vi_samples, 1, 10_000)
         _choice("randomness", self.randomness, RANDOMNESS)
         _choice("secure_noise", self.secure_noise, SECURE_NOISE)
+        _int("swag_rank", self.swag_rank, 0, 1000)
+        _int("swag_samples", self.swag_samples, 0, 10_000)
+        _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
+        _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
 
     @property
     def secure(self) -> bool:
@@ -291,6 +304,19 @@ class Config:
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     perf: PerfSettings = field(default_factory=PerfSettings)
     run: RunSettings = field(default_factory=RunSettings)
+
+    def __post_init__(self) -> None:
+        if self.run.recal_fraction > 0:
+            if self.privacy.variational:
+                raise ValueError(
+                    "recal_fraction > 0 (private recalibration) needs method sgd, dpsgd or "
+                    f"dpsgld, got method {self.privacy.method!r}; set recal_fraction = 0"
+                )
+            if self.privacy.noise_placement != "server":
+                raise ValueError(
+                    "recal_fraction > 0 (private recalibration) needs noise_placement = "
+                    "'server'; set recal_fraction = 0 or noise_placement = 'server'"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {

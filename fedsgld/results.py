@@ -101,6 +101,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines += [
             f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
         ]
+    lines += _derived_sections(results)
     lines += [
         "",
         "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.",
@@ -109,9 +110,56 @@ def report_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _derived_sections(results: dict[str, Any]) -> list[str]:
+    """report.md's sections for SWAG (``metrics.swag``) and recalibration (``metrics.recal``)."""
+    lines: list[str] = []
+    method = results["privacy"]["method"]
+    for key in ("swag", "recal"):
+        b = results["metrics"].get(key)
+        if not b:
+            continue
+        lines += ["", f"## {_cap(b['label'])} (`{method}{b['suffix']}`)", "", _cap(b["note"]) + "."]
+        lines += ["", "| | " + " | ".join(METRIC_KEYS) + " |", "|---|" + "---|" * len(METRIC_KEYS)]
+        rows = [("pooled", b["pooled"])] + [(f"site {k}", v) for k, v in b["sites"].items()]
+        lines += [
+            f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
+        ]
+        if key == "recal":
+            lines += ["", _recal_summary(results)]
+    return lines
+
+
+def _recal_summary(results: dict[str, Any]) -> str:
+    """ECE before -> after per site, and the epsilon of training, recalibration and both."""
+    b, rc = results["metrics"]["recal"], results["privacy"].get("recalibration", {})
+    ba = b["before_after"]
+    parts = [
+        f"pooled {_fmt(ba['pooled']['ece']['before'])} -> {_fmt(ba['pooled']['ece']['after'])}"
+    ]
+    parts += [
+        f"site {k} {_fmt(v['ece']['before'])} -> {_fmt(v['ece']['after'])}"
+        for k, v in ba["sites"].items()
+    ]
+    text = f"Temperature {b['temperature']:.4g}. ECE before -> after: " + "; ".join(parts) + "."
+    acc = results["privacy"].get("rigorous_accountant")
+    if acc and "epsilon_total" in rc:
+        text += (
+            f" Epsilon ({acc}): training {_fmt(rc['epsilon_training'][acc])}, recalibration "
+            f"({rc['steps_taken']} steps) {_fmt(rc['epsilon_recalibration'][acc])}, composed in "
+            f"the one ledger {_fmt(rc['epsilon_total'][acc])} of the budget {_fmt(rc['budget'])}."
+        )
+    return text
+
+
 def write_outputs(
-    out: Path, results: dict[str, Any], *, last: dict[str, Any], posterior: dict[str, Any] | None
+    out: Path,
+    results: dict[str, Any],
+    *,
+    last: dict[str, Any],
+    posterior: dict[str, Any] | None,
+    extra: dict[str, dict[str, Any]] | None = None,
 ) -> None:
+    """``extra``: further evaluations (name -> evaluation) drawn on the reliability plot."""
     from .lifecycle import RESULTS, write_json
 
     write_json(out / RESULTS, results)
@@ -124,6 +172,8 @@ def write_outputs(
     if posterior is not None:
         name = _average_label(results["metrics"].get("posterior") or {})
         curves[name] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+    for name, ev in (extra or {}).items():
+        curves[name] = (ev["_probs"].numpy(), ev["_labels"].numpy())
     plot_reliability_overlay(
         curves, out / "reliability.png", title=f"{results['privacy']['method']}: pooled test"
     )

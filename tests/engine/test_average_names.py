@@ -9,7 +9,7 @@ import pytest
 from fedsgld import engine, results
 from fedsgld.benchmark import benchmark_markdown, derived_rows
 from fedsgld.config import load_config
-from fedsgld.posteriors import iterate_average
+from fedsgld.posteriors import SWAG, iterate_average
 
 TINY = {
     "dataset": "synthetic",
@@ -60,9 +60,11 @@ def test_result_file_report_and_plot_name_the_average(
     assert label[:1].upper() + label[1:] in report
     if kind == "iterate_average":
         assert "osterior average" not in report and "Bayesian model averaging" not in report
-    assert seen == [["last iterate", label]]
+    swag = [] if method == "dpvi" else [SWAG["label"]]  # SWAG: not for variational methods
+    assert seen == [["last iterate", label, *swag]]
     # the benchmark's row for the average takes the same suffix
-    assert [name for name, _, _ in derived_rows(method, on_disk["metrics"])] == [method + suffix]
+    names = [name for name, _, _ in derived_rows(method, on_disk["metrics"])]
+    assert names == [method + suffix] + [method + "+swag" for _ in swag]
 
 
 def test_only_langevin_methods_have_a_posterior_average():
