@@ -4,14 +4,19 @@ The config is a flat TOML file of run settings (like ``fedsgld simulate``'s) plu
 ``[benchmark]`` table:
 
     [benchmark]
-    methods = ["sgd", "dpsgd", "dpsgld"]   # dpsgld's posterior average is reported as "dpsgld+bma"
+    methods = ["sgd", "dpsgd", "dpsgld"]   # plus rows for averaged models, see below
     seeds = [0, 1, 2]
     calibrate_dpsgd = true   # choose DP-SGD's sigma so that `rounds` steps spend exactly the budget
 
     [benchmark.overrides.sgd]  # settings of one method only (here: its own step size)
     lr = 0.05
 
-Every (method, seed) is one ordinary run (its own result directory under OUT/runs/). The
+Every (method, seed) is one ordinary run (its own result directory under OUT/runs/).
+Besides each method's last iterate the table has a row per model the run derives at no
+further privacy cost: the average over kept iterates, named honestly (``dpsgld+bma``, a
+posterior average; ``sgd+avg``, ``dpsgd+avg``, ``dpvi+avg``, iterate averages), SWAG
+fitted to the kept iterates (``+swag``) and, with ``recal_fraction > 0``, the privately
+temperature-scaled last iterate (``+recal``, whose epsilon is part of the run's). The
 benchmark writes OUT/benchmark.json and OUT/benchmark.md (mean and standard deviation over
 seeds, per method, pooled and per site), OUT/reliability_methods.png (the methods'
 pooled reliability diagrams on one plot, seed of the first run) and says plainly whether
@@ -27,8 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .calibration.recal import RecalPlan
 from .config import METHODS, Config, parse_overrides
 from .engine import new_run_dir, write_json
+from .posteriors import iterate_average
 from .privacy import PrivacyAccountant
 
 if sys.version_info >= (3, 11):
@@ -39,6 +46,14 @@ else:  # pragma: no cover
 # the paper's finding: DP-SGLD better calibrated than DP-SGD at a similar accuracy, i.e.
 # lower ECE and at most this much lower accuracy
 ACCURACY_SLACK = 0.02
+
+ROW_NAMES = (
+    "A method's name alone is its last iterate. `+bma`: posterior average (Bayesian model "
+    "averaging over a Langevin chain's samples); `+avg`: iterate average (the mean softmax "
+    "over an optimiser's kept iterates, not a posterior); `+swag`: SWAG, a Gaussian fitted to "
+    "the kept iterates and sampled. These cost no privacy. `+recal`: the last iterate "
+    "temperature-scaled on each site's calibration split, whose epsilon is in the run's."
+)
 
 TABLE_METRICS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
 
@@ -52,8 +67,12 @@ def calibrate_noise_multiplier(
     accountant: str = "pld",
     sigma_grid: float = 0.0,
     tol: float = 1e-3,
+    extra: list[tuple[float, float, int]] | None = None,
 ) -> float:
     """Smallest constant sigma (within ``tol``) whose ``steps`` steps keep epsilon <= budget.
+
+    ``extra``: further steps [(q, sigma, count)] the run also spends (its reserved
+    recalibration steps), composed with the ``steps`` training steps.
 
     ``sigma_grid`` is the run's accounting grid: sigma is judged after the same conservative
     rounding down that the run's accountant applies, so the run really gets ``steps`` steps.
@@ -64,7 +83,8 @@ def calibrate_noise_multiplier(
     acc = PrivacyAccountant(delta=delta, accountant=accountant, sigma_rel_grid=sigma_grid)
 
     def eps(sigma: float) -> float:
-        return acc.rigorous_epsilon(ledger=[(sample_rate, acc.bucket(sigma), steps)])
+        more = [(q, acc.bucket(sg), c) for q, sg, c in extra or []]
+        return acc.rigorous_epsilon(ledger=[(sample_rate, acc.bucket(sigma), steps), *more])
 
     lo, hi = 0.3, 1.0
     while eps(hi) > epsilon:
@@ -160,6 +180,11 @@ def run_benchmark(
     base = config.flat()
     dpsgd_sigma = None
     if "dpsgd" in bench["methods"] and bench["calibrate_dpsgd"]:
+        # with recalibration the run also spends its reserved recalibration steps
+        dpsgd_cfg = Config.from_flat(
+            {**base, "method": "dpsgd", **bench.get("overrides", {}).get("dpsgd", {})}
+        )
+        recal = RecalPlan.from_config(dpsgd_cfg)
         dpsgd_sigma = calibrate_noise_multiplier(
             sample_rate=base["sample_rate"],
             steps=base["rounds"],
@@ -167,8 +192,12 @@ def run_benchmark(
             delta=base["delta"],
             accountant=base["accountant"],
             sigma_grid=base["sigma_grid"],
+            extra=recal.ledger() if recal is not None else None,
         )
-        log(f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps")
+        log(
+            f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps"
+            + (" and the recalibration steps" if recal is not None else "")
+        )
     rows: dict[str, list[dict[str, Any]]] = {}
     curves: dict[str, tuple] = {}
     for method in bench["methods"]:
@@ -182,6 +211,10 @@ def run_benchmark(
                     over["noise_multiplier"] = dpsgd_sigma
             if method == "sgd":
                 over["decay_gamma"] = 0.0
+            if method in ("dpvi", "vi"):
+                # temperature scaling applies to one network's logits, not to q's average;
+                # variational methods train on the whole training split, unrecalibrated
+                over["recal_fraction"] = 0.0
             over.update(bench.get("overrides", {}).get(method, {}))
             cfg = Config.from_flat({**base, **over})
             log(f"== {method}, seed {seed}")
@@ -201,19 +234,19 @@ def run_benchmark(
             ev = res["_eval"]
             if seed == bench["seeds"][0]:
                 curves[method] = (ev["last"]["_probs"].numpy(), ev["last"]["_labels"].numpy())
-            post = res["metrics"].get("posterior")
-            if method == "dpsgld" and post is not None:
-                rows.setdefault("dpsgld+bma", []).append(
+            for name, block, ev_key in derived_rows(method, res["metrics"]):
+                rows.setdefault(name, []).append(
                     {
                         **entry,
-                        "pooled": post["pooled"],
-                        "sites": post["sites"],
-                        "samples": post["samples"],
+                        "pooled": block["pooled"],
+                        "sites": block["sites"],
+                        "kind": block.get("kind"),
+                        "samples": block.get("samples"),
                     }
                 )
-                if seed == bench["seeds"][0]:
-                    p = ev["posterior"]
-                    curves["dpsgld+bma"] = (p["_probs"].numpy(), p["_labels"].numpy())
+                p = ev.get(ev_key)
+                if seed == bench["seeds"][0] and p is not None:
+                    curves[name] = (p["_probs"].numpy(), p["_labels"].numpy())
     table: dict[str, Any] = {}
     for method, entries in rows.items():
         site_ids = sorted(entries[0]["sites"], key=int)
@@ -243,6 +276,23 @@ def run_benchmark(
     log(f"benchmark written to {out}")
     result["out_dir"] = str(out)
     return result
+
+
+def derived_rows(method: str, metrics: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
+    """The rows a run adds beside its last iterate: (table name, metrics block, evaluation
+    key). The kept iterates' average is ``METHOD+bma`` for Langevin methods (a posterior
+    average) and ``METHOD+avg`` otherwise (an iterate average); ``METHOD+swag`` is SWAG
+    fitted to the kept iterates, ``METHOD+recal`` the temperature-scaled last iterate."""
+    out = []
+    post = metrics.get("posterior")
+    if post is not None:
+        suffix = post.get("suffix") or iterate_average(method)["suffix"]
+        out.append((method + suffix, post, "posterior"))
+    for key in ("swag", "recal"):
+        block = metrics.get(key)
+        if block is not None:
+            out.append((method + block["suffix"], block, key))
+    return out
 
 
 def paper_finding(table: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +346,7 @@ def benchmark_markdown(result: dict[str, Any]) -> str:
             f"DP-SGD noise multiplier calibrated to {result['dpsgd_noise_multiplier']:.4f}."
         )
     lines += ["", "## Pooled test metrics (mean ± std over seeds)", ""]
+    lines += [ROW_NAMES, ""]
     cols = ["accuracy", "nll", "brier", "ece", "auc"]
     lines.append("| method | steps | epsilon (pld) | " + " | ".join(cols) + " |")
     lines.append("|---|---|---|" + "---|" * len(cols))

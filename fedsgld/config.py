@@ -29,7 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from .core.schedules import StepSchedule
+    from .core.schedules import CyclicalSchedule, StepSchedule
 
 PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
@@ -40,6 +40,7 @@ MODELS = ("cnn", "mlp", "logreg", "timm_head")
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # fedsgld.core.device.DEVICES (kept here: no torch import)
 SECURE_NOISE = ("auto", "on", "off")
+LR_SCHEDULES = ("polynomial", "cyclical")
 
 
 def setting(default: Any, help: str) -> Any:
@@ -129,6 +130,30 @@ class PrivacySettings:
         1,
         "local steps per round with noise_placement = sites, in [1, 10000]; must be 1 with server",
     )
+    lr_schedule: str = setting(
+        "polynomial",
+        "polynomial (alpha_t = lr (1 + t / decay_t0)^(-decay_gamma)) | cyclical (cSGLD: cosine "
+        "cycles of cycle_length steps from lr down to cycle_floor * lr); sgd and dpsgld only",
+    )
+    cycle_length: int = setting(100, "steps per cycle of the cyclical schedule, >= 1")
+    cycle_floor: float = setting(
+        0.1,
+        "smallest step size of a cycle as a fraction of lr, in [0, 1); small values give tiny "
+        "sigma_t under dpsgld, which cost much privacy",
+    )
+    recal_steps: int = setting(
+        10, "noisy steps of private recalibration (when recal_fraction > 0), in [1, 100000]"
+    )
+    recal_sample_rate: float = setting(
+        1.0, "Poisson sampling rate of the calibration split per recalibration step, in (0, 1]"
+    )
+    recal_noise_multiplier: float = setting(
+        50.0,
+        "noise multiplier of each recalibration step (std recal_noise_multiplier * recal_clip), > 0",
+    )
+    recal_clip: float = setting(
+        2.0, "clip bound of each record's gradient with respect to log T, > 0"
+    )
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -146,6 +171,20 @@ class PrivacySettings:
         _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
         _choice("noise_placement", self.noise_placement, PLACEMENTS)
         _int("local_steps", self.local_steps, 1, 10_000)
+        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _int("cycle_length", self.cycle_length, 1, 10**9)
+        _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)
+        _int("recal_steps", self.recal_steps, 1, 100_000)
+        _num("recal_sample_rate", self.recal_sample_rate, 0.0, 1.0, lo_open=True)
+        _num(
+            "recal_noise_multiplier",
+            self.recal_noise_multiplier,
+            0.0,
+            math.inf,
+            lo_open=True,
+            hi_open=True,
+        )
+        _num("recal_clip", self.recal_clip, 0.0, math.inf, lo_open=True, hi_open=True)
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "
@@ -166,12 +205,16 @@ class PrivacySettings:
         return self.method in ("dpvi", "vi")
 
     @property
-    def schedule(self) -> StepSchedule:
-        """DP-SGD keeps its step size constant; SGD and DP-SGLD use the decay settings."""
-        from .core.schedules import StepSchedule
+    def schedule(self) -> StepSchedule | CyclicalSchedule:
+        """DP-SGD (and DPVI) keep their step size constant; SGD and DP-SGLD follow
+        ``lr_schedule`` (the polynomial decay, or cosine cycles)."""
+        from .core.schedules import CyclicalSchedule, StepSchedule
 
-        gamma = self.decay_gamma if self.method in ("sgd", "dpsgld") else 0.0
-        return StepSchedule(self.lr, gamma, self.decay_t0)
+        if self.method not in ("sgd", "dpsgld"):
+            return StepSchedule(self.lr, 0.0, self.decay_t0)
+        if self.lr_schedule == "cyclical":
+            return CyclicalSchedule(self.lr, self.cycle_length, self.cycle_floor)
+        return StepSchedule(self.lr, self.decay_gamma, self.decay_t0)
 
     @property
     def applied_prenoise(self) -> float:
@@ -299,6 +342,20 @@ class RunSettings:
     secure_noise: str = setting(
         "auto", "hardened Gaussian draws: auto (on with os randomness) | on | off"
     )
+    swag_rank: int = setting(
+        10,
+        "SWAG (+swag): deviations of the last swag_rank kept iterates (low-rank part), in [0, "
+        "1000]; 0: diagonal only",
+    )
+    swag_samples: int = setting(
+        20, "SWAG draws averaged for the +swag model, in [0, 10000]; 0: no SWAG"
+    )
+    recal_fraction: float = setting(
+        0.0,
+        "private recalibration (+recal): share of each site's training split held out as its "
+        "calibration split, in [0, 1); 0: off",
+    )
+    recal_lr: float = setting(1.0, "step size on log T of private recalibration, > 0")
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -322,6 +379,10 @@ class RunSettings:
         _int("vi_samples", self.vi_samples, 1, 10_000)
         _choice("randomness", self.randomness, RANDOMNESS)
         _choice("secure_noise", self.secure_noise, SECURE_NOISE)
+        _int("swag_rank", self.swag_rank, 0, 1000)
+        _int("swag_samples", self.swag_samples, 0, 10_000)
+        _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
+        _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
 
     @property
     def secure(self) -> bool:
@@ -338,6 +399,19 @@ class Config:
     privacy: PrivacySettings = field(default_factory=PrivacySettings)
     perf: PerfSettings = field(default_factory=PerfSettings)
     run: RunSettings = field(default_factory=RunSettings)
+
+    def __post_init__(self) -> None:
+        if self.run.recal_fraction > 0:
+            if self.privacy.variational:
+                raise ValueError(
+                    "recal_fraction > 0 (private recalibration) needs method sgd, dpsgd or "
+                    f"dpsgld, got method {self.privacy.method!r}; set recal_fraction = 0"
+                )
+            if self.privacy.noise_placement != "server":
+                raise ValueError(
+                    "recal_fraction > 0 (private recalibration) needs noise_placement = "
+                    "'server'; set recal_fraction = 0 or noise_placement = 'server'"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {

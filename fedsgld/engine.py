@@ -47,6 +47,16 @@ def variational_view(config: Config, model: torch.nn.Module):
     return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
 
 
+def posterior_samples(config: Config) -> PosteriorSamples:
+    """The server's collector of kept iterates, fitting SWAG too where it applies (not for
+    variational methods, whose iterates are the parameters of a distribution)."""
+    run = config.run
+    swag = run.swag_rank if run.swag_samples > 0 and not config.privacy.variational else None
+    return PosteriorSamples(
+        burn_in=run.burn_in, thin=run.thin, max_samples=run.max_samples, swag_rank=swag
+    )
+
+
 class Federation:
     """Sites + server built from a :class:`Config` (shared by the engine and the Flower apps)."""
 
@@ -86,6 +96,17 @@ class Federation:
         log(describe_sites(self.site_data))
         if run.model == "timm_head":
             self.site_data = [self._backbone_features(d) for d in self.site_data]
+        # private recalibration: each site holds a calibration split out of its training split
+        self.cal_data: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if run.recal_fraction > 0:
+            self.site_data = [self._carve_calibration(d) for d in self.site_data]
+            log(
+                "calibration splits (held out of training): "
+                + ", ".join(
+                    f"site {d.site_id}: {int(c[1].shape[0])}"
+                    for d, c in zip(self.site_data, self.cal_data, strict=True)
+                )
+            )
         input_shape = tuple(self.site_data[0].x_train.shape[1:])
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
@@ -108,6 +129,50 @@ class Federation:
     def flat_model(self):
         """The parameter view each site computes gradients in: theta, or phi = [mu, rho] for VI."""
         return variational_view(self.config, self.model)
+
+    def _carve_calibration(self, d):
+        """Move ``recal_fraction`` of site d's training records to its calibration split."""
+        from dataclasses import replace
+
+        from .calibration.recal import carve_calibration
+
+        keep, cal = carve_calibration(
+            int(d.x_train.shape[0]),
+            self.config.run.recal_fraction,
+            seed=self.seed,
+            site_id=d.site_id,
+        )
+        self.cal_data.append((d.x_train[cal], d.y_train[cal]))
+        return replace(d, x_train=d.x_train[keep], y_train=d.y_train[keep])
+
+    @torch.no_grad()
+    def _logits(self, site: Site, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([site.fm.logits(theta, xb) for xb in x.split(2048)])
+
+    def calibration_logits(self, theta: torch.Tensor) -> list[torch.Tensor]:
+        """Every site's logits of its calibration split at ``theta`` (they stay at the site)."""
+        return [
+            self._logits(s, theta, x) for s, (x, _) in zip(self.sites, self.cal_data, strict=True)
+        ]
+
+    def evaluate_temperature(self, theta: torch.Tensor, temperature: float) -> dict[str, Any]:
+        """calibration_report per site and pooled of softmax(logits(theta) / temperature)."""
+        per_site, all_p, all_y = {}, [], []
+        for s in self.sites:
+            p = torch.softmax(self._logits(s, theta, s.x_test).double() / temperature, dim=-1)
+            per_site[str(s.site_id)] = calibration_report(p.numpy(), s.y_test.numpy())
+            all_p.append(p.float())
+            all_y.append(s.y_test)
+        probs, labels = torch.cat(all_p), torch.cat(all_y)
+        return {
+            "pooled": calibration_report(probs.numpy(), labels.numpy()),
+            "sites": per_site,
+            "_probs": probs,
+            "_labels": labels,
+            "_site_probs": {
+                s.site_id: (p, s.y_test) for s, p in zip(self.sites, all_p, strict=False)
+            },
+        }
 
     def _backbone_features(self, d):
         """Replace a site's images by frozen-backbone features (computed once, cached on disk)."""
@@ -132,9 +197,7 @@ class Federation:
             seed=self.seed,
             rounds=run.rounds,
             weight_decay=run.weight_decay,
-            posterior=PosteriorSamples(
-                burn_in=run.burn_in, thin=run.thin, max_samples=run.max_samples
-            ),
+            posterior=posterior_samples(self.config),
             on_spend=on_spend,
             prior_std=run.prior_std,
             optimizer=run.optimizer,
@@ -161,7 +224,7 @@ class Federation:
         }
 
     def site_table(self) -> list[dict[str, Any]]:
-        return [
+        rows = [
             {
                 "site": d.site_id,
                 "n_train": int(d.x_train.shape[0]),
@@ -170,6 +233,35 @@ class Federation:
             }
             for d in self.site_data
         ]
+        for row, (_, y) in zip(rows, self.cal_data, strict=False):
+            row["n_calibration"] = int(y.shape[0])
+        return rows
+
+
+def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> None:
+    """Private temperature scaling of the last iterate over the sites' calibration splits
+    (:mod:`fedsgld.calibration.recal`); the lifecycle keeps the ledger and draws the noise."""
+    from .calibration.recal import RECAL_STREAM, RecalPlan, site_temperature_sum
+
+    plan = RecalPlan.from_config(lc.config)
+    logits: list[torch.Tensor] = []
+
+    def site_sums(log_t: float, j: int) -> list[torch.Tensor]:
+        if not logits:  # the final model's logits, computed once per site
+            logits.extend(fed.calibration_logits(server.theta))
+        return [
+            site_temperature_sum(
+                z,
+                y,
+                log_t=log_t,
+                sample_rate=plan.sample_rate,
+                clip=plan.clip,
+                generator=s.randomness.generator(1 + s.site_id, RECAL_STREAM, j, 0),
+            )
+            for s, z, (_, y) in zip(fed.sites, logits, fed.cal_data, strict=True)
+        ]
+
+    lc.recalibrate(site_sums, calibration_sizes=[int(y.shape[0]) for _, y in fed.cal_data])
 
 
 def run(
@@ -227,6 +319,16 @@ def run(
         return {name: fed.evaluate(thetas) for name, thetas in groups.items()}
 
     lc.train(one_round, evaluate, progress=progress)
-    results, last, post = lc.finish(evaluate, sites=fed.site_table(), config_source=config_source)
-    results["_eval"] = {"last": last, "posterior": post}  # in-memory predictions, not in the file
+    evaluate_recal = None
+    if fed.cal_data:
+        recalibrate(lc, fed, server)
+        evaluate_recal = lambda temperature: fed.evaluate_temperature(server.theta, temperature)  # noqa: E731
+    results, last, post = lc.finish(
+        evaluate,
+        sites=fed.site_table(),
+        config_source=config_source,
+        evaluate_recal=evaluate_recal,
+    )
+    # in-memory predictions (not in the file): "last", "posterior" and the derived models
+    results["_eval"] = {"posterior": post, **lc.evaluations, "last": last}
     return results

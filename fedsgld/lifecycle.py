@@ -40,12 +40,14 @@ import torch
 
 from . import __version__
 from .config import Config
+from .posteriors import RECAL, SWAG, iterate_average
 from .privacy.noise import Randomness, os_seed
 
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.json"
 RESULTS = "results.json"
 LIFECYCLE_VERSION = 1
+SWAG_STREAM = 0x5A4A  # key of the SWAG draws (post-processing, not privacy noise)
 
 # Evaluation groups: name -> the report of the mean softmax over that group's parameters
 Evaluate = Callable[[dict[str, list[torch.Tensor]]], dict[str, dict[str, Any]] | None]
@@ -139,18 +141,66 @@ def round_time_summary(round_times: list[float]) -> dict[str, Any]:
 
 
 def metrics_block(server, last: dict[str, Any], post: dict[str, Any] | None) -> dict[str, Any]:
-    """results.json's ``metrics``: the last iterate's and the posterior average's reports."""
+    """results.json's ``metrics``: the last iterate's and the kept iterates' average's reports.
+
+    The average sits under ``posterior`` for every method; its ``kind``, ``suffix`` and
+    ``label`` name it honestly (a posterior average only for Langevin methods, an iterate
+    average otherwise: :func:`fedsgld.posteriors.iterate_average`).
+    """
     return {
         "pooled": last["pooled"],
         "sites": last["sites"],
         "posterior": None
         if post is None
         else {
+            **iterate_average(server.privacy.method),
             "pooled": post["pooled"],
             "sites": post["sites"],
             "samples": len(server.posterior),
             "sample_steps": list(server.posterior.steps),
         },
+    }
+
+
+def swag_block(server, ev: dict[str, Any], samples: int) -> dict[str, Any]:
+    """results.json's ``metrics.swag``: the +swag model's reports and what SWAG was fitted to."""
+    swag = server.posterior.swag
+    return {
+        **SWAG,
+        "pooled": ev["pooled"],
+        "sites": ev["sites"],
+        "samples": samples,
+        **swag.describe(),
+        "note": f"a Gaussian fitted to the {len(swag)} iterates kept after burn_in (every "
+        f"thin-th), diagonal plus the deviations of the last {swag.used_rank}; the softmax "
+        f"averaged over {samples} draws. Post-processing: no privacy cost",
+    }
+
+
+def recal_block(state: dict[str, Any], last: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
+    """results.json's ``metrics.recal``: the temperature-scaled last iterate's reports and
+    ECE (and NLL) before and after, per site and pooled."""
+    return {
+        **RECAL,
+        "temperature": state["temperature"],
+        "steps": state["steps"],
+        "pooled": ev["pooled"],
+        "sites": ev["sites"],
+        "before_after": {
+            "pooled": {
+                k: {"before": last["pooled"][k], "after": ev["pooled"][k]} for k in ("ece", "nll")
+            },
+            "sites": {
+                s: {
+                    k: {"before": last["sites"][s][k], "after": ev["sites"][s][k]}
+                    for k in ("ece", "nll")
+                }
+                for s in ev["sites"]
+            },
+        },
+        "note": f"the last iterate's logits divided by the temperature {state['temperature']:.4g}, "
+        f"fitted by {state['steps']} noisy clipped-gradient steps on log T over the sites' "
+        "calibration splits (held out of training); its epsilon is in privacy.recalibration",
     }
 
 
@@ -380,6 +430,8 @@ class RunLifecycle:
         self.round_times: list[float] = []
         self.extra_state: dict[str, Any] = dict((self.ckpt or {}).get("extra", {}))
         self.server = None
+        self.evaluations: dict[str, dict[str, Any]] = {}  # the final evaluation, by group
+        self.recal: dict[str, Any] | None = None  # the recalibration's state, once run
 
     # -- randomness ------------------------------------------------------------------------
     def _randomness(self) -> Randomness:
@@ -529,6 +581,7 @@ class RunLifecycle:
         """
         server, run = self.server, self.config.run
         extra = on_checkpoint or (lambda: {})
+        reserved = self._reserve_recalibration()
         affordable = server.affordable_rounds()
         if server.accountant is not None:
             self.log(
@@ -567,6 +620,13 @@ class RunLifecycle:
             bar.close()
             raise
         bar.close()
+        if reserved and server.halt_reason == f"completed {server.rounds} rounds":
+            q, sigma, count = reserved
+            server.halt_reason = (
+                f"privacy budget: round {server.t + 1} would leave too little of epsilon "
+                f"{self.config.privacy.epsilon:g} at delta={self.config.privacy.delta:g} for "
+                f"the {count} reserved recalibration steps (q={q:g}, sigma={sigma:g})"
+            )
         if (
             run.eval_every
             and last_plan is not None
@@ -575,6 +635,151 @@ class RunLifecycle:
             self._record(evaluate, last_plan)  # where the budget (or the round limit) ended it
         self.log(f"stopped after {server.t} rounds: {server.halt_reason}")
         self.checkpoint(**extra())
+
+    # -- recalibration -----------------------------------------------------------------
+    def _reserve_recalibration(self) -> tuple[float, float, int] | None:
+        """Plan training so that the recalibration steps still fit in the one budget.
+
+        Composition is commutative, so the most training rounds T that leave room for the
+        R recalibration steps is the accountant's ``max_steps`` along the schedule "R
+        recalibration steps, then the training steps" minus R. The server's round limit
+        becomes T (training halts there, saying why). Returns the reserved (q, sigma, R)
+        when it cut the rounds, else None.
+        """
+        from .calibration.recal import RecalPlan
+
+        server, acc = self.server, self.server.accountant
+        plan = RecalPlan.from_config(self.config)
+        if plan is None or acc is None or not plan.ledger() or self.extra_state.get("recal"):
+            return None
+        q, sigma, count = plan.ledger()[0]
+        e, start = server.local_steps, server.t * server.local_steps
+        remaining = max(server.rounds - server.t, 0)
+        n = acc.max_steps(
+            lambda i: (q, sigma) if i < count else server.schedule_point(start + i - count),
+            limit=count + remaining * e,
+        )
+        if n < count:
+            what = (
+                f"the {count} recalibration steps (recal_steps, q={q:g}, "
+                f"recal_noise_multiplier={sigma:g}) alone would take epsilon past the budget "
+                f"{self.config.privacy.epsilon:g} at delta={self.config.privacy.delta:g}"
+            )
+            if self.ckpt is None and self.ledger_file is None:
+                raise ValueError(
+                    f"{what}; raise recal_noise_multiplier, lower recal_steps or "
+                    "recal_sample_rate, or set recal_fraction = 0"
+                )
+            self.log(f"resume: {what} after the spent ledger; recalibration will be refused")
+            return None
+        rounds = server.t + (n - count) // e
+        if rounds >= server.rounds:
+            return None
+        self.log(
+            f"reserving {count} recalibration steps (q={q:g}, sigma={sigma:g}) in the budget: "
+            f"training stops after round {rounds} of {server.rounds}"
+        )
+        server.rounds = rounds
+        return q, sigma, count
+
+    def recalibrate(
+        self,
+        site_sums: Callable[[float, int], list[torch.Tensor]],
+        *,
+        calibration_sizes: list[int],
+    ) -> dict[str, Any] | None:
+        """Fit the last iterate's temperature privately (:mod:`fedsgld.calibration.recal`).
+
+        ``site_sums(log_t, j)`` returns every site's clipped gradient sum of step j (the
+        transport moves them). Each step is checked against the budget, recorded in the
+        ledger and persisted BEFORE the server draws its noise (``server.noise``), like a
+        training step. The fitted log T is the mean of the last half of the iterates
+        (:func:`~fedsgld.calibration.recal.tail_average`, post-processing). A resumed run
+        whose recalibration finished reuses its temperature.
+        Returns the recalibration's state (None when ``recal_fraction`` is 0).
+        """
+        from .calibration.recal import RECAL_STREAM, RecalPlan, tail_average, temperature_step
+        from .strategies.server import SERVER_STREAM
+
+        plan = RecalPlan.from_config(self.config)
+        if plan is None:
+            return None
+        done = self.extra_state.get("recal")
+        if done:
+            self.log(f"resume: recalibration done before, temperature {done['temperature']:.4g}")
+            self.recal = done
+            return done
+        server, acc = self.server, self.server.accountant
+        before = [list(e) for e in acc.ledger] if acc is not None else []
+        expected = plan.sample_rate * sum(calibration_sizes)
+        log_t, taken = 0.0, 0
+        reason = f"completed {plan.steps} steps"
+        trace = [log_t]
+        for j in range(plan.steps):
+            if acc is not None and not acc.check(plan.sample_rate, plan.noise_multiplier):
+                reason = (
+                    f"privacy budget: recalibration step {j + 1} (q={plan.sample_rate:g}, "
+                    f"sigma={plan.noise_multiplier:g}) would take epsilon past "
+                    f"{self.config.privacy.epsilon:g}; spent {acc.rigorous_epsilon():.4f}"
+                )
+                break
+            total = torch.stack([s.reshape(-1).double() for s in site_sums(log_t, j)]).sum(0)
+            std = 0.0
+            if acc is not None:
+                acc.step(plan.sample_rate, plan.noise_multiplier)
+                self.persist_ledger()  # the ledger first, then the noise
+                std = plan.noise_multiplier * plan.clip
+            noisy = total + server.noise.gaussian(
+                total.shape, std=std, key=(SERVER_STREAM, RECAL_STREAM, j, 0), dtype=torch.float64
+            )
+            log_t = temperature_step(log_t, noisy, lr=plan.lr, expected_batch=expected)
+            trace.append(log_t)
+            taken += 1
+        log_t = tail_average(trace[1:])
+        state = {
+            "temperature": math.exp(log_t),
+            "log_temperature": log_t,
+            "steps": taken,
+            "halt_reason": reason,
+            "log_temperature_trace": trace,
+            "ledger_before": before,
+            "plan": plan.to_dict(),
+            "calibration_sizes": list(calibration_sizes),
+        }
+        self.log(f"recalibration: {reason}; temperature {state['temperature']:.4g}")
+        self.recal = state
+        self.checkpoint(recal=state)
+        return state
+
+    def _recal_privacy(self) -> dict[str, Any]:
+        """privacy.recalibration of results.json: the split of epsilon and its composition."""
+        acc, st, p = self.server.accountant, self.recal, self.config.privacy
+        block: dict[str, Any] = {
+            **st["plan"],
+            "steps_taken": st["steps"],
+            "halt_reason": st["halt_reason"],
+            "calibration_sizes": st["calibration_sizes"],
+        }
+        if acc is None:
+            block["note"] = "no noise: the method has no privacy guarantee"
+            return block
+        sigma = acc.bucket(st["plan"]["noise_multiplier"])
+        recal_ledger = [(st["plan"]["sample_rate"], sigma, st["steps"])]
+        block.update(
+            epsilon_training=acc.epsilon(ledger=st["ledger_before"]),
+            epsilon_recalibration=acc.epsilon(ledger=recal_ledger),
+            epsilon_total=acc.epsilon(),
+            budget=p.epsilon,
+            note=(
+                "The calibration records are training records of the same patients, so "
+                "recalibration and training compose in one ledger: epsilon_total is the "
+                "whole ledger's (training, then recalibration), and it is what the budget "
+                "bounds; epsilon_training is the ledger before recalibration (on a resume it "
+                "also counts steps of an interrupted earlier recalibration), "
+                "epsilon_recalibration the recalibration steps alone."
+            ),
+        )
+        return block
 
     def _record(self, evaluate: Evaluate, plan) -> float | None:
         server = self.server
@@ -605,6 +810,7 @@ class RunLifecycle:
         sites: list[dict[str, Any]],
         config_source: str | None,
         transport_info: Callable[[], dict[str, Any]] | None = None,
+        evaluate_recal: Callable[[float], dict[str, Any]] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
         """The final evaluation (last iterate; posterior average) and the result directory.
 
@@ -617,10 +823,26 @@ class RunLifecycle:
         groups = {"last": [server.theta]}
         if len(server.posterior):
             groups["posterior"] = list(server.posterior.samples)
+        swag, swag_samples = server.posterior.swag, self.config.run.swag_samples
+        if swag is not None and len(swag) >= 2 and swag_samples > 0:
+            # the draws' generator: a key no privacy stream uses (one part, plus the epoch)
+            groups["swag"] = swag.sample(
+                swag_samples, generator=self._randomness().generator(SWAG_STREAM)
+            )
         ev = evaluate(groups)
         if ev is None:
             raise RuntimeError("final evaluation: every site failed (see the logged reasons)")
         last, post = ev["last"], ev.get("posterior")
+        metrics = metrics_block(server, last, post)
+        extra_curves: dict[str, dict[str, Any]] = {}
+        if "swag" in ev:
+            metrics["swag"] = swag_block(server, ev["swag"], swag_samples)
+            extra_curves[SWAG["label"]] = ev["swag"]
+        if self.recal is not None and evaluate_recal is not None:
+            ev_r = evaluate_recal(self.recal["temperature"])
+            ev = {**ev, "recal": ev_r}
+            metrics["recal"] = recal_block(self.recal, last, ev_r)
+            extra_curves[RECAL["label"]] = ev_r
         results: dict[str, Any] = {
             "fedsgld_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -636,13 +858,16 @@ class RunLifecycle:
             "privacy": privacy_block(server, self.config, self.randomness_record()),
             "sites": sites,
             "history": self.history,
-            "metrics": metrics_block(server, last, post),
+            "metrics": metrics,
             "wall_time_s": time.perf_counter() - self.t_start,
             "round_wall_time_s": round_time_summary(self.round_times),
         }
+        if self.recal is not None:
+            results["privacy"]["recalibration"] = self._recal_privacy()
         if transport_info is not None:
             results[self.transport] = transport_info()
-        write_outputs(self.out, results, last=last, posterior=post)
+        write_outputs(self.out, results, last=last, posterior=post, extra=extra_curves)
+        self.evaluations = ev
         self.log(f"results in {self.out}")
         results["out_dir"] = str(self.out)
         return results, last, post

@@ -76,6 +76,15 @@ def plot_history(
     return path
 
 
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _average_label(block: dict[str, Any]) -> str:
+    """The honest name of the kept iterates' average (older result files: their old name)."""
+    return block.get("label", "posterior average")
+
+
 def report_markdown(results: dict[str, Any]) -> str:
     pr = results["privacy"]
     m = results["metrics"]
@@ -104,9 +113,11 @@ def report_markdown(results: dict[str, Any]) -> str:
         p = m["posterior"]
         lines += [
             "",
-            f"## Posterior average over {p['samples']} samples (Bayesian model averaging)",
+            f"## {_cap(_average_label(p))} over {p['samples']} kept iterates "
+            f"(`{pr['method']}{p.get('suffix', '+bma')}`)",
             "",
-            "Averaging the softmax over kept iterates is post-processing: it costs no privacy.",
+            "Averaging the softmax over kept iterates is post-processing: it costs no privacy."
+            + (f" {_cap(p['note'])}." if p.get("note") else ""),
             "",
             "| | " + " | ".join(METRIC_KEYS) + " |",
             "|---|" + "---|" * len(METRIC_KEYS),
@@ -115,6 +126,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines += [
             f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
         ]
+    lines += _derived_sections(results)
     lines += [
         "",
         "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.",
@@ -123,12 +135,59 @@ def report_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _derived_sections(results: dict[str, Any]) -> list[str]:
+    """report.md's sections for SWAG (``metrics.swag``) and recalibration (``metrics.recal``)."""
+    lines: list[str] = []
+    method = results["privacy"]["method"]
+    for key in ("swag", "recal"):
+        b = results["metrics"].get(key)
+        if not b:
+            continue
+        lines += ["", f"## {_cap(b['label'])} (`{method}{b['suffix']}`)", "", _cap(b["note"]) + "."]
+        lines += ["", "| | " + " | ".join(METRIC_KEYS) + " |", "|---|" + "---|" * len(METRIC_KEYS)]
+        rows = [("pooled", b["pooled"])] + [(f"site {k}", v) for k, v in b["sites"].items()]
+        lines += [
+            f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
+        ]
+        if key == "recal":
+            lines += ["", _recal_summary(results)]
+    return lines
+
+
+def _recal_summary(results: dict[str, Any]) -> str:
+    """ECE before -> after per site, and the epsilon of training, recalibration and both."""
+    b, rc = results["metrics"]["recal"], results["privacy"].get("recalibration", {})
+    ba = b["before_after"]
+    parts = [
+        f"pooled {_fmt(ba['pooled']['ece']['before'])} -> {_fmt(ba['pooled']['ece']['after'])}"
+    ]
+    parts += [
+        f"site {k} {_fmt(v['ece']['before'])} -> {_fmt(v['ece']['after'])}"
+        for k, v in ba["sites"].items()
+    ]
+    text = f"Temperature {b['temperature']:.4g}. ECE before -> after: " + "; ".join(parts) + "."
+    acc = results["privacy"].get("rigorous_accountant")
+    if acc and "epsilon_total" in rc:
+        text += (
+            f" Epsilon ({acc}): training {_fmt(rc['epsilon_training'][acc])}, recalibration "
+            f"({rc['steps_taken']} steps) {_fmt(rc['epsilon_recalibration'][acc])}, composed in "
+            f"the one ledger {_fmt(rc['epsilon_total'][acc])} of the budget {_fmt(rc['budget'])}."
+        )
+    return text
+
+
 def write_outputs(
-    out: Path, results: dict[str, Any], *, last: dict[str, Any], posterior: dict[str, Any] | None
+    out: Path,
+    results: dict[str, Any],
+    *,
+    last: dict[str, Any],
+    posterior: dict[str, Any] | None,
+    extra: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Write results.json (with the pooled reliability bins added), report.md and the plots.
 
-    When the sites kept their predictions (Flower, sites that do not share them), the pooled
+    ``extra``: further evaluations (name -> evaluation) drawn on the reliability plot. When
+    the sites kept their predictions (Flower, sites that do not share them), the pooled
     reliability bins come from their statistics and only history.png is drawn."""
     from .lifecycle import RESULTS, write_json
 
@@ -153,14 +212,19 @@ def write_outputs(
         return
     curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
     if posterior is not None:
-        curves["posterior average"] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+        name = _average_label(results["metrics"].get("posterior") or {})
+        curves[name] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
     results["reliability"] = {
         "note": "pooled test split, top-label confidence bins [lo, hi), the last one closed",
         "last": bins_to_json(reliability_bins(*curves["last iterate"], N_BINS)),
         "posterior": None
         if posterior is None
-        else bins_to_json(reliability_bins(*curves["posterior average"], N_BINS)),
+        else bins_to_json(
+            reliability_bins(posterior["_probs"].numpy(), posterior["_labels"].numpy(), N_BINS)
+        ),
     }
+    for name, ev in (extra or {}).items():
+        curves[name] = (ev["_probs"].numpy(), ev["_labels"].numpy())
     write_json(out / RESULTS, results)
     (out / "report.md").write_text(report_markdown(results))
     title = run_title(results)

@@ -38,7 +38,7 @@ from flwr.serverapp import Grid
 from ..config import Config
 from ..core.mechanism import FlatModel
 from ..lifecycle import RunLifecycle
-from ..strategies import LangevinServer, PosteriorSamples
+from ..strategies import LangevinServer
 from ..strategies.flower import AllSitesFailed, LangevinStrategy, SiteEntry
 from .protocol import QUERY, run_record, split_run_config
 
@@ -240,6 +240,11 @@ def serve(
     """Run one DP-SGLD federation over ``grid``; write and return results.json's dict."""
     log = log or _log.info
     config, opts = split_run_config(run_config)
+    if config.run.recal_fraction > 0:
+        raise ValueError(
+            "recal_fraction > 0: private recalibration runs in the in-process engine "
+            "(fedsgld simulate) only; set recal_fraction = 0 for a Flower run"
+        )
     lc = RunLifecycle(
         config,
         out=Path(opts["out"]).expanduser().resolve() if opts["out"] else None,
@@ -249,6 +254,8 @@ def serve(
         log=log,
     )
     config = lc.config  # seed resolved
+    from ..engine import posterior_samples
+
     poll = opts["poll-interval"]
     directory = discover_sites(grid, config, timeout=opts["wait-for-sites"], log=log, poll=poll)
     first = next(iter(directory.values()))
@@ -260,9 +267,7 @@ def serve(
         seed=lc.seed,
         rounds=run_cfg.rounds,
         weight_decay=run_cfg.weight_decay,
-        posterior=PosteriorSamples(
-            burn_in=run_cfg.burn_in, thin=run_cfg.thin, max_samples=run_cfg.max_samples
-        ),
+        posterior=posterior_samples(config),
         prior_std=run_cfg.prior_std,
         optimizer=run_cfg.optimizer,
         randomness=lc.server_randomness(),

@@ -9,9 +9,10 @@ from .mechanism import (
     poisson_sample,
     site_step,
 )
-from .schedules import StepSchedule, sgld_noise_multiplier
+from .schedules import CyclicalSchedule, StepSchedule, sgld_noise_multiplier
 
 __all__ = [
+    "CyclicalSchedule",
     "DEVICES",
     "GRAD_PATHS",
     "FlatModel",

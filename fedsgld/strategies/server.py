@@ -25,6 +25,7 @@ import torch
 
 from ..config import PrivacySettings
 from ..core.mechanism import langevin_update
+from ..posteriors.swag import SwagMoments
 from ..privacy import BudgetExhausted, PrivacyAccountant
 from ..privacy.noise import Randomness
 
@@ -56,16 +57,28 @@ class RoundPlan:
 
 
 class PosteriorSamples:
-    """Keeps every ``thin``-th iterate after ``burn_in`` steps; at most ``max_samples`` (the latest)."""
+    """Keeps every ``thin``-th iterate after ``burn_in`` steps; at most ``max_samples`` (the latest).
 
-    def __init__(self, *, burn_in: int, thin: int, max_samples: int) -> None:
+    With ``swag_rank`` not None it also fits SWAG (:class:`fedsgld.posteriors.swag.SwagMoments`)
+    to EVERY such iterate (running moments, and the deviations of the last ``swag_rank``),
+    whatever ``max_samples`` keeps.
+    """
+
+    def __init__(
+        self, *, burn_in: int, thin: int, max_samples: int, swag_rank: int | None = None
+    ) -> None:
         self.burn_in, self.thin, self.max_samples = burn_in, thin, max_samples
         self.samples: deque[torch.Tensor] = deque(maxlen=max(max_samples, 1))
         self.steps: deque[int] = deque(maxlen=max(max_samples, 1))
+        self.swag = SwagMoments(swag_rank) if swag_rank is not None else None
 
     def offer(self, step: int, theta: torch.Tensor) -> bool:
         """``step`` = number of completed updates that produced ``theta``."""
-        if self.max_samples == 0 or step <= self.burn_in or (step - self.burn_in) % self.thin:
+        if step <= self.burn_in or (step - self.burn_in) % self.thin:
+            return False
+        if self.swag is not None:
+            self.swag.update(theta)
+        if self.max_samples == 0:
             return False
         self.samples.append(theta.detach().clone())
         self.steps.append(step)
@@ -75,7 +88,11 @@ class PosteriorSamples:
         return len(self.samples)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"samples": list(self.samples), "steps": list(self.steps)}
+        return {
+            "samples": list(self.samples),
+            "steps": list(self.steps),
+            "swag": self.swag.state_dict() if self.swag is not None else None,
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.samples.clear()
@@ -83,6 +100,10 @@ class PosteriorSamples:
         for s, t in zip(d["samples"], d["steps"], strict=False):
             self.samples.append(s)
             self.steps.append(int(t))
+        if self.swag is not None:
+            if d.get("swag") is None:
+                raise ValueError("the checkpoint holds no SWAG moments; resume without SWAG")
+            self.swag.load_state_dict(d["swag"])
 
 
 class LangevinServer:
