@@ -122,10 +122,10 @@ class PrivacySettings:
     lr_schedule: str = "polynomial"
     cycle_length: int = 100
     cycle_floor: float = 0.1
-    recal_steps: int = 10
+    recal_steps: int = 20
     recal_sample_rate: float = 1.0
-    recal_noise_multiplier: float = 50.0
-    recal_clip: float = 2.0
+    recal_noise_multiplier: float = 70.0
+    recal_clip: float = 1.0
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -260,7 +260,7 @@ class RunSettings:
     # in-process engine): each site holds this share of its TRAINING split out of training
     # as its calibration split, on which the last iterate's temperature is fitted; 0: off
     recal_fraction: float = 0.0  # in [0, 1)
-    recal_lr: float = 1.0  # step size on log T (post-processing), > 0
+    recal_lr: float = 0.5  # step size on log T (post-processing), > 0
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
