@@ -142,17 +142,17 @@ class PrivacySettings:
         "sigma_t under dpsgld, which cost much privacy",
     )
     recal_steps: int = setting(
-        10, "noisy steps of private recalibration (when recal_fraction > 0), in [1, 100000]"
+        20, "noisy steps of private recalibration (when recal_fraction > 0), in [1, 100000]"
     )
     recal_sample_rate: float = setting(
         1.0, "Poisson sampling rate of the calibration split per recalibration step, in (0, 1]"
     )
     recal_noise_multiplier: float = setting(
-        50.0,
+        70.0,
         "noise multiplier of each recalibration step (std recal_noise_multiplier * recal_clip), > 0",
     )
     recal_clip: float = setting(
-        2.0, "clip bound of each record's gradient with respect to log T, > 0"
+        1.0, "clip bound of each record's gradient with respect to log T, > 0"
     )
 
     def __post_init__(self) -> None:
@@ -355,7 +355,7 @@ class RunSettings:
         "private recalibration (+recal): share of each site's training split held out as its "
         "calibration split, in [0, 1); 0: off",
     )
-    recal_lr: float = setting(1.0, "step size on log T of private recalibration, > 0")
+    recal_lr: float = setting(0.5, "step size on log T of private recalibration, > 0")
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)

@@ -171,7 +171,7 @@ def swag_block(server, ev: dict[str, Any], samples: int) -> dict[str, Any]:
         "sites": ev["sites"],
         "samples": samples,
         **swag.describe(),
-        "note": f"a Gaussian fitted to the {len(swag)} iterates kept after burn_in (every "
+        "note": f"SWAG: a Gaussian fitted to the {len(swag)} iterates kept after burn_in (every "
         f"thin-th), diagonal plus the deviations of the last {swag.used_rank}; the softmax "
         f"averaged over {samples} draws. Post-processing: no privacy cost",
     }
@@ -198,9 +198,10 @@ def recal_block(state: dict[str, Any], last: dict[str, Any], ev: dict[str, Any])
                 for s in ev["sites"]
             },
         },
-        "note": f"the last iterate's logits divided by the temperature {state['temperature']:.4g}, "
-        f"fitted by {state['steps']} noisy clipped-gradient steps on log T over the sites' "
-        "calibration splits (held out of training); its epsilon is in privacy.recalibration",
+        "note": f"private recalibration: the last iterate's logits divided by the temperature "
+        f"{state['temperature']:.4g}, fitted by {state['steps']} noisy clipped-gradient steps "
+        "on log T over the sites' calibration splits (held out of training); its epsilon is "
+        "in privacy.recalibration",
     }
 
 
@@ -712,6 +713,13 @@ class RunLifecycle:
         server, acc = self.server, self.server.accountant
         before = [list(e) for e in acc.ledger] if acc is not None else []
         expected = plan.sample_rate * sum(calibration_sizes)
+        if plan.clip is not None and plan.noise_multiplier * plan.clip / expected > plan.clip / 2:
+            self.log(
+                f"warning: recalibration on {sum(calibration_sizes)} calibration records at "
+                f"recal_noise_multiplier {plan.noise_multiplier:g}: each step's noise exceeds "
+                "half the clip bound, so the fitted temperature is dominated by noise; "
+                "raise recal_fraction or lower recal_noise_multiplier (more epsilon)"
+            )
         log_t, taken = 0.0, 0
         reason = f"completed {plan.steps} steps"
         trace = [log_t]
@@ -757,6 +765,11 @@ class RunLifecycle:
         block: dict[str, Any] = {
             **st["plan"],
             "steps_taken": st["steps"],
+            "noise_per_step": None
+            if st["plan"]["noise_multiplier"] is None
+            else st["plan"]["noise_multiplier"]
+            * st["plan"]["clip"]
+            / (st["plan"]["sample_rate"] * sum(st["calibration_sizes"])),
             "halt_reason": st["halt_reason"],
             "calibration_sizes": st["calibration_sizes"],
         }

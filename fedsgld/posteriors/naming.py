@@ -28,12 +28,12 @@ VARIATIONAL_METHODS = ("dpvi", "vi")
 SWAG = {
     "kind": "swag",
     "suffix": "+swag",
-    "label": "SWAG average (Gaussian fitted to the kept iterates, sampled)",
+    "label": "SWAG average",
 }
 RECAL = {
     "kind": "temperature_scaling",
     "suffix": "+recal",
-    "label": "last iterate, temperature-scaled (private recalibration)",
+    "label": "temperature-scaled last iterate",
 }
 
 

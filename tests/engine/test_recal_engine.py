@@ -198,3 +198,32 @@ def test_benchmark_rows_and_dpsgd_calibrated_with_the_recalibration(tmp_path):
     assert res["runs"]["dpsgld"][0]["epsilon"]["pld"] <= 4.0
     md = (tmp_path / "out" / "benchmark.md").read_text()
     assert "| dpsgd+recal |" in md and "| dpsgld+swag |" in md
+
+
+def test_a_crash_inside_a_recalibration_noise_draw_keeps_the_step_spent(tmp_path, monkeypatch):
+    import torch
+
+    from fedsgld.calibration.recal import RECAL_STREAM
+    from fedsgld.privacy.noise import Randomness
+
+    out = tmp_path / "crash"
+    real = Randomness.gaussian
+
+    def crash_at_step_2(self, shape, *, std, key, dtype=torch.float32):
+        if key == (0, RECAL_STREAM, 2, 0):
+            on_disk = json.loads((out / "ledger.json").read_text())
+            assert sum(c for _, _, c in on_disk["ledger"]) == 5 + 3  # step 2 is on disk
+            raise RuntimeError("crash while drawing the recalibration noise")
+        return real(self, shape, std=std, key=key, dtype=dtype)
+
+    monkeypatch.setattr(Randomness, "gaussian", crash_at_step_2)
+    with pytest.raises(RuntimeError, match="recalibration noise"):
+        _run(tmp_path, "crash", rounds=5, epsilon=20.0)
+    monkeypatch.setattr(Randomness, "gaussian", real)
+    cfg = load_config(None, {**RUN, "rounds": 5, "epsilon": 20.0})
+    res = engine.run(cfg, out_dir=out, resume=True, progress=False, log=lambda s: None)
+    pr = res["privacy"]
+    # the 3 released steps stay spent; the recalibration ran again with fresh noise
+    assert pr["steps"] == 5 and pr["recalibration"]["steps_taken"] == 6
+    assert _expand(pr["ledger"]) == [(0.2, 1.0)] * 5 + [(1.0, 10.0)] * (3 + 6)
+    assert pr["epsilon"]["pld"] <= 20.0
