@@ -279,6 +279,8 @@ def test_sampler_arguments_are_checked_by_name():
 
     z = laplace_noise((2, 3), scale=0.0, generator=seeded_generator(0), dtype=torch.float32)
     assert z.shape == (2, 3) and z.dtype == torch.float32 and torch.count_nonzero(z) == 0
+    z = laplace_noise((4,), scale=0.0, generator=seeded_generator(0))
+    assert z.shape == (4,) and z.dtype == torch.float64 and torch.count_nonzero(z) == 0
     with pytest.raises(TypeError, match=r"^laplace_noise needs an explicit torch\.Generator"):
         laplace_noise((3,), scale=1.0, generator=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^Laplace scale must be finite and >= 0, got "):

@@ -469,3 +469,21 @@ def test_local_round_randomness_weight_decay_and_empty_sites():
     one = _saturated_site(3, 1, 3, seed=5)
     moved = one.local_round(th, first_step=0, local_steps=1, privacy=priv, weight_decay=wd)
     assert not torch.equal(moved, th)
+
+
+def test_local_noise_belongs_to_the_run_and_is_not_the_sampling_stream():
+    """Sites placement: a site's noise depends on the run's seed, and it is not a replay of
+    the site's own sampling / pre-noise generator of the same step."""
+    d = 1000
+    priv = _privacy(sample_rate=0.5, clip=0.7, noise_placement="sites", local_steps=1)
+    theta = _saturated_theta(d)
+    noise = {}
+    for seed in (1, 2):
+        site = _saturated_site(0, 20, d, seed=seed)
+        noise[seed] = (site.local_round(theta, first_step=0, local_steps=1, privacy=priv) - theta)[
+            :-2
+        ].numpy()
+    bound = 5 / math.sqrt(2 * d)
+    assert abs(np.corrcoef(noise[1], noise[2])[0, 1]) < bound
+    replay = torch.randn(2 * d + 2, generator=_saturated_site(0, 20, d, seed=1).generator(0))
+    assert abs(np.corrcoef(noise[1], replay[:-2].numpy())[0, 1]) < bound

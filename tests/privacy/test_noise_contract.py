@@ -129,3 +129,10 @@ def test_unclipped_sum_over_several_chunks_is_the_whole_sum():
             clipped_gradient_sum(fm, theta, x, y, clip=None, chunk_size=chunk), whole,
             rtol=1e-5, atol=1e-6,
         )  # fmt: skip
+
+
+def test_seeded_generators_use_the_full_63_bit_seed_space():
+    """A deployment's 63-bit OS seed must not be hashed down to a brute-forceable range."""
+    seeds = [seeded_generator(os_seed(), 0, t).initial_seed() for t in range(64)]
+    assert len(set(seeds)) == 64 and all(0 <= s < 2**63 for s in seeds)
+    assert sum(s >= 2**62 for s in seeds) >= 16  # about half of them, if uniform
