@@ -217,7 +217,7 @@ def peak_memory_child(batch: int, device_name: str, chunk_size: int) -> dict:
     return {"peak_mb": round(peak / 2**20, 1), "input_mb": round(input_mb, 1), "how": how}
 
 
-def peak_memory(batch: int, device: torch.device, chunk_size: int) -> dict | None:
+def peak_memory(batch: int, device: torch.device, chunk_size: int, threads: int) -> dict | None:
     if device.type == "cpu" and not os.path.exists("/proc/self/clear_refs"):
         return None
     env = dict(os.environ)
@@ -235,6 +235,8 @@ def peak_memory(batch: int, device: torch.device, chunk_size: int) -> dict | Non
             str(device),
             "--chunk-size",
             str(chunk_size),
+            "--threads",
+            str(threads),
         ],
         env=env,
         capture_output=True,
@@ -312,6 +314,8 @@ def main() -> None:
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     if args.memory_child:
+        if args.threads:
+            torch.set_num_threads(args.threads)
         print(json.dumps(peak_memory_child(args.memory_child, args.device, args.chunk_size)))
         return
     if args.threads:
@@ -366,7 +370,8 @@ def main() -> None:
     }
     if not args.no_memory:
         result["peak_memory_mb"] = {
-            str(b): peak_memory(b, device, args.chunk_size) for b in (256, 4096)
+            str(b): peak_memory(b, device, args.chunk_size, torch.get_num_threads())
+            for b in (256, 4096)
         }
         result["chunk_size"] = args.chunk_size
     if not args.no_models:
