@@ -37,7 +37,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedsgld.core import prenoise as prenoise_module
+from fedsgld.core import mechanism
 from fedsgld.core.device import resolve_device
 from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum, langevin_update
 from fedsgld.models import PaperCNN, build_model
@@ -91,14 +91,14 @@ def make_dpsgld(model, batch, device, *, prenoise, grad_path="auto", chunk_size=
 
 def serial_prenoise(step):
     """The step with its pre-noise drawn on the calling thread, not beside the gradients."""
-    background = prenoise_module.draw_in_background
+    background = mechanism.draw_in_background
 
     def serial(x, y):
-        prenoise_module.draw_in_background = lambda generator: False
+        mechanism.draw_in_background = lambda generator: False
         try:
             step(x, y)
         finally:
-            prenoise_module.draw_in_background = background
+            mechanism.draw_in_background = background
 
     return serial
 

@@ -13,16 +13,20 @@ backward pass asks autograd for dL/do only (no weight gradients are formed); bat
 matrix products then give the per-record gradients. They are used three ways:
 
 * ``per_record``: the (B, P) matrix of per-record gradients (reference API, tests).
-* ``clipped_sum`` with pre-noise: the buffer Y already holding rho z_i (one row per record,
-  P columns in the flat parameter order) receives each layer's e_i a_i^T in place
-  (``baddbmm_``), so each row is g_i + rho z_i, formed once; then one pass for the row norms
-  and one matrix-vector product sum_i c_i (g_i + rho z_i) with c_i = min(1, C / ||row_i||).
-* ``clipped_sum`` without pre-noise, norm first ("ghost" norms): for a dense layer on vectors
-  ||grad_W l_i||^2 = ||e_i||^2 ||a_i||^2, and with positions
-  ||grad_W l_i||^2 = sum_{t,s} (a_t . a_s)(e_t . e_s), used when that is cheaper than forming
-  grad_W l_i (T (d + p) < d p for T positions, d inputs, p outputs). The clipped sum
-  sum_i c_i grad l_i = sum_{i,t} c_i e_{i,t} a_{i,t}^T is then one matrix product of the
-  same activations and errors: no per-record gradient and no second backward pass.
+* ``add_into`` then ``clip_blocks_and_sum``, with pre-noise: the buffer already holding
+  rho z_i, laid out parameter by parameter (one contiguous (B, numel_j) block per
+  parameter, :func:`param_blocks`), receives each layer's sum_t e_{i,t} a_{i,t}^T in place
+  (one ``baddbmm_``, or a broadcast ``addcmul_`` for a dense layer on vectors), so each
+  record's g_i + rho z_i is formed once, in the noise's memory; then one pass for the norms
+  and one matrix-vector product per block for sum_i c_i (g_i + rho z_i),
+  c_i = min(1, C / ||g_i + rho z_i||).
+* ``clipped_sum_norm_first``, without pre-noise ("ghost" norms): for a dense layer on
+  vectors ||grad_W l_i||^2 = ||e_i||^2 ||a_i||^2, and with T positions
+  ||grad_W l_i||^2 = sum_{t,s} (a_t . a_s)(e_t . e_s) where that saves work
+  (T^2 (d + p) < 2 d p for d inputs and p outputs; else the layer's per-record gradients are
+  formed, and dropped after the sum). The clipped sum sum_i c_i grad l_i =
+  sum_{i,t} c_i e_{i,t} a_{i,t}^T is then one matrix product of the same activations and
+  errors: no second backward pass.
 
 All three are exact (the same numbers as autograd on one record at a time, up to float
 rounding); ``tests/core`` checks them against that loop.
