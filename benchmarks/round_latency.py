@@ -148,9 +148,7 @@ def _stop(procs: list[subprocess.Popen], tag: str) -> None:
 
 
 def _flower_round(out: Path) -> float:
-    return json.loads((out / "results.json").read_text())["round_wall_time_s"][
-        "mean_after_first"
-    ]
+    return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
 
 
 def engine_round(sites: int, rounds: int, tmp: Path, **_) -> float:
