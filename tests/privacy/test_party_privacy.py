@@ -350,9 +350,11 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
     for k in range(3):
         site_state = json.loads((tmp_path / f"site{k}" / f"fedsgld-site-{k}.json").read_text())
         # the same steps; the site keeps exact sigmas, the server rounds them down onto its
-        # 1 % grid (conservative), so on the server's grid the two ledgers are equal
+        # sigma_grid (conservative; 0 = exact), so on the server's grid the ledgers are equal
         assert site_state["ledger"]["steps"] == server_ledger["steps"] == 6
-        grid = PrivacyAccountant(delta=1e-5, sigma_rel_grid=over.get("sigma_grid", 0.01))
+        grid = PrivacyAccountant(
+            delta=1e-5, sigma_rel_grid=load_config(None, over).privacy.sigma_grid
+        )
         site_on_grid = [[q, grid.bucket(sg), c] for q, sg, c in site_state["ledger"]["ledger"]]
         assert site_on_grid == server_ledger["ledger"]
     # a server that asks for less noise (temperature 0.1: sigma_0 = 0.2 < 0.3) is refused by
