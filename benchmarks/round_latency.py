@@ -19,7 +19,9 @@ Transports (MNIST-5k, the paper CNN, q = 0.064, no evaluation rounds):
 
 Each number is the mean wall time of the rounds after the first (warm-up): the server
 loop's own timer (``results.json`` -> ``flower.round_wall_time_s.mean_after_first``, or
-the engine's ``round_wall_time_s``). Deployments use ``poll-interval = 0.05`` (how often
+the engine's ``round_wall_time_s``). The engine is timed first and again last, and its
+mean is used (the machine's load drifts during a run; ``engine_runs`` has both).
+Deployments use ``poll-interval = 0.05`` (how often
 the ServerApp looks for replies). ``--json`` prints one object: ``engine``,
 ``local_grid``, ``ray``, ``deploy``, ``deploy_fast`` (seconds per round for the first
 ``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``), and
@@ -201,7 +203,7 @@ def deploy(
     )
     port = _port()
     procs: list[subprocess.Popen] = []
-    fedsgld = [sys.executable, "-m", "fedsgld"]
+    fedsgld = [sys.executable, "-m", "fedsgld.deploy"]  # `fedsgld supernode` without the full CLI
     shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
     install_shim(str(shim_dir))
 
@@ -331,9 +333,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(res) if args.json else json.dumps(res, indent=1))
             return 0
         per: dict[str, dict[str, float]] = {}
-        for name in names:
+        engine_runs: dict[str, list[float]] = {}
+        # the engine is timed first and again last (the machine's load drifts): its mean
+        order = names + (["engine"] if "engine" in names and len(names) > 1 else [])
+        for i, name in enumerate(order):
             for k in args.sites:
-                t = ROUND[name](k, args.rounds, Path(d), task_poll=args.task_poll)
+                t = ROUND[name](k, args.rounds, Path(d) / str(i), task_poll=args.task_poll)
+                if name == "engine":
+                    engine_runs.setdefault(str(k), []).append(t)
+                    t = sum(engine_runs[str(k)]) / len(engine_runs[str(k)])
                 per.setdefault(name, {})[str(k)] = t
                 if not args.json:
                     print(f"{name:12s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
@@ -347,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     if ratios:
         out["ratio_to_engine"] = ratios[first]
     out.update(
-        seconds_per_round=per, ratio_to_engine_by_sites=ratios, rounds=args.rounds, sites=args.sites
+        seconds_per_round=per,
+        ratio_to_engine_by_sites=ratios,
+        engine_runs=engine_runs,
+        rounds=args.rounds,
+        sites=args.sites,
     )
     if args.json:
         print(json.dumps(out))

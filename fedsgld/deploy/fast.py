@@ -514,15 +514,53 @@ def run_superlink(args: argparse.Namespace) -> int:
         cleanup()
 
 
-def register(sub) -> None:
-    """Add ``supernode`` and ``superlink`` to the ``fedsgld`` command's subparsers."""
+def _light(command: str):
+    """``fedsgld supernode|superlink`` from the full ``fedsgld`` command: re-run the same
+    command as ``python -m fedsgld.deploy`` in this process (same pid), which imports
+    only this package and Flower (the full CLI imports torch: ~0.5 GB per site)."""
+
+    def run(args: argparse.Namespace) -> int:
+        argv = [sys.executable, "-m", "fedsgld.deploy", command]
+        for action in _PARSERS[command]._actions:
+            if action.dest in ("help", "flower_args"):
+                continue
+            value = getattr(args, action.dest)
+            if isinstance(action, argparse._StoreTrueAction):
+                argv += [action.option_strings[0]] if value else []
+            else:
+                argv += [action.option_strings[0], repr(value)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [*argv, "--", *_flower_args(args)])
+        return 0  # not reached
+
+    return run
+
+
+_PARSERS: dict[str, argparse.ArgumentParser] = {}
+
+
+def register(sub, *, light: bool = True) -> None:
+    """Add ``supernode`` and ``superlink`` to a command's subparsers (``light``: run
+    them through ``python -m fedsgld.deploy``, see :func:`_light`)."""
     node = sub.add_parser(
         "supernode", help="Flower's SuperNode with its fixed waits shortened (fast path)"
     )
     add_supernode_arguments(node)
-    node.set_defaults(func=run_supernode)
+    node.set_defaults(func=_light("supernode") if light else run_supernode)
     link = sub.add_parser(
         "superlink", help="Flower's SuperLink with its object-pull backoff shortened (fast path)"
     )
     add_superlink_arguments(link)
-    link.set_defaults(func=run_superlink)
+    link.set_defaults(func=_light("superlink") if light else run_superlink)
+    _PARSERS.update(supernode=node, superlink=link)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedsgld.deploy supernode|superlink ...``."""
+    ap = argparse.ArgumentParser(
+        prog="python -m fedsgld.deploy", description=__doc__.split("\n\n")[0]
+    )
+    register(ap.add_subparsers(dest="command", required=True), light=False)
+    args = ap.parse_args(argv)
+    return int(args.func(args) or 0)
