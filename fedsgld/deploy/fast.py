@@ -55,6 +55,7 @@ import math
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -507,6 +508,11 @@ def run_superlink(args: argparse.Namespace) -> int:
         os.environ["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         from flwr.superlink.cli.flower_superlink import flower_superlink
 
+        def _exit(signum, _frame):  # uvicorn re-raises the signal after its shutdown
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _exit)
+        signal.signal(signal.SIGINT, _exit)
         sys.argv = ["flower-superlink", *_flower_args(args)]
         flower_superlink()
         return 0
