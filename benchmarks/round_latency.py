@@ -25,7 +25,9 @@ Deployments use ``poll-interval = 0.05`` (how often
 the ServerApp looks for replies). ``--json`` prints one object: ``engine``,
 ``local_grid``, ``ray``, ``deploy``, ``deploy_fast`` (seconds per round for the first
 ``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``), and
-``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count).
+``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count),
+and ``site_process_import_s``: the median time a fresh interpreter takes to import what a
+site's task imports (what every message costs without warm sites).
 
 ``--demo`` runs ``simulations/demo.toml`` (DP-SGLD, 4 sites, until the budget halts it,
 with its evaluation rounds) once in-process and once deployed on loopback over the fast
@@ -90,6 +92,21 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def import_cost(tmp: Path, repeats: int = 3) -> float:
+    """Median wall time of a fresh interpreter importing what a site's task imports (what
+    every message costs a stock SuperNode without warm sites)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.clients.flower, "
+             "flwr.supernode.runtime.run_clientapp, torch.func, torch._dynamo"],
+            check=True, env=_env(tmp / "import-home"),
+        )  # fmt: skip
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
 
 def _port() -> int:
@@ -345,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                 per.setdefault(name, {})[str(k)] = t
                 if not args.json:
                     print(f"{name:12s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
+        imports = import_cost(Path(d))
     first = str(args.sites[0])
     out: dict = {n: per[n][first] for n in names}
     ratios = {
@@ -355,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if ratios:
         out["ratio_to_engine"] = ratios[first]
     out.update(
+        site_process_import_s=round(imports, 2),
         seconds_per_round=per,
         ratio_to_engine_by_sites=ratios,
         engine_runs=engine_runs,

@@ -1,6 +1,6 @@
 """The fast path: Flower's own SuperNode and SuperLink with their fixed waits shortened.
 
-    fedsgld supernode [--pull-interval S] [--reply-poll S] [--pull-backoff S]
+    fedsgld supernode [--pull-interval S] [--predict F] [--reply-poll S] [--pull-backoff S]
         [--pull-backoff-cap S] [--task-poll S] [--active-for S] [--no-warm]
         -- FLOWER-SUPERNODE-ARGUMENTS
     fedsgld superlink [--pull-backoff S] [--pull-backoff-cap S] -- FLOWER-SUPERLINK-ARGUMENTS
@@ -13,7 +13,9 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
   * **empty-pull sleep.** The SuperNode sleeps 3 s after every pull that brought no
     message, and in a federated round the pull right after a reply is always empty. While
     a run is active (a message arrived in the last ``--active-for`` s, default 60) it
-    sleeps ``--pull-interval`` (0.05 s) instead; an idle node keeps Flower's 3 s.
+    first waits ``--predict`` (0.7) times the shortest of the last three waits from a
+    reply to the next message, then pulls every ``--pull-interval`` (0.05 s); an idle
+    node keeps Flower's 3 s.
   * **reply waits.** It checks every 0.5 s whether the ClientApp's reply (and each of its
     objects) is ready: every ``--reply-poll`` (0.01 s) instead (local checks).
   * **SuperExec task poll.** Its SuperExec asks for new tasks every
@@ -32,13 +34,15 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
     the ServerApp before its objects have all arrived, and Flower then retries after 1 s.
 
   **Object-pull backoff**: retries start after ``--pull-backoff`` (0.02 s) instead of 1 s
-  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; the limits on tries
-  and total time are Flower's.
+  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; Flower's limit on the
+  total time (7200 s) stays, its limit of 500 tries per object is lifted (with the short
+  waits it would give up after a minute instead of over an hour).
 
 Nothing else changes: messages, objects, retries, timeouts, authentication and the apps
-are Flower's. The price is more requests to the SuperLink while a run is active: one per
-``--pull-interval`` per SuperNode instead of one per 3 s (about 0.1 core of the
-SuperLink's machine per SuperNode at 0.05 s, measured on loopback).
+are Flower's. The price is more requests to the SuperLink while a run is active: up to
+one per ``--pull-interval`` per SuperNode instead of one per 3 s. ``python -m
+fedsgld.deploy supernode|superlink`` is the same command (``fedsgld supernode`` re-runs
+itself that way, so that the SuperNode process does not carry the whole CLI's imports).
 
 Before anything starts, the code adjusted is checked: the installed flwr must be one of
 :data:`SUPPORTED` and every adjusted file byte-identical to that release's (SHA-256, in
@@ -86,6 +90,7 @@ SUPPORTED = tuple(ADJUSTED)
 FLOWER_EMPTY_PULL_SLEEP = 3  # start_client_internal: time.sleep(3) after an empty pull
 FLOWER_REPLY_SLEEP = 0.5  # _push_messages: time.sleep(0.5) while the reply is not ready
 FLOWER_PULL_BACKOFF = (1, 10)  # supercore.constant: PULL_INITIAL_BACKOFF, PULL_BACKOFF_CAP
+FLOWER_PULL_TRIES = 500  # supercore.constant.PULL_MAX_TRIES_PER_OBJECT
 ENV_WAKE = "FEDSGLD_SUPEREXEC_WAKE"  # the datagram socket the SuperExec wrapper waits on
 ENV_BACKOFF = "FEDSGLD_PULL_BACKOFF"  # "initial,cap" for the app processes
 STOCK = "use Flower's own flower-supernode / flower-superlink (the warm sites work with them)"
@@ -133,14 +138,19 @@ def check_flower(version: str | None = None, root: str | Path | None = None) -> 
 
 
 def adjust_pull_backoff(initial: float, cap: float) -> None:
-    """Object pulls in this process retry after ``initial`` s, doubling up to ``cap``."""
+    """Object pulls in this process retry after ``initial`` s, doubling up to ``cap``.
+
+    Flower also stops after 500 tries of one object; with its 1-10 s waits that is over
+    an hour, with these a minute: the limit on tries is lifted, so that a pull still
+    waits as long as Flower's would, up to Flower's limit on total time (7200 s)."""
     from flwr.supercore.inflatable import inflatable_utils as iu
 
     for fn in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
         kw = dict(fn.__kwdefaults__ or {})
-        if (kw.get("initial_backoff"), kw.get("backoff_cap")) != FLOWER_PULL_BACKOFF:
+        got = (kw.get("initial_backoff"), kw.get("backoff_cap"), kw.get("max_tries_per_object"))
+        if got != (*FLOWER_PULL_BACKOFF, FLOWER_PULL_TRIES):
             raise UnsupportedFlower(f"flwr's {fn.__name__} is not as expected: {STOCK}")
-        kw.update(initial_backoff=initial, backoff_cap=cap)
+        kw.update(initial_backoff=initial, backoff_cap=cap, max_tries_per_object=None)
         fn.__kwdefaults__ = kw
 
 
