@@ -19,11 +19,15 @@ Transports (MNIST-5k, the paper CNN, q = 0.064, no evaluation rounds):
 
 Each number is the mean wall time of the rounds after the first (warm-up): the server
 loop's own timer (``results.json`` -> ``round_wall_time_s.mean_after_first``, the same
-key for every transport). Deployments use ``poll-interval = 0.05`` (how often
+key for every transport). The engine is timed first and again last, and its mean is used
+(the machine's load drifts during a run; ``engine_runs`` has both).
+Deployments use ``poll-interval = 0.05`` (how often
 the ServerApp looks for replies). ``--json`` prints one object: ``engine``,
 ``local_grid``, ``ray``, ``deploy``, ``deploy_fast`` (seconds per round for the first
 ``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``), and
-``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count).
+``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count),
+and ``site_process_import_s``: the median time a fresh interpreter takes to import what a
+site's task imports (what every message costs without warm sites).
 
 ``--demo`` runs ``simulations/demo.toml`` (DP-SGLD, 4 sites, until the budget halts it,
 with its evaluation rounds) once in-process and once deployed on loopback over the fast
@@ -88,6 +92,21 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def import_cost(tmp: Path, repeats: int = 3) -> float:
+    """Median wall time of a fresh interpreter importing what a site's task imports (what
+    every message costs a stock SuperNode without warm sites)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.clients.flower, "
+             "flwr.supernode.runtime.run_clientapp, torch.func, torch._dynamo"],
+            check=True, env=_env(tmp / "import-home"),
+        )  # fmt: skip
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
 
 def _port() -> int:
@@ -199,7 +218,7 @@ def deploy(
     )
     port = _port()
     procs: list[subprocess.Popen] = []
-    fedsgld = [sys.executable, "-m", "fedsgld"]
+    fedsgld = [sys.executable, "-m", "fedsgld.deploy"]  # `fedsgld supernode` without the full CLI
     shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
     install_shim(str(shim_dir))
 
@@ -329,12 +348,19 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(res) if args.json else json.dumps(res, indent=1))
             return 0
         per: dict[str, dict[str, float]] = {}
-        for name in names:
+        engine_runs: dict[str, list[float]] = {}
+        # the engine is timed first and again last (the machine's load drifts): its mean
+        order = names + (["engine"] if "engine" in names and len(names) > 1 else [])
+        for i, name in enumerate(order):
             for k in args.sites:
-                t = ROUND[name](k, args.rounds, Path(d), task_poll=args.task_poll)
+                t = ROUND[name](k, args.rounds, Path(d) / str(i), task_poll=args.task_poll)
+                if name == "engine":
+                    engine_runs.setdefault(str(k), []).append(t)
+                    t = sum(engine_runs[str(k)]) / len(engine_runs[str(k)])
                 per.setdefault(name, {})[str(k)] = t
                 if not args.json:
                     print(f"{name:12s} {k:3d} sites: {t * 1000:9.1f} ms per round", flush=True)
+        imports = import_cost(Path(d))
     first = str(args.sites[0])
     out: dict = {n: per[n][first] for n in names}
     ratios = {
@@ -345,7 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     if ratios:
         out["ratio_to_engine"] = ratios[first]
     out.update(
-        seconds_per_round=per, ratio_to_engine_by_sites=ratios, rounds=args.rounds, sites=args.sites
+        site_process_import_s=round(imports, 2),
+        seconds_per_round=per,
+        ratio_to_engine_by_sites=ratios,
+        engine_runs=engine_runs,
+        rounds=args.rounds,
+        sites=args.sites,
     )
     if args.json:
         print(json.dumps(out))

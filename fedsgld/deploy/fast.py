@@ -1,6 +1,6 @@
 """The fast path: Flower's own SuperNode and SuperLink with their fixed waits shortened.
 
-    fedsgld supernode [--pull-interval S] [--reply-poll S] [--pull-backoff S]
+    fedsgld supernode [--pull-interval S] [--predict F] [--reply-poll S] [--pull-backoff S]
         [--pull-backoff-cap S] [--task-poll S] [--active-for S] [--no-warm]
         -- FLOWER-SUPERNODE-ARGUMENTS
     fedsgld superlink [--pull-backoff S] [--pull-backoff-cap S] -- FLOWER-SUPERLINK-ARGUMENTS
@@ -13,7 +13,9 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
   * **empty-pull sleep.** The SuperNode sleeps 3 s after every pull that brought no
     message, and in a federated round the pull right after a reply is always empty. While
     a run is active (a message arrived in the last ``--active-for`` s, default 60) it
-    sleeps ``--pull-interval`` (0.05 s) instead; an idle node keeps Flower's 3 s.
+    first waits ``--predict`` (0.7) times the shortest of the last three waits from a
+    reply to the next message, then pulls every ``--pull-interval`` (0.05 s); an idle
+    node keeps Flower's 3 s.
   * **reply waits.** It checks every 0.5 s whether the ClientApp's reply (and each of its
     objects) is ready: every ``--reply-poll`` (0.01 s) instead (local checks).
   * **SuperExec task poll.** Its SuperExec asks for new tasks every
@@ -32,13 +34,15 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
     the ServerApp before its objects have all arrived, and Flower then retries after 1 s.
 
   **Object-pull backoff**: retries start after ``--pull-backoff`` (0.02 s) instead of 1 s
-  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; the limits on tries
-  and total time are Flower's.
+  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; Flower's limit on the
+  total time (7200 s) stays, its limit of 500 tries per object is lifted (with the short
+  waits it would give up after a minute instead of over an hour).
 
 Nothing else changes: messages, objects, retries, timeouts, authentication and the apps
-are Flower's. The price is more requests to the SuperLink while a run is active: one per
-``--pull-interval`` per SuperNode instead of one per 3 s (about 0.1 core of the
-SuperLink's machine per SuperNode at 0.05 s, measured on loopback).
+are Flower's. The price is more requests to the SuperLink while a run is active: up to
+one per ``--pull-interval`` per SuperNode instead of one per 3 s. ``python -m
+fedsgld.deploy supernode|superlink`` is the same command (``fedsgld supernode`` re-runs
+itself that way, so that the SuperNode process does not carry the whole CLI's imports).
 
 Before anything starts, the code adjusted is checked: the installed flwr must be one of
 :data:`SUPPORTED` and every adjusted file byte-identical to that release's (SHA-256, in
@@ -55,6 +59,7 @@ import math
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +90,7 @@ SUPPORTED = tuple(ADJUSTED)
 FLOWER_EMPTY_PULL_SLEEP = 3  # start_client_internal: time.sleep(3) after an empty pull
 FLOWER_REPLY_SLEEP = 0.5  # _push_messages: time.sleep(0.5) while the reply is not ready
 FLOWER_PULL_BACKOFF = (1, 10)  # supercore.constant: PULL_INITIAL_BACKOFF, PULL_BACKOFF_CAP
+FLOWER_PULL_TRIES = 500  # supercore.constant.PULL_MAX_TRIES_PER_OBJECT
 ENV_WAKE = "FEDSGLD_SUPEREXEC_WAKE"  # the datagram socket the SuperExec wrapper waits on
 ENV_BACKOFF = "FEDSGLD_PULL_BACKOFF"  # "initial,cap" for the app processes
 STOCK = "use Flower's own flower-supernode / flower-superlink (the warm sites work with them)"
@@ -132,14 +138,19 @@ def check_flower(version: str | None = None, root: str | Path | None = None) -> 
 
 
 def adjust_pull_backoff(initial: float, cap: float) -> None:
-    """Object pulls in this process retry after ``initial`` s, doubling up to ``cap``."""
+    """Object pulls in this process retry after ``initial`` s, doubling up to ``cap``.
+
+    Flower also stops after 500 tries of one object; with its 1-10 s waits that is over
+    an hour, with these a minute: the limit on tries is lifted, so that a pull still
+    waits as long as Flower's would, up to Flower's limit on total time (7200 s)."""
     from flwr.supercore.inflatable import inflatable_utils as iu
 
     for fn in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
         kw = dict(fn.__kwdefaults__ or {})
-        if (kw.get("initial_backoff"), kw.get("backoff_cap")) != FLOWER_PULL_BACKOFF:
+        got = (kw.get("initial_backoff"), kw.get("backoff_cap"), kw.get("max_tries_per_object"))
+        if got != (*FLOWER_PULL_BACKOFF, FLOWER_PULL_TRIES):
             raise UnsupportedFlower(f"flwr's {fn.__name__} is not as expected: {STOCK}")
-        kw.update(initial_backoff=initial, backoff_cap=cap)
+        kw.update(initial_backoff=initial, backoff_cap=cap, max_tries_per_object=None)
         fn.__kwdefaults__ = kw
 
 
@@ -507,6 +518,11 @@ def run_superlink(args: argparse.Namespace) -> int:
         os.environ["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         from flwr.superlink.cli.flower_superlink import flower_superlink
 
+        def _exit(signum, _frame):  # uvicorn re-raises the signal after its shutdown
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, _exit)
+        signal.signal(signal.SIGINT, _exit)
         sys.argv = ["flower-superlink", *_flower_args(args)]
         flower_superlink()
         return 0
@@ -514,15 +530,53 @@ def run_superlink(args: argparse.Namespace) -> int:
         cleanup()
 
 
-def register(sub) -> None:
-    """Add ``supernode`` and ``superlink`` to the ``fedsgld`` command's subparsers."""
+def _light(command: str):
+    """``fedsgld supernode|superlink`` from the full ``fedsgld`` command: re-run the same
+    command as ``python -m fedsgld.deploy`` in this process (same pid), which imports
+    only this package and Flower (the full CLI imports torch: ~0.5 GB per site)."""
+
+    def run(args: argparse.Namespace) -> int:
+        argv = [sys.executable, "-m", "fedsgld.deploy", command]
+        for action in _PARSERS[command]._actions:
+            if action.dest in ("help", "flower_args"):
+                continue
+            value = getattr(args, action.dest)
+            if isinstance(action, argparse._StoreTrueAction):
+                argv += [action.option_strings[0]] if value else []
+            else:
+                argv += [action.option_strings[0], repr(value)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [*argv, "--", *_flower_args(args)])
+        return 0  # not reached
+
+    return run
+
+
+_PARSERS: dict[str, argparse.ArgumentParser] = {}
+
+
+def register(sub, *, light: bool = True) -> None:
+    """Add ``supernode`` and ``superlink`` to a command's subparsers (``light``: run
+    them through ``python -m fedsgld.deploy``, see :func:`_light`)."""
     node = sub.add_parser(
         "supernode", help="Flower's SuperNode with its fixed waits shortened (fast path)"
     )
     add_supernode_arguments(node)
-    node.set_defaults(func=run_supernode)
+    node.set_defaults(func=_light("supernode") if light else run_supernode)
     link = sub.add_parser(
         "superlink", help="Flower's SuperLink with its object-pull backoff shortened (fast path)"
     )
     add_superlink_arguments(link)
-    link.set_defaults(func=run_superlink)
+    link.set_defaults(func=_light("superlink") if light else run_superlink)
+    _PARSERS.update(supernode=node, superlink=link)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fedsgld.deploy supernode|superlink ...``."""
+    ap = argparse.ArgumentParser(
+        prog="python -m fedsgld.deploy", description=__doc__.split("\n\n")[0]
+    )
+    register(ap.add_subparsers(dest="command", required=True), light=False)
+    args = ap.parse_args(argv)
+    return int(args.func(args) or 0)
