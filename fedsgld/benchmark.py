@@ -202,20 +202,7 @@ def run_benchmark(
     curves: dict[str, tuple] = {}
     for method in bench["methods"]:
         for seed in bench["seeds"]:
-            over = {"method": method, "seed": seed}
-            if method != "dpsgld":
-                over.update(prenoise=0.0)
-            if method == "dpsgd":
-                over["decay_gamma"] = 0.0
-                if dpsgd_sigma is not None:
-                    over["noise_multiplier"] = dpsgd_sigma
-            if method == "sgd":
-                over["decay_gamma"] = 0.0
-            if method in ("dpvi", "vi"):
-                # temperature scaling applies to one network's logits, not to q's average;
-                # variational methods train on the whole training split, unrecalibrated
-                over["recal_fraction"] = 0.0
-            over.update(bench.get("overrides", {}).get(method, {}))
+            over = {**method_settings(method, bench, dpsgd_sigma), "seed": seed}
             cfg = Config.from_flat({**base, **over})
             log(f"== {method}, seed {seed}")
             res = engine.run(
@@ -276,6 +263,30 @@ def run_benchmark(
     log(f"benchmark written to {out}")
     result["out_dir"] = str(out)
     return result
+
+
+def method_settings(
+    method: str, bench: dict[str, Any], dpsgd_sigma: float | None
+) -> dict[str, Any]:
+    """The settings one method's runs get on top of the benchmark's shared config: no
+    pre-noise outside DP-SGLD, a constant step size for SGD and DP-SGD (whose noise
+    multiplier is ``dpsgd_sigma`` when calibrated), no recalibration for variational
+    methods, then the benchmark's own ``overrides`` of that method."""
+    over: dict[str, Any] = {"method": method}
+    if method != "dpsgld":
+        over.update(prenoise=0.0)
+    if method == "dpsgd":
+        over["decay_gamma"] = 0.0
+        if dpsgd_sigma is not None:
+            over["noise_multiplier"] = dpsgd_sigma
+    if method == "sgd":
+        over["decay_gamma"] = 0.0
+    if method in ("dpvi", "vi"):
+        # temperature scaling applies to one network's logits, not to q's average;
+        # variational methods train on the whole training split, unrecalibrated
+        over["recal_fraction"] = 0.0
+    over.update(bench.get("overrides", {}).get(method, {}))
+    return over
 
 
 def derived_rows(method: str, metrics: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
@@ -387,4 +398,10 @@ def main_benchmark(args) -> int:
     return 0
 
 
-__all__ = ["calibrate_noise_multiplier", "load_benchmark", "main_benchmark", "run_benchmark"]
+__all__ = [
+    "calibrate_noise_multiplier",
+    "load_benchmark",
+    "main_benchmark",
+    "method_settings",
+    "run_benchmark",
+]

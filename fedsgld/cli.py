@@ -1,6 +1,8 @@
 """The fedsgld command: federated DP-SGLD runs, benchmarks, privacy accounting and PATE.
 
 fedsgld simulate CONFIG [--set key=value ...] [--out DIR] [--resume]
+fedsgld benchmark CONFIG [--set key=value ...] [--out DIR]
+fedsgld sweep CONFIG --grid [METHOD.]KEY=V1,V2,... [--seeds S ...] [--recal F] [--out DIR]
 fedsgld config [--markdown]
 fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
@@ -21,6 +23,7 @@ from . import __version__
 COMMANDS = (
     "simulate",
     "benchmark",
+    "sweep",
     "config",
     "compare",
     "privacy",
@@ -175,6 +178,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
     bench.set_defaults(func=_benchmark)
+
+    sweep = add(
+        "sweep",
+        "tune every method on validation splits over a grid, trials on Ray",
+        description=None,
+    )
+    if wanted("sweep"):
+        from . import sweep as sweep_mod
+
+        sweep.description = (
+            sweep_mod.__doc__.split("\n\n")[0]
+            + "\n\n"
+            + "\n\n".join(sweep_mod.__doc__.split("\n\n")[1:3])
+        )
+        sweep_mod.add_arguments(sweep)
+        sweep.set_defaults(func=sweep_mod.main)
 
     cfg = add("config", "list every config key with its default and meaning")
     cfg.add_argument(

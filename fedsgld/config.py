@@ -356,6 +356,12 @@ class RunSettings:
         "calibration split, in [0, 1); 0: off",
     )
     recal_lr: float = setting(0.5, "step size on log T of private recalibration, > 0")
+    validation_fraction: float = setting(
+        0.0,
+        "share of each site's training split held out as its validation split (every model "
+        "is also evaluated there: results.json 'validation', what fedsgld sweep selects on), "
+        "in [0, 1); 0: none",
+    )
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -383,6 +389,13 @@ class RunSettings:
         _int("swag_samples", self.swag_samples, 0, 10_000)
         _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
         _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("validation_fraction", self.validation_fraction, 0.0, 1.0, hi_open=True)
+        if self.validation_fraction + self.recal_fraction >= 1.0:
+            raise ValueError(
+                f"validation_fraction + recal_fraction must be < 1 (both are held out of each "
+                f"site's training split); got {self.validation_fraction:g} + "
+                f"{self.recal_fraction:g}"
+            )
 
     @property
     def secure(self) -> bool:

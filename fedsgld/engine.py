@@ -57,6 +57,10 @@ def posterior_samples(config: Config) -> PosteriorSamples:
     )
 
 
+#: key of the validation split's permutation (beside the calibration split's RECAL_STREAM)
+VALIDATION_STREAM = 0x7A1
+
+
 class Federation:
     """Sites + server built from a :class:`Config` (shared by the engine and the Flower apps)."""
 
@@ -96,6 +100,18 @@ class Federation:
         log(describe_sites(self.site_data))
         if run.model == "timm_head":
             self.site_data = [self._backbone_features(d) for d in self.site_data]
+        # hyper-parameter selection: each site holds a validation split out of its training
+        # split (carved first, so a run with and without recalibration validates alike)
+        self.val_data: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if run.validation_fraction > 0:
+            self.site_data = [self._carve_validation(d) for d in self.site_data]
+            log(
+                "validation splits (held out of training): "
+                + ", ".join(
+                    f"site {d.site_id}: {int(v[1].shape[0])}"
+                    for d, v in zip(self.site_data, self.val_data, strict=True)
+                )
+            )
         # private recalibration: each site holds a calibration split out of its training split
         self.cal_data: list[tuple[torch.Tensor, torch.Tensor]] = []
         if run.recal_fraction > 0:
@@ -132,18 +148,34 @@ class Federation:
 
     def _carve_calibration(self, d):
         """Move ``recal_fraction`` of site d's training records to its calibration split."""
+        from .calibration.recal import RECAL_STREAM
+
+        return self._carve(d, "recal_fraction", RECAL_STREAM, self.cal_data)
+
+    def _carve_validation(self, d):
+        """Move ``validation_fraction`` of site d's training records to its validation split."""
+        return self._carve(d, "validation_fraction", VALIDATION_STREAM, self.val_data)
+
+    def _carve(self, d, setting: str, stream: int, into: list):
         from dataclasses import replace
 
-        from .calibration.recal import carve_calibration
+        from .calibration.recal import carve_split
 
-        keep, cal = carve_calibration(
-            int(d.x_train.shape[0]),
-            self.config.run.recal_fraction,
-            seed=self.seed,
-            site_id=d.site_id,
+        n = int(d.x_train.shape[0])
+        fraction = getattr(self.config.run, setting)
+        keep, held = carve_split(
+            n, fraction, seed=self.seed, site_id=d.site_id, stream=stream, setting=setting
         )
-        self.cal_data.append((d.x_train[cal], d.y_train[cal]))
+        into.append((d.x_train[held], d.y_train[held]))
         return replace(d, x_train=d.x_train[keep], y_train=d.y_train[keep])
+
+    def _split(self, site: Site, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(records, labels) of one site's ``test`` or ``validation`` split."""
+        if split == "test":
+            return site.x_test, site.y_test
+        if split == "validation" and self.val_data:
+            return self.val_data[self.sites.index(site)]
+        raise ValueError(f"no {split!r} split (validation needs validation_fraction > 0)")
 
     @torch.no_grad()
     def _logits(self, site: Site, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -155,14 +187,24 @@ class Federation:
             self._logits(s, theta, x) for s, (x, _) in zip(self.sites, self.cal_data, strict=True)
         ]
 
-    def evaluate_temperature(self, theta: torch.Tensor, temperature: float) -> dict[str, Any]:
+    def evaluate_temperature(
+        self, theta: torch.Tensor, temperature: float, split: str = "test"
+    ) -> dict[str, Any]:
         """calibration_report per site and pooled of softmax(logits(theta) / temperature)."""
+        return self._report(
+            lambda s, x: torch.softmax(self._logits(s, theta, x).double() / temperature, -1),
+            split,
+        )
+
+    def _report(self, predict, split: str) -> dict[str, Any]:
         per_site, all_p, all_y = {}, [], []
         for s in self.sites:
-            p = torch.softmax(self._logits(s, theta, s.x_test).double() / temperature, dim=-1)
-            per_site[str(s.site_id)] = calibration_report(p.numpy(), s.y_test.numpy())
-            all_p.append(p.float())
-            all_y.append(s.y_test)
+            x, y = self._split(s, split)
+            p = predict(s, x)
+            per_site[str(s.site_id)] = calibration_report(p.numpy(), y.numpy())
+            p = p.float()
+            all_p.append(p)
+            all_y.append(y)
         probs, labels = torch.cat(all_p), torch.cat(all_y)
         return {
             "pooled": calibration_report(probs.numpy(), labels.numpy()),
@@ -170,7 +212,7 @@ class Federation:
             "_probs": probs,
             "_labels": labels,
             "_site_probs": {
-                s.site_id: (p, s.y_test) for s, p in zip(self.sites, all_p, strict=False)
+                s.site_id: (p, y) for s, p, y in zip(self.sites, all_p, all_y, strict=False)
             },
         }
 
@@ -204,24 +246,10 @@ class Federation:
             randomness=randomness,
         )
 
-    def evaluate(self, thetas: list[torch.Tensor]) -> dict[str, Any]:
-        """calibration_report per site and pooled for the mean softmax over ``thetas``."""
-        per_site, all_p, all_y = {}, [], []
-        for s in self.sites:
-            p = s.predict(thetas)
-            per_site[str(s.site_id)] = calibration_report(p.numpy(), s.y_test.numpy())
-            all_p.append(p)
-            all_y.append(s.y_test)
-        probs, labels = torch.cat(all_p), torch.cat(all_y)
-        return {
-            "pooled": calibration_report(probs.numpy(), labels.numpy()),
-            "sites": per_site,
-            "_probs": probs,
-            "_labels": labels,
-            "_site_probs": {
-                s.site_id: (p, s.y_test) for s, p in zip(self.sites, all_p, strict=False)
-            },
-        }
+    def evaluate(self, thetas: list[torch.Tensor], split: str = "test") -> dict[str, Any]:
+        """calibration_report per site and pooled for the mean softmax over ``thetas``, on
+        the sites' ``test`` (default) or ``validation`` splits."""
+        return self._report(lambda s, x: s.predict(thetas, x=x), split)
 
     def site_table(self) -> list[dict[str, Any]]:
         rows = [
@@ -235,6 +263,8 @@ class Federation:
         ]
         for row, (_, y) in zip(rows, self.cal_data, strict=False):
             row["n_calibration"] = int(y.shape[0])
+        for row, (_, y) in zip(rows, self.val_data, strict=False):
+            row["n_validation"] = int(y.shape[0])
         return rows
 
 
@@ -319,15 +349,24 @@ def run(
         return {name: fed.evaluate(thetas) for name, thetas in groups.items()}
 
     lc.train(one_round, evaluate, progress=progress)
-    evaluate_recal = None
+    evaluate_recal = validate_recal = validate = None
     if fed.cal_data:
         recalibrate(lc, fed, server)
         evaluate_recal = lambda temperature: fed.evaluate_temperature(server.theta, temperature)  # noqa: E731
+    if fed.val_data:
+
+        def validate(groups: dict[str, list[torch.Tensor]]) -> dict[str, dict[str, Any]]:
+            return {name: fed.evaluate(thetas, "validation") for name, thetas in groups.items()}
+
+        if fed.cal_data:
+            validate_recal = lambda t: fed.evaluate_temperature(server.theta, t, "validation")  # noqa: E731
     results, last, post = lc.finish(
         evaluate,
         sites=fed.site_table(),
         config_source=config_source,
         evaluate_recal=evaluate_recal,
+        validate=validate,
+        validate_recal=validate_recal,
     )
     # in-memory predictions (not in the file): "last", "posterior" and the derived models
     results["_eval"] = {"posterior": post, **lc.evaluations, "last": last}

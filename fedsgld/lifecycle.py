@@ -177,6 +177,20 @@ def swag_block(server, ev: dict[str, Any], samples: int) -> dict[str, Any]:
     }
 
 
+def validation_block(ev: dict[str, Any], ev_recal: dict[str, Any] | None) -> dict[str, Any]:
+    """results.json's ``validation``: each model's reports on the sites' validation splits
+    (held out of training; ``fedsgld sweep`` selects hyper-parameters on these, never on
+    the test split), keyed like ``metrics``: ``last``, ``posterior``, ``swag``, ``recal``."""
+    out = {k: {"pooled": v["pooled"], "sites": v["sites"]} for k, v in ev.items()}
+    if ev_recal is not None:
+        out["recal"] = {"pooled": ev_recal["pooled"], "sites": ev_recal["sites"]}
+    out["note"] = (
+        "every model evaluated on the validation splits the sites held out of training "
+        "(validation_fraction); select hyper-parameters on these, report the test metrics"
+    )
+    return out
+
+
 def recal_block(state: dict[str, Any], last: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
     """results.json's ``metrics.recal``: the temperature-scaled last iterate's reports and
     ECE (and NLL) before and after, per site and pooled."""
@@ -824,8 +838,13 @@ class RunLifecycle:
         config_source: str | None,
         transport_info: Callable[[], dict[str, Any]] | None = None,
         evaluate_recal: Callable[[float], dict[str, Any]] | None = None,
+        validate: Evaluate | None = None,
+        validate_recal: Callable[[float], dict[str, Any]] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
         """The final evaluation (last iterate; posterior average) and the result directory.
+
+        ``validate`` / ``validate_recal``: the same evaluations on the sites' validation
+        splits (results.json's ``validation``: what hyper-parameters are chosen on).
 
         ``transport_info()`` (called after the final evaluation) gives the transport's own
         block of results.json (e.g. ``flower``: nodes, dropped replies). Returns (results.json's dict, the last iterate's evaluation, the posterior's or None).
@@ -877,6 +896,13 @@ class RunLifecycle:
         }
         if self.recal is not None:
             results["privacy"]["recalibration"] = self._recal_privacy()
+        if validate is not None:
+            results["validation"] = validation_block(
+                validate(groups),
+                validate_recal(self.recal["temperature"])
+                if validate_recal is not None and self.recal is not None
+                else None,
+            )
         if transport_info is not None:
             results[self.transport] = transport_info()
         write_outputs(self.out, results, last=last, posterior=post, extra=extra_curves)

@@ -245,6 +245,12 @@ def serve(
             "recal_fraction > 0: private recalibration runs in the in-process engine "
             "(fedsgld simulate) only; set recal_fraction = 0 for a Flower run"
         )
+    if config.run.validation_fraction > 0:
+        raise ValueError(
+            "validation_fraction > 0: validation splits (for fedsgld sweep) exist in the "
+            "in-process engine (fedsgld simulate) only; set validation_fraction = 0 for a "
+            "Flower run"
+        )
     lc = RunLifecycle(
         config,
         out=Path(opts["out"]).expanduser().resolve() if opts["out"] else None,

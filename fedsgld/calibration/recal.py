@@ -165,16 +165,26 @@ def carve_calibration(
     (seed, site_id): the same split whichever order the sites are built in. Leaves at
     least one training record, else ValueError naming ``recal_fraction``.
     """
+    return carve_split(
+        n_train, fraction, seed=seed, site_id=site_id, stream=RECAL_STREAM, setting="recal_fraction"
+    )
+
+
+def carve_split(
+    n_train: int, fraction: float, *, seed: int, site_id: int, stream: int, setting: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices of a site's training split: ``fraction`` of them, at least
+    one, by a permutation keyed by (seed, stream, site_id). ValueError names ``setting``."""
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"recal_fraction must be in (0, 1) to carve a split, got {fraction!r}")
+        raise ValueError(f"{setting} must be in (0, 1) to carve a split, got {fraction!r}")
     n_cal = max(1, round(fraction * n_train))
     if n_train - n_cal < 1:
         raise ValueError(
-            f"recal_fraction = {fraction:g} leaves site {site_id} ({n_train} training records) "
-            "no training record; lower recal_fraction"
+            f"{setting} = {fraction:g} leaves site {site_id} ({n_train} training records) "
+            f"no training record; lower {setting}"
         )
     g = torch.Generator()
-    g.manual_seed((int(seed) * 1_000_003 + RECAL_STREAM * 7919 + int(site_id)) % (2**63))
+    g.manual_seed((int(seed) * 1_000_003 + int(stream) * 7919 + int(site_id)) % (2**63))
     perm = torch.randperm(n_train, generator=g)
     return perm[n_cal:].sort().values, perm[:n_cal].sort().values
 
@@ -183,6 +193,7 @@ __all__ = [
     "RECAL_STREAM",
     "RecalPlan",
     "carve_calibration",
+    "carve_split",
     "scaled_log_probs",
     "site_temperature_sum",
     "tail_average",

@@ -163,10 +163,14 @@ class Site:
             )
         return theta.cpu()
 
-    def predict(self, thetas: Sequence[torch.Tensor], split: str = "test") -> torch.Tensor:
+    def predict(
+        self, thetas: Sequence[torch.Tensor], split: str = "test", x: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Mean softmax over ``thetas`` (one theta: the plain prediction; several: the
-        Bayesian model average over posterior samples)."""
-        x = self.x_test if split == "test" else self.x_train
+        Bayesian model average over posterior samples) on the test or training split, or
+        on the records ``x`` when given."""
+        if x is None:
+            x = self.x_test if split == "test" else self.x_train
         if len(thetas) == 0:
             raise ValueError("predict needs at least one parameter vector")
         probs = torch.zeros(x.shape[0], 0)
