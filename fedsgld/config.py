@@ -356,6 +356,11 @@ class RunSettings:
         "calibration split, in [0, 1); 0: off",
     )
     recal_lr: float = setting(0.5, "step size on log T of private recalibration, > 0")
+    max_records: int = setting(
+        0,
+        "use a random subset of this many of the dataset's records (drawn with the seed, "
+        "before the sites split them), in [0, 100000000]; 0: every record",
+    )
     validation_fraction: float = setting(
         0.0,
         "share of each site's training split held out as its validation split (every model "
@@ -389,6 +394,7 @@ class RunSettings:
         _int("swag_samples", self.swag_samples, 0, 10_000)
         _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
         _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _int("max_records", self.max_records, 0, 100_000_000)
         _num("validation_fraction", self.validation_fraction, 0.0, 1.0, hi_open=True)
         if self.validation_fraction + self.recal_fraction >= 1.0:
             raise ValueError(

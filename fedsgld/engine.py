@@ -20,6 +20,7 @@ from .calibration import calibration_report
 from .clients import Site
 from .config import Config
 from .data import describe_sites, load_dataset, make_sites
+from .data.datasets import subsample
 from .lifecycle import (  # noqa: F401 - re-exported for older imports
     CHECKPOINT,
     LEDGER,
@@ -88,6 +89,8 @@ class Federation:
         else:
             self.seed, self.seed_source = run.seed, "config"
         ds = load_dataset(run.dataset, path=run.data_path or None, seed=self.seed)
+        if run.max_records:
+            ds = subsample(ds, run.max_records, seed=self.seed)
         self.num_classes = ds.num_classes
         self.site_data = make_sites(
             ds,

@@ -28,6 +28,7 @@ import torch
 __all__ = [
     "ArrayDataset",
     "DATASETS",
+    "subsample",
     "FASHION_MNIST_PATH",
     "IMAGE_STATS",
     "load_dataset",
@@ -433,6 +434,21 @@ DATASETS: dict[str, Callable[..., ArrayDataset]] = {
     "breast_cancer": _load_breast_cancer,
     "pneumonia": _load_pneumonia,
 }
+
+
+def subsample(ds: ArrayDataset, max_records: int, *, seed: int) -> ArrayDataset:
+    """A random subset of ``max_records`` records of ``ds`` (all of it when 0 or when it is
+    not larger), chosen by a permutation seeded by ``seed``; its name says so
+    (``fashion_mnist[10000]``)."""
+    if max_records < 0:
+        raise ValueError(f"max_records must be >= 0 (0: every record); got {max_records}")
+    n = int(ds.y.shape[0])
+    if max_records == 0 or max_records >= n:
+        return ds
+    g = torch.Generator()
+    g.manual_seed((int(seed) * 1_000_003 + 0x5B5) % (2**63))
+    idx = torch.randperm(n, generator=g)[:max_records].sort().values
+    return ArrayDataset(ds.x[idx], ds.y[idx], ds.num_classes, f"{ds.name}[{max_records}]")
 
 
 def load_dataset(

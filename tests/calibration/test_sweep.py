@@ -168,3 +168,20 @@ def test_flower_runs_refuse_held_out_splits(key):
 
     with pytest.raises(ValueError, match=f"{key} > 0.*in-process engine"):
         serve(None, {"dataset": "breast_cancer", "model": "logreg", key: 0.2})
+
+
+def test_max_records_takes_a_seeded_subset():
+    from fedsgld.data.datasets import load_dataset, subsample
+
+    ds = load_dataset("breast_cancer")
+    a, b = subsample(ds, 100, seed=3), subsample(ds, 100, seed=3)
+    assert a.y.shape[0] == 100 and torch.equal(a.x, b.x) and a.name == "breast_cancer[100]"
+    assert not torch.equal(subsample(ds, 100, seed=4).x, a.x)
+    assert subsample(ds, 0, seed=3) is ds and subsample(ds, 10**6, seed=3) is ds
+    fed = Federation(
+        Config.from_flat({"dataset": "breast_cancer", "model": "logreg", "max_records": 200}),
+        log=lambda s: None,
+    )
+    assert sum(s.num_train + s.x_test.shape[0] for s in fed.sites) == 200
+    with pytest.raises(ValueError, match="max_records"):
+        Config.from_flat({"max_records": -1})
