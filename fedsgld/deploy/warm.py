@@ -72,6 +72,7 @@ from .shim import (
 
 ENV_CHILD = "FEDSGLD_WARM_SITE"  # set in every forked task: the fork server's pid
 ENV_DEBUG = "FEDSGLD_WARM_DEBUG"  # set: each task logs its run time and unpreloaded imports
+ENV_PROFILE = "FEDSGLD_WARM_PROFILE"  # a directory: each task writes its cProfile there
 
 # What a fedsgld site task imports besides fedsgld itself (FEDSGLD_WARM_DEBUG lists the
 # rest); libraries only, never an app package.
@@ -209,11 +210,22 @@ def _child(
         debug = bool(os.environ.get(ENV_DEBUG))
         before = set(sys.modules) if debug else set()
         t0, c0 = time.monotonic(), time.process_time()
+        profile_dir = os.environ.get(ENV_PROFILE)
+        prof = None
+        if profile_dir:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         try:
             flwr_clientapp()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if prof is not None:
+            prof.disable()
+            with contextlib.suppress(OSError):
+                prof.dump_stats(os.path.join(profile_dir, f"task-{os.getpid()}.prof"))
         if debug:
             new = {m.split(".")[0] for m in set(sys.modules) - before}
             libs = sorted(new - set(NEVER_PRELOAD) - set(sys.builtin_module_names))
