@@ -287,7 +287,7 @@ ROUND = {
 }
 
 
-def demo(tmp: Path) -> dict:
+def demo(tmp: Path, threads: int = 1) -> dict:
     """simulations/demo.toml in-process and deployed over the fast path."""
     from fedsgld import engine
     from fedsgld.config import load_config
@@ -298,7 +298,11 @@ def demo(tmp: Path) -> dict:
     eng_wall = time.perf_counter() - t0
     # a deployed site refuses seeded randomness: the deployment draws from the OS, so its
     # noise (and accuracy) differs from the seeded in-process run's
-    dep, dep_wall = deploy({**cfg.flat(), "randomness": "os"}, tmp, "demo-fast", fast=True)
+    # noise (and accuracy) differs from the seeded in-process run's. One torch thread per
+    # site (``--demo-threads``): here the sites share this machine's cores
+    dep, dep_wall = deploy(
+        {**cfg.flat(), "randomness": "os", "threads": threads}, tmp, "demo-fast", fast=True
+    )
 
     def summary(r: dict, wall: float) -> dict:
         p = r["privacy"]
@@ -307,6 +311,8 @@ def demo(tmp: Path) -> dict:
             "steps": p["steps"],
             "epsilon": p["epsilon"][p["rigorous_accountant"]],
             "pooled_accuracy": r["metrics"]["pooled"]["accuracy"],
+            "pooled_ece": r["metrics"]["pooled"]["ece"],
+            "round_s": r["round_wall_time_s"]["mean_after_first"],
         }
 
     return {"engine": summary(eng, eng_wall), "deploy_fast": summary(dep, dep_wall)}
@@ -334,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
         help="noise_placement = 'sites' with this many local steps per round (default: server)",
     )
     ap.add_argument("--demo", action="store_true", help="time simulations/demo.toml deployed")
+    ap.add_argument(
+        "--demo-threads",
+        type=int,
+        default=1,
+        help="--demo: torch threads of each deployed site (default 1: the sites share this "
+        "machine's cores; 0: torch's default)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.rounds < 2:
@@ -346,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         BASE.update(noise_placement="sites", local_steps=args.local_steps)
     with tempfile.TemporaryDirectory(prefix="fedsgld-latency-") as d:
         if args.demo:
-            res = demo(Path(d))
+            res = demo(Path(d), threads=args.demo_threads)
             print(json.dumps(res) if args.json else json.dumps(res, indent=1))
             return 0
         per: dict[str, dict[str, float]] = {}
