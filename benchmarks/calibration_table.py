@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--recal", type=float, default=0.2)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="run trials in this process (a finished table: read back)",
+    )
     args = ap.parse_args(argv)
     from fedsgld.sweep import run_sweep, verdict
 
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_sweep(
                 cfg, grid_items=grid_for(ds, methods, eps), sets=sets, methods=methods,
                 seeds=args.seeds, recal=args.recal, out=out / ds / tag, workers=args.workers,
-                progress=not args.no_progress,
+                progress=not args.no_progress, use_ray=not args.no_ray,
             )  # fmt: skip
             tables.setdefault(ds, {})[tag] = res["table"]
             if res["failed"]:

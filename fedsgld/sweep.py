@@ -49,6 +49,8 @@ COLUMNS = ("accuracy", "nll", "ece", "ace", "brier")
 #: methods whose last iterate can be temperature-scaled (``+recal``)
 RECAL_METHODS = ("sgd", "dpsgd", "dpsgld")
 PRIVATE = ("dpsgd", "dpsgld", "dpvi")
+#: the verdict also names the best calibrated private row this close to the most accurate
+NEAR_ACCURACY = 0.02
 
 
 # ---------------------------------------------------------------------------- the grid
@@ -350,10 +352,23 @@ def verdict(table: dict[str, dict[str, Any]]) -> str:
     if best == top:
         return text + ", also the most accurate private model."
     cost = b["accuracy"]["mean"] - a["accuracy"]["mean"]
-    return text + (
+    text += (
         f", {cost * 100:+.1f} accuracy points against the most accurate private model, "
         f"{top} (accuracy {a['accuracy']['mean']:.3f}, ECE {a['ece']['mean']:.4f})."
     )
+    near = {
+        r: t
+        for r, t in private.items()
+        if t["pooled"]["accuracy"]["mean"] >= a["accuracy"]["mean"] - NEAR_ACCURACY
+    }
+    if cost < -NEAR_ACCURACY:
+        r = min(near, key=lambda r: near[r]["pooled"]["ece"]["mean"])
+        p = near[r]["pooled"]
+        text += (
+            f" Within {NEAR_ACCURACY * 100:g} accuracy points of it, the best calibrated is "
+            f"{r} (ECE {p['ece']['mean']:.4f}, accuracy {p['accuracy']['mean']:.3f})."
+        )
+    return text
 
 
 # ---------------------------------------------------------------------------- outputs

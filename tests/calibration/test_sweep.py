@@ -185,3 +185,18 @@ def test_max_records_takes_a_seeded_subset():
     assert sum(s.num_train + s.x_test.shape[0] for s in fed.sites) == 200
     with pytest.raises(ValueError, match="max_records"):
         Config.from_flat({"max_records": -1})
+
+
+def test_verdict_names_the_cost_and_a_near_alternative():
+    def row(acc, ece):
+        return {"pooled": {"accuracy": {"mean": acc}, "ece": {"mean": ece}}}
+
+    table = {"sgd": row(0.99, 0.001), "dpsgd": row(0.70, 0.05), "dpsgd+recal": row(0.45, 0.01),
+             "dpsgld": row(0.69, 0.03), "dpsgld+bma": row(0.60, 0.02)}  # fmt: skip
+    text = verdict(table)
+    assert text.startswith("Best calibrated private model: dpsgd+recal (ECE 0.0100")
+    assert "-25.0 accuracy points against the most accurate private model, dpsgd" in text
+    assert "Within 2 accuracy points of it, the best calibrated is dpsgld (ECE 0.0300" in text
+    assert verdict({"dpsgld": row(0.9, 0.01), "dpsgd": row(0.8, 0.05)}).endswith(
+        "also the most accurate private model."
+    )
