@@ -11,8 +11,9 @@ about the DP-SGD noise multiplier that spends the budget in ``rounds`` steps, an
 that temperature). Every point runs every seed; each row's point is chosen on the
 validation splits by mean NLL; ``+recal`` rows rerun the selected sgd/dpsgd/dpsgld points
 with a calibration split held out. Finished trials are read back, so an interrupted table
-resumes. Writes OUT/<dataset>/eps<e>/ (one sweep each), OUT/table.md and OUT/table.json,
-and prints the table.
+resumes. Writes OUT/<dataset>/eps<e>/ (one sweep each), OUT/table.md (means: the README's
+table), OUT/table_full.md (with standard deviations and per-site results: docs/calibration.md)
+and OUT/table.json, and prints the table.
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ def grid_for(dataset: str, methods: list[str], eps: float | None) -> list[str]:
     return items
 
 
-def cell(t: dict, c: str) -> str:
+def cell(t: dict, c: str, std: bool = True) -> str:
     m = t["pooled"][c]
-    return (
-        f"{m['mean']:.3f} ± {m['std']:.3f}" if c != "ece" else f"{m['mean']:.4f} ± {m['std']:.4f}"
-    )
+    digits = 4 if c in ("ece", "ace") else 3
+    text = f"{m['mean']:.{digits}f}"
+    return text + (f" ± {m['std']:.{digits}f}" if std else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,24 +110,44 @@ def main(argv: list[str] | None = None) -> int:
             tables.setdefault(ds, {})[tag] = res["table"]
             if res["failed"]:
                 print(f"failed trials: {res['failed']}", file=sys.stderr)
-    lines = []
+    lines, full = [], []
     for ds, by in tables.items():
-        lines += [f"**{NAMES[ds]}** (4 sites, {len(args.seeds)} seeds; test metrics of the point "
-                  "chosen on validation NLL)", ""]  # fmt: skip
-        lines.append("| epsilon | row | selected | steps | " + " | ".join(COLS) + " |")
-        lines.append("|---|---|---|---|" + "---|" * len(COLS))
+        head = (f"**{NAMES[ds]}** (4 sites, {len(args.seeds)} seeds; test metrics of the point "
+                "chosen on validation NLL, mean over seeds)")  # fmt: skip
+        lines += [head, "", "| epsilon | row | selected | steps | " + " | ".join(COLS) + " |",
+                  "|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
+        full += [f"## {NAMES[ds]}", "", head.replace("mean over seeds", "mean ± std over seeds"),
+                 "", "| epsilon | row | selected | steps | " + " | ".join(COLS) + " |",
+                 "|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
         for tag, table in by.items():
             eps = "∞" if tag == "sgd" else tag[3:]
             for row in ROWS:
                 if row in table:
                     t = table[row]
-                    lines.append(f"| {eps} | {row} | {t['point_label']} | {t['steps']['mean']:.0f} | "
-                                 + " | ".join(cell(t, c) for c in COLS) + " |")  # fmt: skip
+                    start = f"| {eps} | {row} | {t['point_label']} | {t['steps']['mean']:.0f} | "
+                    lines.append(start + " | ".join(cell(t, c, std=False) for c in COLS) + " |")
+                    full.append(start + " | ".join(cell(t, c) for c in COLS) + " |")
         lines.append("")
+        full += ["", "Per site (accuracy / ECE, mean over seeds):", ""]
+        for tag, table in by.items():
+            rows = [r for r in ROWS if r in table]
+            sites = list(table[rows[0]]["sites"]) if rows else []
+            eps = "∞" if tag == "sgd" else tag[3:]
+            full += [f"epsilon {eps}:", "", "| site | " + " | ".join(rows) + " |",
+                     "|---|" + "---|" * len(rows)]  # fmt: skip
+            for site in sites:
+                cells = [f"{table[r]['sites'][site]['accuracy']['mean']:.3f} / "
+                         f"{table[r]['sites'][site]['ece']['mean']:.4f}" for r in rows]  # fmt: skip
+                full.append(f"| {site} | " + " | ".join(cells) + " |")
+            full.append("")
         for tag, table in by.items():
             if tag != "sgd":
                 lines.append(f"- epsilon {tag[3:]}: {verdict(table)}")
+                full.append(f"- epsilon {tag[3:]}: {verdict(table)}")
         lines.append("")
+        full.append("")
+    (out / "table_full.md").parent.mkdir(parents=True, exist_ok=True)
+    (out / "table_full.md").write_text("\n".join(full))
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
