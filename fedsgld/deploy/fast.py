@@ -154,6 +154,80 @@ def adjust_pull_backoff(initial: float, cap: float) -> None:
         fn.__kwdefaults__ = kw
 
 
+# flwr releases whose ClientApp install step was checked for the bundle reuse below
+# (run_clientapp.py calls cli/install.py's install_from_fab, which unpacks and verifies the
+# whole bundle and then returns the install directory if it already exists)
+BUNDLE_REUSE = {
+    "1.42.0": {
+        "supernode/runtime/run_clientapp.py": (
+            "fa6612aaeda9cd398de69199b0cf264a38f72c1b9cfdc53644c8d6dab0b70eb6"
+        ),
+        "cli/install.py": "d09d889c176d3e661436b439618f67ac49bd9e72aa9db77dc25d6c4ed45ccc30",
+    },
+}
+INSTALLED_MARK = (
+    ".fedsgld-installed-"  # + the bundle's full SHA-256, written after Flower's install
+)
+
+
+def reuse_installed_bundle(version: str | None = None, root: str | Path | None = None) -> bool:
+    """ClientApps forked from this process take an app bundle that Flower already installed
+    (and that this process marked, with the bundle's full SHA-256) from its install
+    directory, instead of unpacking and verifying all of it again for every message.
+
+    Flower's own ``install_from_fab`` returns that same directory when it exists, but only
+    after unpacking the bundle into a temporary directory and checking every file's hash:
+    about a third of a warm task's CPU. The shortcut applies only to bundles whose first
+    install through Flower completed here; any other bundle goes through Flower's install.
+    Returns whether it was applied (flwr releases in :data:`BUNDLE_REUSE`, files unchanged)."""
+    version = flower_version() if version is None else version
+    files = BUNDLE_REUSE.get(version)
+    if files is None:
+        return False
+    if root is None:
+        import flwr
+
+        root = Path(flwr.__file__).parent
+    for rel, want in files.items():
+        try:
+            if hashlib.sha256((Path(root) / rel).read_bytes()).hexdigest() != want:
+                return False
+        except OSError:
+            return False
+    from flwr.cli import install as flwr_install
+    from flwr.supernode.runtime import run_clientapp
+
+    if run_clientapp.install_from_fab is not flwr_install.install_from_fab:
+        return False
+    run_clientapp.install_from_fab = bundle_installer(flwr_install.install_from_fab)
+    return True
+
+
+def bundle_installer(original):
+    """``install_from_fab`` that returns a marked install directory for a bundle already
+    installed (by ``original``, Flower's) and marks what ``original`` installs."""
+    from flwr.cli.config_utils import get_fab_metadata
+    from flwr.common.config import get_project_dir
+
+    def install_from_fab(fab_file, install_dir=None, skip_prompt=False):
+        if not isinstance(fab_file, bytes) or install_dir is not None or not skip_prompt:
+            return original(fab_file, install_dir, skip_prompt)
+        digest = hashlib.sha256(fab_file).hexdigest()
+        try:
+            path = get_project_dir(*get_fab_metadata(fab_file), digest)
+        except Exception:  # noqa: BLE001 - a bundle Flower would reject: let Flower say why
+            return original(fab_file, install_dir, skip_prompt)
+        mark = path / (INSTALLED_MARK + digest)
+        if mark.is_file():
+            return path
+        installed = original(fab_file, install_dir, skip_prompt)
+        with contextlib.suppress(OSError):
+            (Path(installed) / (INSTALLED_MARK + digest)).touch()
+        return installed
+
+    return install_from_fab
+
+
 def backoff_from_env() -> tuple[float, float] | None:
     raw = os.environ.get(ENV_BACKOFF)
     if not raw:

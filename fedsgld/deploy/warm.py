@@ -266,12 +266,13 @@ def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
     leaked = sorted(set(_app_modules()) - server_modules)
     if leaked:
         raise RuntimeError(f"preloading imported app modules {leaked}; refusing to serve")
-    from .fast import adjust_pull_backoff, backoff_from_env, check_flower
+    from .fast import adjust_pull_backoff, backoff_from_env, check_flower, reuse_installed_bundle
 
     backoff = backoff_from_env()  # set by `fedsgld supernode`: its children pull the same way
     if backoff is not None:
         check_flower()
         adjust_pull_backoff(*backoff)
+        reuse_installed_bundle()  # the fast path: installed bundles are not unpacked again
     gc.freeze()  # what is loaded now stays shared with the children (fewer copied pages)
     private_dir(os.path.dirname(os.path.abspath(path)))
     with contextlib.suppress(FileNotFoundError):
