@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -114,17 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     for ds, by in tables.items():
         head = (f"**{NAMES[ds]}** (4 sites, {len(args.seeds)} seeds; test metrics of the point "
                 "chosen on validation NLL, mean over seeds)")  # fmt: skip
-        lines += [head, "", "| epsilon | row | selected | steps | " + " | ".join(COLS) + " |",
-                  "|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
+        lines += [head, "", "| epsilon | row | selected | steps | spent | " + " | ".join(COLS) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
         full += [f"## {NAMES[ds]}", "", head.replace("mean over seeds", "mean ± std over seeds"),
-                 "", "| epsilon | row | selected | steps | " + " | ".join(COLS) + " |",
-                 "|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
+                 "", "| epsilon | row | selected | steps | spent | " + " | ".join(COLS) + " |",
+                 "|---|---|---|---|---|" + "---|" * len(COLS)]  # fmt: skip
         for tag, table in by.items():
             eps = "∞" if tag == "sgd" else tag[3:]
             for row in ROWS:
                 if row in table:
                     t = table[row]
-                    start = f"| {eps} | {row} | {t['point_label']} | {t['steps']['mean']:.0f} | "
+                    spent = t["epsilon"]["mean"]
+                    spent = "-" if spent is None or not math.isfinite(spent) else f"{spent:.2f}"
+                    start = (f"| {eps} | {row} | {t['point_label']} | {t['steps']['mean']:.0f} | "
+                             f"{spent} | ")  # fmt: skip
                     lines.append(start + " | ".join(cell(t, c, std=False) for c in COLS) + " |")
                     full.append(start + " | ".join(cell(t, c) for c in COLS) + " |")
         lines.append("")
