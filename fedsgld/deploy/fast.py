@@ -158,7 +158,7 @@ def adjust_pull_backoff(initial: float, cap: float) -> None:
 # (run_clientapp.py calls cli/install.py's install_from_fab, which unpacks and verifies the
 # whole bundle and then returns the install directory if it already exists)
 BUNDLE_REUSE = {
-    "1.42.0": {
+    "1.41.0": {
         "supernode/runtime/run_clientapp.py": (
             "fa6612aaeda9cd398de69199b0cf264a38f72c1b9cfdc53644c8d6dab0b70eb6"
         ),

@@ -61,5 +61,5 @@ def test_installed_bundles_are_reused_and_others_installed(tmp_path, monkeypatch
 
 
 def test_reuse_only_on_checked_flower_releases():
-    assert reuse_installed_bundle(version="1.41.0") is False
-    assert reuse_installed_bundle(version="1.42.0", root="/nonexistent") is False
+    assert reuse_installed_bundle(version="1.42.0") is False  # not checked: Flower's install
+    assert reuse_installed_bundle(version="1.41.0", root="/nonexistent") is False
