@@ -83,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recal", type=float, default=0.2)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rebuild the tables from OUT's sweep.json files",
+    )
+    ap.add_argument(
         "--no-ray",
         action="store_true",
         help="run trials in this process (a finished table: read back)",
@@ -103,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         for tag, eps, methods in runs:
             sets = [f"epsilon={eps}"] if eps is not None else []
             print(f"== {NAMES[ds]}, {tag}", flush=True)
+            if args.report_only:
+                res = json.loads((out / ds / tag / "sweep.json").read_text())
+                tables.setdefault(ds, {})[tag] = res["table"]
+                continue
             res = run_sweep(
                 cfg, grid_items=grid_for(ds, methods, eps), sets=sets, methods=methods,
                 seeds=args.seeds, recal=args.recal, out=out / ds / tag, workers=args.workers,
