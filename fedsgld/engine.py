@@ -103,29 +103,13 @@ class Federation:
         log(describe_sites(self.site_data))
         if run.model == "timm_head":
             self.site_data = [self._backbone_features(d) for d in self.site_data]
-        # hyper-parameter selection: each site holds a validation split out of its training
-        # split (carved first, so a run with and without recalibration validates alike)
-        self.val_data: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if run.validation_fraction > 0:
-            self.site_data = [self._carve_validation(d) for d in self.site_data]
-            log(
-                "validation splits (held out of training): "
-                + ", ".join(
-                    f"site {d.site_id}: {int(v[1].shape[0])}"
-                    for d, v in zip(self.site_data, self.val_data, strict=True)
-                )
-            )
-        # private recalibration: each site holds a calibration split out of its training split
-        self.cal_data: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if run.recal_fraction > 0:
-            self.site_data = [self._carve_calibration(d) for d in self.site_data]
-            log(
-                "calibration splits (held out of training): "
-                + ", ".join(
-                    f"site {d.site_id}: {int(c[1].shape[0])}"
-                    for d, c in zip(self.site_data, self.cal_data, strict=True)
-                )
-            )
+        # held out of each site's training split: a validation split for hyper-parameter
+        # selection (carved first, so a run with and without recalibration validates alike),
+        # then a calibration split for private recalibration
+        from .calibration.recal import RECAL_STREAM
+
+        self.val_data = self._hold_out("validation_fraction", VALIDATION_STREAM, "validation", log)
+        self.cal_data = self._hold_out("recal_fraction", RECAL_STREAM, "calibration", log)
         input_shape = tuple(self.site_data[0].x_train.shape[1:])
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
@@ -149,28 +133,35 @@ class Federation:
         """The parameter view each site computes gradients in: theta, or phi = [mu, rho] for VI."""
         return variational_view(self.config, self.model)
 
-    def _carve_calibration(self, d):
-        """Move ``recal_fraction`` of site d's training records to its calibration split."""
-        from .calibration.recal import RECAL_STREAM
-
-        return self._carve(d, "recal_fraction", RECAL_STREAM, self.cal_data)
-
-    def _carve_validation(self, d):
-        """Move ``validation_fraction`` of site d's training records to its validation split."""
-        return self._carve(d, "validation_fraction", VALIDATION_STREAM, self.val_data)
-
-    def _carve(self, d, setting: str, stream: int, into: list):
+    def _hold_out(
+        self, setting: str, stream: int, name: str, log: Callable[[str], None]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Move ``setting`` (a fraction) of every site's training records to a held-out
+        split, chosen by a permutation keyed by (seed, ``stream``, site); returns the
+        splits' (records, labels), [] when the fraction is 0."""
         from dataclasses import replace
 
         from .calibration.recal import carve_split
 
-        n = int(d.x_train.shape[0])
         fraction = getattr(self.config.run, setting)
-        keep, held = carve_split(
-            n, fraction, seed=self.seed, site_id=d.site_id, stream=stream, setting=setting
+        if fraction == 0:
+            return []
+        held, kept = [], []
+        for d in self.site_data:
+            keep, out = carve_split(
+                int(d.x_train.shape[0]), fraction, seed=self.seed, site_id=d.site_id,
+                stream=stream, setting=setting,
+            )  # fmt: skip
+            held.append((d.x_train[out], d.y_train[out]))
+            kept.append(replace(d, x_train=d.x_train[keep], y_train=d.y_train[keep]))
+        self.site_data = kept
+        log(
+            f"{name} splits (held out of training): "
+            + ", ".join(
+                f"site {d.site_id}: {int(y.shape[0])}" for d, (_, y) in zip(kept, held, strict=True)
+            )
         )
-        into.append((d.x_train[held], d.y_train[held]))
-        return replace(d, x_train=d.x_train[keep], y_train=d.y_train[keep])
+        return held
 
     def _split(self, site: Site, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(records, labels) of one site's ``test`` or ``validation`` split."""

@@ -225,7 +225,7 @@ class _Pool:
             where = address or f"a local Ray instance with {workers} CPU(s)"
             log(f"sweep: trials run as Ray tasks on {where}")
 
-    def map(self, jobs: list[tuple[str, dict, str]], *, progress: bool, log):
+    def map(self, jobs: list[tuple[str, dict, str]], *, progress: bool):
         """Yield (name, summary or exception) as trials finish."""
         bar = None
         if progress:
@@ -264,18 +264,14 @@ class _Pool:
 
 
 # ---------------------------------------------------------------------------- selection
-def _mean_std(values: list[float]) -> dict[str, float]:
-    from .benchmark import _mean_std as ms
-
-    return ms(values)
-
-
 def select_rows(trials: list[dict[str, Any]], select: str) -> dict[str, dict[str, Any]]:
     """For each row, the grid point with the best mean validation ``select`` over seeds
     (ties: the first point), and that point's test metrics aggregated over seeds.
 
     Rows of recalibration trials (phase ``recal``) are only their ``+recal`` rows; the
     other rows of those runs trained on a smaller split and budget and are not compared."""
+    from .benchmark import _mean_std
+
     higher = SELECT[select]
     by_row: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for t in trials:
@@ -546,9 +542,7 @@ def run_sweep(
 
     def execute(batch):
         meta = {m["name"]: m for m, _, _ in batch}
-        for name, r in pool.map(
-            [(m["name"], f, o) for m, f, o in batch], progress=progress, log=log
-        ):
+        for name, r in pool.map([(m["name"], f, o) for m, f, o in batch], progress=progress):
             if isinstance(r, Exception):
                 failed[name] = f"{type(r).__name__}: {r}".splitlines()[0][:300]
                 log(f"sweep: trial {name} failed: {failed[name]}")
@@ -586,7 +580,7 @@ def run_sweep(
         "recal_fraction": recal,
         "table": table,
         "verdict": verdict(table),
-        "trials": [{k: v for k, v in t.items()} for t in trials],
+        "trials": trials,
         "failed": failed,
         "wall_time_s": time.perf_counter() - t0,
         "note": "hyper-parameters chosen on validation splits held out of training; test "
