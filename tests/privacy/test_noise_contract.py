@@ -132,7 +132,9 @@ def test_unclipped_sum_over_several_chunks_is_the_whole_sum():
 
 
 def test_seeded_generators_use_the_full_63_bit_seed_space():
-    """A deployment's 63-bit OS seed must not be hashed down to a brute-forceable range."""
+    """The key derivation does not hash a seed down to a small range (what the generator
+    then keeps of it is torch's: 32 bits on the CPU; deployments do not use seeds, see
+    tests/privacy/test_os_streams.py)."""
     seeds = [seeded_generator(os_seed(), 0, t).initial_seed() for t in range(64)]
     assert len(set(seeds)) == 64 and all(0 <= s < 2**63 for s in seeds)
     assert sum(s >= 2**62 for s in seeds) >= 16  # about half of them, if uniform
