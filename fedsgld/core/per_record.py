@@ -60,17 +60,49 @@ class _Layer:
     bias: _Param | None
 
 
-@dataclass
 class _Terms:
-    """One layer's activations A (B, T, d) and errors E (B, T, p) of a batch."""
+    """One layer's activations A (B, T, d) and errors E (B, T, p) of a batch.
 
-    layer: _Layer
-    A: torch.Tensor
-    E: torch.Tensor
+    A convolution's A (its unfolded input patches, a copy d / C_in times the size of its
+    input) is formed on first use, not in the forward pass: with pre-noise that is after the
+    noise has been drawn, when the copy can use every thread."""
+
+    def __init__(
+        self,
+        layer: _Layer,
+        E: torch.Tensor,
+        A: torch.Tensor | None = None,
+        *,
+        conv_input: torch.Tensor | None = None,
+    ) -> None:
+        if (A is None) == (conv_input is None):
+            raise ValueError("_Terms needs A or a convolution's input")
+        self.layer = layer
+        self.E = E
+        self._A = A
+        self._conv_input = conv_input
+
+    @property
+    def A(self) -> torch.Tensor:
+        if self._A is None:
+            conv = self.layer.module
+            assert isinstance(conv, nn.Conv2d) and self._conv_input is not None
+            self._A = unfold_patches(self._conv_input, conv).transpose(1, 2)  # (B, L, d)
+            self._conv_input = None
+        return self._A
 
     @property
     def positions(self) -> int:
-        return self.A.shape[1]
+        return self.E.shape[1]
+
+    @property
+    def inputs(self) -> int:
+        """d: the length of one position's input (a convolution's patch)."""
+        if self._A is not None:
+            return self._A.shape[2]
+        conv = self.layer.module
+        kh, kw = conv.kernel_size
+        return conv.in_channels * kh * kw
 
     def weight_grads(self) -> torch.Tensor:
         """(B, p, d) per-record weight gradients sum_t e_t a_t^T."""
@@ -81,7 +113,7 @@ class _Terms:
         per-record gradients (one batched product, then two passes over them).
 
         Per record: T^2 (d + p) + T d p multiply-adds against T d p + 2 d p."""
-        T, d, p = self.positions, self.A.shape[2], self.E.shape[2]
+        T, d, p = self.positions, self.inputs, self.E.shape[2]
         return T == 1 or T * T * (d + p) < 2 * d * p
 
 
@@ -216,14 +248,12 @@ class LayerGrads:
             if e is None:
                 continue  # the layer does not reach the loss: zero gradient
             m = entry.module
-            if isinstance(m, nn.Conv2d):
-                U = unfold_patches(a.detach(), m)  # (B, d, L)
-                A = U.transpose(1, 2)
+            if isinstance(m, nn.Conv2d):  # A: unfolded when first used
                 E = e.reshape(b, e.shape[1], -1).transpose(1, 2)
+                out.append(_Terms(entry, E, conv_input=a.detach()))
             else:
                 A = a.detach().reshape(b, -1, a.shape[-1])
-                E = e.reshape(b, -1, e.shape[-1])
-            out.append(_Terms(entry, A, E))
+                out.append(_Terms(entry, e.reshape(b, -1, e.shape[-1]), A))
         return out
 
     # -- the three uses -------------------------------------------------------------------
@@ -259,7 +289,7 @@ class LayerGrads:
 
     def clipped_sum_norm_first(self, terms: list[_Terms], clip: float, b: int) -> torch.Tensor:
         """sum_i min(1, C / ||g_i||) g_i from activations and errors (no pre-noise)."""
-        device = terms[0].A.device if terms else None
+        device = terms[0].E.device if terms else None
         total = torch.zeros(self.size, dtype=torch.float32, device=device)
         if not terms:
             return total
