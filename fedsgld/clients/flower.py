@@ -21,8 +21,10 @@ come from, is set by the node's ``node_config``:
     applies :meth:`~fedsgld.clients.policy.SitePolicy.deployment_default`.
 
 A node prepares its shards once per run: in a process-level cache (simulation: the Ray
-actor lives on) and in ``context.state`` (deployment: every message starts a new
-process, but the node's state persists for the whole run). Every computation is the
+actor lives on) and, for shards split from a dataset, in ``context.state`` (every message
+may start a new process, but the node's state persists for the whole run). A deployed
+site's ``site-data`` file is read again by each new process instead: the state travels
+between the SuperNode and the ClientApp process with every message, the file does not. Every computation is the
 core's: :meth:`fedsgld.clients.Site.clipped_sum` for training and
 :meth:`~fedsgld.clients.Site.predict` for evaluation. The reply to a training message is
 the clipped, pre-noised sum S_k and the site id, never the realised batch size.
@@ -297,10 +299,15 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
     key = data_fingerprint(config, node_config)
     hosted = _CACHE.get(key)
     if hosted is None:
-        hosted = _from_state(context, config, key)
+        # a site-data file is read again in each new process (a few ms); carried in
+        # context.state, its records would travel to and from the SuperNode with every
+        # message. Shards split from a dataset are costly to rebuild: those are kept there.
+        from_file = "site-data" in node_config
+        hosted = None if from_file else _from_state(context, config, key)
         if hosted is None:
             hosted = _build(config, node_config, key)
-            _to_state(context, hosted)
+            if not from_file:
+                _to_state(context, hosted)
         _CACHE.clear()  # one run's shards per process
         _CACHE[key] = hosted
     return hosted

@@ -168,6 +168,32 @@ def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeyp
     assert run_record(config)["seed"] == 3
 
 
+def test_a_site_data_node_reads_its_file_and_keeps_no_records_in_node_state(tmp_path):
+    """A deployed site's records never travel in context.state (which Flower sends to and
+    from the SuperNode with every message): a fresh process reads the file again and
+    computes the same sum."""
+    from flwr.app import Context, RecordDict
+
+    from fedsgld.apps.export_sites import export_sites
+    from fedsgld.clients import flower as site_side
+
+    config = Config.from_flat(SMALL)
+    paths = export_sites(load_config(None, SMALL), tmp_path / "data")
+    node = {"site-id": 1, "site-data": str(paths[1])}
+    ctx = Context(run_id=1, node_id=7, node_config=node, state=RecordDict(), run_config={})
+    site_side._CACHE.clear()
+    hosted = site_side.hosted_sites(ctx, config)
+    assert sorted(hosted.sites) == [1]
+    assert not [k for k in ctx.state if k.startswith("fedsgld.shard") or k == "fedsgld.sites"]
+    theta = torch.randn(hosted.sites[1].fm.size)
+    before = hosted.sites[1].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
+    site_side._CACHE.clear()  # a new process
+    again = site_side.hosted_sites(ctx, config)
+    assert again is not hosted
+    after = again.sites[1].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
+    assert torch.equal(before, after)
+
+
 # -- bad replies, failures -----------------------------------------------------------------
 
 
