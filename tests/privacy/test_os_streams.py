@@ -54,7 +54,8 @@ def test_a_deployment_generator_is_not_the_expansion_of_any_32_bit_seed():
     x[i] = 1812433253 * (x[i-1] ^ (x[i-1] >> 30)) + i. A deployment generator's words are
     independent: no seed reproduces them, and nothing of them is reported."""
     g = Randomness.system(secure=False).generator()
-    words = g.get_state().numpy()[24 : 24 + 8 * MT19937_WORDS].view("<u8").astype(np.uint64)
+    off = noise._OFF_WORDS
+    words = g.get_state().numpy()[off : off + 8 * MT19937_WORDS].view("<u8").astype(np.uint64)
     assert np.all(words < 2**32) and len(np.unique(words)) > 600
     x = int(words[0])
     expanded = [(1812433253 * (x ^ (x >> 30)) + 1) & 0xFFFFFFFF]
