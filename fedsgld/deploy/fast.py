@@ -205,21 +205,24 @@ def reuse_installed_bundle(version: str | None = None, root: str | Path | None =
 
 def bundle_installer(original):
     """``install_from_fab`` that returns a marked install directory for a bundle already
-    installed (by ``original``, Flower's) and marks what ``original`` installs."""
-    from flwr.cli.config_utils import get_fab_metadata
-    from flwr.common.config import get_project_dir
+    installed (by ``original``, Flower's) and marks what ``original`` installs.
+
+    The marked directory is found by name, without reading the bundle's metadata (a
+    twentieth of a task's CPU): Flower names it ``<publisher>.<app>.<version>.<first
+    hex digits of the digest>`` under ``$FLWR_HOME/apps``, and only the directory Flower
+    installed from bundle bytes with exactly this SHA-256 carries the mark."""
+    from flwr.common.config import get_flwr_home
+    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
 
     def install_from_fab(fab_file, install_dir=None, skip_prompt=False):
         if not isinstance(fab_file, bytes) or install_dir is not None or not skip_prompt:
             return original(fab_file, install_dir, skip_prompt)
         digest = hashlib.sha256(fab_file).hexdigest()
-        try:
-            path = get_project_dir(*get_fab_metadata(fab_file), digest)
-        except Exception:  # noqa: BLE001 - a bundle Flower would reject: let Flower say why
-            return original(fab_file, install_dir, skip_prompt)
-        mark = path / (INSTALLED_MARK + digest)
-        if mark.is_file():
-            return path
+        apps = get_flwr_home() / APP_DIR
+        with contextlib.suppress(OSError):
+            for path in apps.glob(f"*.{digest[:FAB_HASH_TRUNCATION]}"):
+                if (path / (INSTALLED_MARK + digest)).is_file():
+                    return path
         installed = original(fab_file, install_dir, skip_prompt)
         with contextlib.suppress(OSError):
             (Path(installed) / (INSTALLED_MARK + digest)).touch()

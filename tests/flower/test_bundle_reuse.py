@@ -54,6 +54,15 @@ def test_installed_bundles_are_reused_and_others_installed(tmp_path, monkeypatch
     assert len(calls) == 3
     install(a)  # Flower's prompt path is never short-cut
     assert len(calls) == 4
+    # found by name, trusted only with the full digest: a directory named like bundle c's
+    # but marked for another bundle is not c's install
+    c = fab(extra=b"c = 3")
+    digest_a, digest_c = (__import__("hashlib").sha256(x).hexdigest() for x in (a, c))
+    decoy = tmp_path / "apps" / f"someone.else.0.1.0.{digest_c[:8]}"
+    decoy.mkdir(parents=True)
+    (decoy / (INSTALLED_MARK + digest_a)).touch()
+    (decoy / (INSTALLED_MARK + digest_c[:8])).touch()
+    assert install(c, skip_prompt=True) != decoy and len(calls) == 5
     with pytest.raises(zipfile.BadZipFile):  # a bundle Flower would reject still reaches it
         bundle_installer(lambda c, d=None, s=False: zipfile.ZipFile(io.BytesIO(c)))(
             b"junk", None, True

@@ -1,0 +1,71 @@
+"""The server's paced polls for replies (no processes started): a grid whose replies come
+some time after the push, as a SuperLink's do, is polled far less once rounds are known,
+a grid that answers while pushing is never waited on, and a timeout is kept."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from fedsgld.apps.runner import ReplyPacer, exchange
+
+
+class DelayedGrid:
+    """Replies (what ``exchange`` reads of them) become visible ``delay`` s after the push; counts the pulls."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.pulls = 0
+        self.pending: dict[str, tuple[float, SimpleNamespace]] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for k, _msg in enumerate(messages):
+            mid = f"{time.monotonic()}-{k}"
+            reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid))
+            self.pending[mid] = (time.monotonic() + self.delay, reply)
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        now = time.monotonic()
+        ready = [m for m in ids if m in self.pending and self.pending[m][0] <= now]
+        return [self.pending.pop(m)[1] for m in ready]
+
+
+def messages(n: int = 3) -> list[SimpleNamespace]:
+    return [SimpleNamespace(metadata=SimpleNamespace()) for _ in range(n)]
+
+
+def test_paced_polls_after_the_first_rounds():
+    grid, pacer = DelayedGrid(0.3), ReplyPacer()
+    unpaced = []
+    for _ in range(3):  # nothing known yet about the first round; then three rounds learnt
+        before = grid.pulls
+        assert len(exchange(grid, messages(), timeout=10, poll=0.01, pacer=pacer)) == 3
+        unpaced.append(grid.pulls - before)
+    assert unpaced[0] >= 20  # every 0.01 s for 0.3 s
+    assert min(pacer.recent) >= 0.3
+    before = grid.pulls
+    t0 = time.monotonic()
+    assert len(exchange(grid, messages(), timeout=10, poll=0.01, pacer=pacer)) == 3
+    took = time.monotonic() - t0
+    assert grid.pulls - before <= 0.3 * unpaced[0] + 2  # the first 70 % is not polled
+    assert took < 0.3 + 0.1  # and the replies are not taken late
+
+
+def test_a_grid_that_answers_while_pushing_is_never_waited_on():
+    grid, pacer = DelayedGrid(0.0), ReplyPacer()
+    for _ in range(4):
+        exchange(grid, messages(), timeout=10, poll=0.5, pacer=pacer)
+    assert pacer.first_wait() < 0.01
+
+
+def test_the_timeout_holds_and_an_incomplete_exchange_is_not_learnt():
+    grid, pacer = DelayedGrid(5.0), ReplyPacer()
+    pacer.record(100.0)  # a long round learnt earlier must not stretch past the timeout
+    t0 = time.monotonic()
+    assert exchange(grid, messages(), timeout=0.3, poll=0.05, pacer=pacer) == []
+    assert time.monotonic() - t0 < 1.0
+    assert pacer.recent == [100.0]
