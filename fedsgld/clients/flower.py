@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..apps.protocol import config_from_record, data_fingerprint
+from ..apps.protocol import config_from_record, data_fingerprint, pack_vector, unpack_vector
 from ..config import Config
 from ..privacy.noise import Randomness
 from .policy import PolicyRefused, SiteGuard, SitePolicy
@@ -376,7 +376,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     )
     _keep_guard(context, guard)
     site.randomness = _site_randomness(config, epoch)
-    theta = torch.from_numpy(msg.content["theta"]["theta"].numpy().copy())
+    theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
     if priv.noise_placement == "sites":
         return _local_round(msg, config, site, theta)
     total = site.clipped_sum(
@@ -386,15 +386,8 @@ def handle_train(msg: Message, context: Context) -> Message:
         clip=clip,
         prenoise=float(plan["prenoise"]),
     )
-    content = RecordDict(
-        {
-            "sum": ArrayRecord(
-                {"sum": Array(total.detach().numpy().astype(np.float32, copy=False))}
-            ),
-            "meta": MetricRecord({"site-id": site.site_id, "round": int(plan["round"])}),
-        }
-    )
-    return Message(content, reply_to=msg)
+    reply = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
+    return Message(RecordDict({"sum": ConfigRecord(reply)}), reply_to=msg)
 
 
 def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) -> Message:
@@ -415,15 +408,8 @@ def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) 
         privacy=config.privacy,
         weight_decay=config.run.weight_decay,
     )
-    content = RecordDict(
-        {
-            "theta": ArrayRecord(
-                {"theta": Array(new.detach().numpy().astype(np.float32, copy=False))}
-            ),
-            "meta": MetricRecord({"site-id": site.site_id, "round": rnd}),
-        }
-    )
-    return Message(content, reply_to=msg)
+    reply = {"theta": pack_vector(new), "site-id": site.site_id, "round": rnd}
+    return Message(RecordDict({"theta": ConfigRecord(reply)}), reply_to=msg)
 
 
 def handle_evaluate(msg: Message, context: Context) -> Message:

@@ -40,7 +40,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..apps.protocol import EVALUATE, TRAIN
+from ..apps.protocol import EVALUATE, TRAIN, pack_vector, unpack_vector
 from ..calibration.pooling import check_stats
 from .server import LangevinServer, RoundPlan
 
@@ -137,12 +137,12 @@ def check_train_reply(
     """Validate one training reply; return S_k or raise :class:`ReplyRejected`.
 
     ``entry`` is the site the instruction this message replies to asked for (None: the
-    reply answers no instruction of this round). Checks: not an error; exactly the
-    records ``sum`` (ArrayRecord ``{"sum"}``) and ``meta`` (MetricRecord with ``site-id``
-    and ``round``); it comes from that site's node and names that site and round; S_k is
-    float32 of shape (P,), finite, and (with clipping) ||S_k|| <= N_k C, a bound no
-    correct site can exceed. With noise at the sites (``key="theta"``) the reply holds the
-    site's parameters after its local steps instead: same checks except the norm bound.
+    reply answers no instruction of this round). Checks: not an error; exactly one
+    record, ``sum`` (ConfigRecord with exactly ``sum``: float32 (P,) as bytes,
+    ``site-id`` and ``round``); it comes from that site's node and names that site and
+    round; S_k is finite and (with clipping) ||S_k|| <= N_k C, a bound no correct site can
+    exceed. With noise at the sites (``key="theta"``) the reply holds the site's
+    parameters after its local steps instead: same checks except the norm bound.
     """
     if entry is None:
         raise ReplyRejected("the reply answers no instruction of this round")
@@ -152,21 +152,33 @@ def check_train_reply(
     if not msg.has_content():
         raise ReplyRejected("reply has no content")
     keys = sorted(msg.content.keys())
-    if keys != sorted(["meta", key]):
-        raise ReplyRejected(f"reply records {keys}, expected {sorted(['meta', key])}")
-    sid = _site_id_of(msg)
+    if keys != [key]:
+        raise ReplyRejected(f"reply records {keys}, expected [{key!r}]")
+    rec = msg.content[key]
+    if not isinstance(rec, ConfigRecord):
+        raise ReplyRejected(f"record {key!r} is a {type(rec).__name__}, expected a ConfigRecord")
+    fields = sorted(rec.keys())
+    if fields != sorted([key, "round", "site-id"]):
+        raise ReplyRejected(
+            f"record {key!r} has {fields}, expected {sorted([key, 'round', 'site-id'])}"
+        )
+    sid, rnd = rec.get("site-id"), rec.get("round")
+    if isinstance(sid, bool) or not isinstance(sid, int):
+        raise ReplyRejected(f"{key}['site-id'] is {sid!r}, expected an integer")
     node = _src(msg)
     if sid != entry.site or node != entry.node_id:
         raise ReplyRejected(
             f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
         )
-    rnd = msg.content["meta"].get("round")
-    if rnd != plan.round:
+    if isinstance(rnd, bool) or rnd != plan.round:
         raise ReplyRejected(f"reply is for round {rnd!r}, expected {plan.round}")
-    nd = _decode_vector(msg.content[key], key, size=size, dtype="float32")
+    try:
+        nd = unpack_vector(rec[key], size=size, name=key)
+    except ValueError as err:
+        raise ReplyRejected(str(err)) from None
     if not np.isfinite(nd).all():
         raise ReplyRejected(f"{key} has non-finite values")
-    s = torch.from_numpy(nd.copy())
+    s = torch.from_numpy(nd)
     if plan.clip is not None and key == "sum":
         bound = entry.n_train * plan.clip * (1.0 + NORM_SLACK) + 1e-6
         norm = float(torch.linalg.vector_norm(s.double()))
@@ -220,11 +232,11 @@ class LangevinStrategy(Strategy):
         self.drops.append(d)
         self.log(f"round {rnd}: dropped {kind} reply of site {site} (node {node}): {reason}")
 
-    def _theta_record(self, arrays: ArrayRecord) -> ArrayRecord:
+    def _theta_bytes(self, arrays: ArrayRecord) -> bytes:
         nd = _decode_vector(arrays, "theta", size=self.size, dtype="float32")
         if not np.array_equal(nd, self.server.theta.numpy()):
             raise ValueError("configure_train: arrays['theta'] is not the server's current theta")
-        return arrays
+        return pack_vector(nd)
 
     # -- training --------------------------------------------------------------------
     def configure_train(
@@ -234,7 +246,7 @@ class LangevinStrategy(Strategy):
         self.plan = plan = self.server.plan()
         if plan is None:
             return []
-        arrays = self._theta_record(arrays)
+        theta = self._theta_bytes(arrays)
         if self.server.local:
             # noise at the sites: their releases are counted before any site runs
             self.server.begin_local_round(plan)
@@ -256,7 +268,8 @@ class LangevinStrategy(Strategy):
                 rec["first-step"] = plan.first_step
             for k, v in (config or {}).items():
                 rec.setdefault(k, v)
-            content = RecordDict({"theta": arrays, "plan": ConfigRecord(rec), "run": self.run})
+            rec["theta"] = theta
+            content = RecordDict({"plan": ConfigRecord(rec), "run": self.run})
             msgs.append(Message(content, entry.node_id, TRAIN, group_id=f"round-{plan.round}"))
         self._sent = [(m, self.directory[int(m.content["plan"]["site-id"])]) for m in msgs]
         return msgs

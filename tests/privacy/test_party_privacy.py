@@ -46,7 +46,7 @@ SMALL = {
 
 
 def _vec(rec, key):
-    return torch.from_numpy(rec[key].numpy().copy()).double()
+    return torch.from_numpy(np.frombuffer(rec[key], dtype="<f4").copy()).double()
 
 
 class Recorder:
@@ -82,8 +82,8 @@ def _site_attack(tmp_path, randomness):
     errors, noise_norms = [], []
     for t in range(cfg.run.rounds - 1):
         ins0, rep0 = by_round[t][0]
-        theta_t = _vec(ins0.content["theta"], "theta")
-        theta_next = _vec(by_round[t + 1][0][0].content["theta"], "theta")
+        theta_t = _vec(ins0.content["plan"], "theta")
+        theta_next = _vec(by_round[t + 1][0][0].content["plan"], "theta")
         seed = int(ins0.content["run"]["seed"])  # what the site received
         plan = ins0.content["plan"]
         alpha = cfg.privacy.step_size(t)
@@ -133,7 +133,7 @@ def _server_attack(tmp_path, monkeypatch, randomness):
         plan = ins.content["plan"]
         k, t = int(plan["site-id"]), int(plan["round"])
         seed = int(ins.content["run"]["seed"])
-        theta = _vec(ins.content["theta"], "theta")
+        theta = _vec(ins.content["plan"], "theta")
         theta_k = _vec(reply.content["theta"], "theta")
         sites = json.loads((tmp_path / randomness / "results.json").read_text())["sites"]
         big_lk = cfg.privacy.sample_rate * sites[k]["n_train"]
@@ -421,12 +421,12 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
                 )
                 assert e["label_histogram"] is None  # not shared by default
         elif kind == "train":
-            assert sorted(c.keys()) == ["meta", "sum"]
-            assert list(c["sum"].keys()) == ["sum"]
-            assert dict(c["meta"]) == {
-                "site-id": int(ins.content["plan"]["site-id"]),
-                "round": int(ins.content["plan"]["round"]),
-            }  # never the realised batch size
+            assert list(c.keys()) == ["sum"]
+            assert sorted(c["sum"].keys()) == ["round", "site-id", "sum"]
+            assert len(c["sum"]["sum"]) == len(ins.content["plan"]["theta"])  # float32 (P,)
+            assert c["sum"]["site-id"] == int(ins.content["plan"]["site-id"])
+            assert c["sum"]["round"] == int(ins.content["plan"]["round"])
+            # never the realised batch size
         elif kind == "evaluate":
             assert sorted(c.keys()) == ["meta", "reports", "stats"]  # no labels, no predictions
             assert dict(c["meta"]) == {"site-id": int(ins.content["eval"]["site-id"])}
