@@ -247,8 +247,12 @@ class _Waits:
     replied and the server has taken its step; rounds are regular, so the first sleep
     after a reply lasts ``predict`` times the shortest of the last three waits from a
     reply to the next message (at most Flower's 3 s), and only then does the node poll
-    every ``pull_interval``. This cuts the requests a node makes per round several-fold
-    at the cost of a late pull when a round is much shorter than the previous three."""
+    every ``pull_interval``. A wait ends when the pull that found the message *started*
+    (not when the message and its objects were stored), so a pull that already finds
+    the message shortens the next wait by the factor ``predict``, and the waits settle
+    just under the time the server really takes. This cuts the requests a node makes per
+    round several-fold at the cost of a late pull when a round is much shorter than the
+    previous three."""
 
     def __init__(
         self, pull_interval: float, reply_poll: float, active_for: float, predict: float
@@ -261,17 +265,27 @@ class _Waits:
         self.sent_at: float | None = None  # when the last reply went out
         self.gaps: list[float] = []  # reply -> next message, the last three rounds
         self.after_reply = False
+        self.debug = bool(os.environ.get("FEDSGLD_WARM_DEBUG"))  # warm.ENV_DEBUG
 
-    def message(self) -> None:
+    def message(self, pulled_at: float) -> None:
+        """A message was stored by the pull that started at ``pulled_at`` (monotonic)."""
         now = time.monotonic()
         self.last_message = now
-        if self.sent_at is not None:
-            self.gaps = [*self.gaps[-2:], now - self.sent_at]
+        gap = None if self.sent_at is None else pulled_at - self.sent_at
+        if gap is not None:
+            self.gaps = [*self.gaps[-2:], gap]
             self.sent_at = None
+        if self.debug:
+            _debug(
+                f"message stored ({now - pulled_at:.3f} s to pull)"
+                + ("" if gap is None else f", pulled {gap:.3f} s after the reply")
+            )
 
     def replied(self) -> None:
         self.sent_at = time.monotonic()
         self.after_reply = True
+        if self.debug:
+            _debug("reply pushed")
 
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_EMPTY_PULL_SLEEP:
@@ -279,6 +293,8 @@ class _Waits:
                 seconds = self.pull_interval
                 if self.after_reply and self.gaps:
                     seconds = min(3.0, max(seconds, self.predict * min(self.gaps)))
+                    if self.debug:
+                        _debug(f"first pull after the reply in {seconds:.3f} s")
             self.after_reply = False
         elif seconds == FLOWER_REPLY_SLEEP:
             seconds = self.reply_poll
@@ -286,6 +302,12 @@ class _Waits:
 
     def __getattr__(self, name: str):
         return getattr(time, name)
+
+
+def _debug(msg: str) -> None:
+    t = time.time()
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+    print(f"{stamp} [fedsgld supernode {os.getpid()}] {msg}", file=sys.stderr, flush=True)
 
 
 def adjust_supernode(
@@ -315,9 +337,10 @@ def adjust_supernode(
         sender.setblocking(False)
 
     def pull_and_store_message(*args, **kwargs):
+        started = time.monotonic()
         run_id = pull_and_store(*args, **kwargs)
         if run_id is not None:  # a message and its task are stored: wake the SuperExec
-            waits.message()
+            waits.message(started)
             if sender is not None:
                 with contextlib.suppress(OSError):  # not listening yet, or already woken
                     sender.sendto(b"t", wake)
