@@ -30,7 +30,8 @@ operation; it refuses to fork (the task then runs cold) if a Python thread appea
 Variables read when libraries are imported (``PYTHON*``, ``OMP_*``, ``MKL_*``, ``TORCH*``,
 ``FLWR_TELEMETRY*``, ...) must be the same in the task's environment as in the server's,
 otherwise the task runs cold. Each forked task has ``FEDSGLD_WARM_SITE`` set to the fork
-server's pid; with ``FEDSGLD_WARM_DEBUG=1`` it logs its run time and the library modules
+server's pid and ``FEDSGLD_WARM_VIA`` to how it was handed over (``shim``, or
+``superexec``: the fast path's SuperExec hands tasks over itself); with ``FEDSGLD_WARM_DEBUG=1`` it logs its run time and the library modules
 it imported that were not preloaded (candidates for ``--preload``).
 
     python -m fedsgld.deploy.warm install-shim DIR     # writes DIR/flwr-clientapp
@@ -71,6 +72,7 @@ from .shim import (
 )
 
 ENV_CHILD = "FEDSGLD_WARM_SITE"  # set in every forked task: the fork server's pid
+ENV_VIA = "FEDSGLD_WARM_VIA"  # set in every forked task: "shim" or "superexec" (fast path)
 ENV_DEBUG = "FEDSGLD_WARM_DEBUG"  # set: each task logs its run time and unpreloaded imports
 ENV_PROFILE = "FEDSGLD_WARM_PROFILE"  # a directory: each task writes its cProfile there
 
@@ -198,6 +200,7 @@ def _child(
         os.environ.clear()
         os.environ.update(req["env"])
         os.environ[ENV_CHILD] = str(server)
+        os.environ[ENV_VIA] = "superexec" if req.get("via") == "superexec" else "shim"
         os.chdir(req["cwd"])
         sys.argv = list(req["argv"])
         for name in _app_modules():  # the server's own fedsgld: the bundle's must load

@@ -72,3 +72,20 @@ def test_installed_bundles_are_reused_and_others_installed(tmp_path, monkeypatch
 def test_reuse_only_on_checked_flower_releases():
     assert reuse_installed_bundle(version="1.42.0") is False  # not checked: Flower's install
     assert reuse_installed_bundle(version="1.41.0", root="/nonexistent") is False
+
+
+def test_direct_hand_off_only_on_checked_flower_releases_and_to_a_serving_fork_server(
+    tmp_path, monkeypatch
+):
+    from fedsgld.deploy import fast, shim
+
+    assert fast.direct_launch(version="1.42.0") is False  # not checked: through the shim
+    assert fast.direct_launch(version="1.41.0", root="/nonexistent") is False
+    args = ["--runtime-api-address", "127.0.0.1:1", "--token", "t"]
+    monkeypatch.delenv(shim.ENV_SOCKET, raising=False)
+    assert fast.hand_to_fork_server(args) is None  # not under `fedsgld supernode`
+    d = shim.private_dir(str(tmp_path / "warm"))
+    monkeypatch.setenv(shim.ENV_SOCKET, f"{d}/fork.sock")
+    assert fast.hand_to_fork_server(args) is None  # nothing serving: Popen (the shim)
+    monkeypatch.setenv(shim.ENV_MODE, "off")
+    assert fast.hand_to_fork_server(args) is None

@@ -34,7 +34,11 @@ import os as _os
 if _os.environ.get("FEDSGLD_TEST_MARKS"):
     _name = f"{_os.path.basename(_os.environ['FLWR_HOME'])}-{_os.getpid()}"
     with open(_os.path.join(_os.environ["FEDSGLD_TEST_MARKS"], _name), "w") as _f:
-        _f.write(_os.environ.get("FEDSGLD_WARM_SITE", "cold"))
+        _f.write(
+            _os.environ.get("FEDSGLD_WARM_SITE", "cold")
+            + " "
+            + _os.environ.get("FEDSGLD_WARM_VIA", "-")
+        )
 """
 
 
@@ -148,7 +152,11 @@ def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(fl
     for node, seen in by_node.items():
         # every task imported the bundle's ClientApp module, in a process forked warm
         assert len(seen) >= _tasks_per_node(rounds), (node, seen)
-        assert all(s.isdigit() for s in seen), (node, seen)
+        # handed to the fork server by the SuperExec itself, not through the shim
+        assert all(w.split()[0].isdigit() and w.split()[1] == "superexec" for w in seen), (
+            node,
+            seen,
+        )
     for k in range(SITES):
         log = procs.log(f"supernode-{k}")
         assert "runs cold" not in log, log[-3000:]
@@ -203,7 +211,7 @@ def test_stock_supernodes_with_warm_sites_run_each_submitted_bundle(flower_tmp):
     assert sorted(by_node) == [f"home-node{k}" for k in range(SITES)], by_node
     for node, seen in by_node.items():
         assert len(seen) >= _tasks_per_node(rounds), (node, seen)
-        assert all(s.isdigit() for s in seen), (node, seen)
+        assert all(w.split()[0].isdigit() and w.split()[1] == "shim" for w in seen), (node, seen)
 
 
 def _fake_flwr_version(d: Path, version: str) -> Path:
