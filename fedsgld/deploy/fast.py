@@ -172,18 +172,13 @@ INSTALLED_MARK = (
 )
 
 
-def reuse_installed_bundle(version: str | None = None, root: str | Path | None = None) -> bool:
-    """ClientApps forked from this process take an app bundle that Flower already installed
-    (and that this process marked, with the bundle's full SHA-256) from its install
-    directory, instead of unpacking and verifying all of it again for every message.
-
-    Flower's own ``install_from_fab`` returns that same directory when it exists, but only
-    after unpacking the bundle into a temporary directory and checking every file's hash:
-    about a third of a warm task's CPU. The shortcut applies only to bundles whose first
-    install through Flower completed here; any other bundle goes through Flower's install.
-    Returns whether it was applied (flwr releases in :data:`BUNDLE_REUSE`, files unchanged)."""
+def _release_files_match(
+    table: dict[str, dict[str, str]], version: str | None, root: str | Path | None
+) -> bool:
+    """Whether flwr ``version`` (default: the installed one) is in ``table`` and each of its
+    files there under ``root`` (default: the flwr package) has the listed SHA-256."""
     version = flower_version() if version is None else version
-    files = BUNDLE_REUSE.get(version)
+    files = table.get(version)
     if files is None:
         return False
     if root is None:
@@ -196,6 +191,21 @@ def reuse_installed_bundle(version: str | None = None, root: str | Path | None =
                 return False
         except OSError:
             return False
+    return True
+
+
+def reuse_installed_bundle(version: str | None = None, root: str | Path | None = None) -> bool:
+    """ClientApps forked from this process take an app bundle that Flower already installed
+    (and that this process marked, with the bundle's full SHA-256) from its install
+    directory, instead of unpacking and verifying all of it again for every message.
+
+    Flower's own ``install_from_fab`` returns that same directory when it exists, but only
+    after unpacking the bundle into a temporary directory and checking every file's hash:
+    about a third of a warm task's CPU. The shortcut applies only to bundles whose first
+    install through Flower completed here; any other bundle goes through Flower's install.
+    Returns whether it was applied (flwr releases in :data:`BUNDLE_REUSE`, files unchanged)."""
+    if not _release_files_match(BUNDLE_REUSE, version, root):
+        return False
     from flwr.cli import install as flwr_install
     from flwr.supernode.runtime import run_clientapp
 
@@ -467,20 +477,8 @@ def hand_to_fork_server(args: list[str], *, quiet: bool = False) -> _Handed | No
 def direct_launch(version: str | None = None, root: str | Path | None = None) -> bool:
     """Tasks of the SuperExec in this process go straight to the warm fork server (flwr
     releases in :data:`DIRECT_LAUNCH`, file unchanged); returns whether it applies."""
-    version = flower_version() if version is None else version
-    files = DIRECT_LAUNCH.get(version)
-    if files is None:
+    if not _release_files_match(DIRECT_LAUNCH, version, root):
         return False
-    if root is None:
-        import flwr
-
-        root = Path(flwr.__file__).parent
-    for rel, want in files.items():
-        try:
-            if hashlib.sha256((Path(root) / rel).read_bytes()).hexdigest() != want:
-                return False
-        except OSError:
-            return False
     import subprocess as real
 
     from flwr.supercore.superexec.executor import subprocess_executor as se
