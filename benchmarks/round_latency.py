@@ -216,7 +216,6 @@ def deploy(
     files = export_sites(
         load_config(None, {k: v for k, v in cfg.items() if "-" not in k}), root / "data"
     )
-    port = _port()
     procs: list[subprocess.Popen] = []
     fedsgld = [sys.executable, "-m", "fedsgld.deploy"]  # `fedsgld supernode` without the full CLI
     shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
@@ -229,24 +228,44 @@ def deploy(
         procs.append(p)
         return p
 
+    def listening(tag: str, make_args, env: dict[str, str]) -> int:
+        """Start a process on a free port and wait until it listens there; a port taken
+        between choosing and binding it (another process's) is chosen again."""
+        for attempt in range(3):
+            port = _port()
+            proc = start(tag, make_args(port), env)
+            try:
+                _wait_port(port, proc, root / f"{tag}.log")
+                return port
+            except RuntimeError:
+                if proc.poll() is None or attempt == 2:
+                    raise
+        raise AssertionError("not reached")
+
     try:
-        link_args = ["--insecure", "--host", "127.0.0.1", "--port", str(port),
-                     "--disable-runtime-dependency-installation"]  # fmt: skip
         link_cmd = [*fedsgld, "superlink", "--"] if fast else [str(BIN / "flower-superlink")]
-        link = start("link", [*link_cmd, *link_args], _env(root / "home-link"))
-        _wait_port(port, link, root / "link.log")
+        port = listening(
+            "link",
+            lambda p: [*link_cmd, "--insecure", "--host", "127.0.0.1", "--port", str(p),
+                       "--disable-runtime-dependency-installation"],
+            _env(root / "home-link"),
+        )  # fmt: skip
         for k, f in enumerate(files):
-            node_args = ["--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(_port()),
-                         "--node-config", f"site-id={k} site-data='{f}'"]  # fmt: skip
             if fast:
-                start(f"node{k}", [*fedsgld, "supernode", "--", *node_args],
-                      _env(root / f"home-node{k}"))  # fmt: skip
+                cmd, env = [*fedsgld, "supernode", "--"], _env(root / f"home-node{k}")
             else:
+                cmd = [str(BIN / "flower-supernode")]
                 env = _env(
                     root / f"home-node{k}", FLWR_SUPEREXEC_TASK_POLL_INTERVAL=f"{task_poll:g}"
                 )
                 env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
-                start(f"node{k}", [str(BIN / "flower-supernode"), *node_args], env)
+            listening(
+                f"node{k}",
+                lambda p, f=f, k=k, cmd=cmd: [*cmd, "--insecure", "--superlink",
+                    f"127.0.0.1:{port}", "--port", str(p),
+                    "--node-config", f"site-id={k} site-data='{f}'"],
+                env,
+            )  # fmt: skip
         cli = root / "home-cli"
         cli.mkdir(parents=True, exist_ok=True)
         (cli / "config.toml").write_text(
