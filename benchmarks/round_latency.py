@@ -24,10 +24,13 @@ key for every transport). The engine is timed first and again last, and its mean
 Deployments use ``poll-interval = 0.05`` (how often
 the ServerApp looks for replies). ``--json`` prints one object: ``engine``,
 ``local_grid``, ``ray``, ``deploy``, ``deploy_fast`` (seconds per round for the first
-``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``), and
+``--sites`` value), ``ratio_to_engine`` (each divided by ``engine``),
 ``seconds_per_round`` and ``ratio_to_engine_by_sites`` (every transport and site count),
-and ``site_process_import_s``: the median time a fresh interpreter takes to import what a
-site's task imports (what every message costs without warm sites).
+``site_process_import_s``: the median time a fresh interpreter takes to import what a
+site's task imports (what every message costs without warm sites), and
+``cpu_busy_during_rounds``: for each deployment and site count, the fraction of the
+machine's CPU time that was busy (``/proc/stat``, every process) while rounds 2..N ran,
+which says whether the deployment's processes were waiting or computing.
 
 ``--demo`` runs ``simulations/demo.toml`` (DP-SGLD, 4 sites, until the budget halts it,
 with its evaluation rounds) once in-process and once deployed on loopback over the fast
@@ -166,6 +169,62 @@ def _stop(procs: list[subprocess.Popen], tag: str) -> None:
         time.sleep(3)
 
 
+CPU_BUSY: dict[str, dict[str, float]] = {}  # transport -> sites -> busy fraction
+
+
+class MachineLoad:
+    """Samples how busy the machine's CPUs are (``/proc/stat``, all processes) while a
+    deployment runs; :meth:`busy` is the busy fraction between two times."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._every = every
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+        return sum(v) - idle, sum(v)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            r = self._read()
+            if r is not None:
+                self.samples.append((time.time(), *r))
+            self._stop.wait(self._every)
+
+    def __enter__(self) -> MachineLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self, t0: float, t1: float) -> float | None:
+        inside = [x for x in self.samples if t0 <= x[0] <= t1]
+        if len(inside) < 2:
+            return None
+        (_, b0, n0), (_, b1, n1) = inside[0], inside[-1]
+        return (b1 - b0) / (n1 - n0) if n1 > n0 else None
+
+
+def _rounds_window(out: Path, r: dict) -> tuple[float, float]:
+    """About when rounds 2..N ran: ``ledger.json`` is written after the last round's
+    replies, before its step; the rounds before it took ``mean_after_first`` each."""
+    rt = r["round_wall_time_s"]
+    end = (out / "ledger.json").stat().st_mtime
+    return end - (rt["count"] - 2) * rt["mean_after_first"], end
+
+
 def _flower_round(out: Path) -> float:
     return json.loads((out / "results.json").read_text())["round_wall_time_s"]["mean_after_first"]
 
@@ -273,15 +332,23 @@ def deploy(
         )
         out = root / "out"
         t0 = time.perf_counter()
-        res = subprocess.run(
-            [str(BIN / "flwr"), "run", ".", "loop", "--stream",
-             "--run-config", _run_config({**cfg, **DEPLOY_RUN, "out": str(out)})],
-            cwd=ROOT, env=_env(cli), capture_output=True, text=True, timeout=7200,
-        )  # fmt: skip
+        with MachineLoad() as load:
+            res = subprocess.run(
+                [str(BIN / "flwr"), "run", ".", "loop", "--stream",
+                 "--run-config", _run_config({**cfg, **DEPLOY_RUN, "out": str(out)})],
+                cwd=ROOT, env=_env(cli), capture_output=True, text=True, timeout=7200,
+            )  # fmt: skip
         took = time.perf_counter() - t0
         if res.returncode != 0 or not (out / "results.json").is_file():
             raise RuntimeError(f"{name}: flwr run failed:\n{(res.stdout + res.stderr)[-3000:]}")
-        return json.loads((out / "results.json").read_text()), took
+        r = json.loads((out / "results.json").read_text())
+        if r["round_wall_time_s"]["count"] >= 3:
+            busy = load.busy(*_rounds_window(out, r))
+            if busy is not None:
+                CPU_BUSY.setdefault("deploy_fast" if fast else "deploy", {})[str(len(files))] = (
+                    round(busy, 3)
+                )
+        return r, took
     finally:
         _stop(procs, str(root))
 
@@ -408,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         site_process_import_s=round(imports, 2),
         seconds_per_round=per,
         ratio_to_engine_by_sites=ratios,
+        cpu_busy_during_rounds=CPU_BUSY,
         engine_runs=engine_runs,
         rounds=args.rounds,
         sites=args.sites,

@@ -60,20 +60,25 @@ class ReplyPacer:
 
     A round's replies cannot come before every site has received its message, run its
     task and answered; rounds are regular. So the first poll after a push waits
-    :data:`PREDICT` times the shortest of the last three complete exchanges, and only then
-    does the server poll every ``poll`` seconds (an exchange is timed from the end of the
-    push, so a grid that answers while pushing, like ``LocalGrid``, never waits). On a deployment every poll is a request
-    to the SuperLink, which shares the machines with the sites; this cuts the requests
-    per round several-fold, at the cost of a late first look when a round is much
-    shorter than the previous three (never later than that fraction of the shortest)."""
+    :data:`PREDICT` times the shortest of the last three complete exchanges, less one poll
+    interval, and only then does the server poll every ``poll`` seconds. An exchange is
+    timed from the end of the push, so a grid that answers while pushing (``LocalGrid``)
+    never waits. On a deployment every poll is a request to the SuperLink, which shares
+    the machines with the sites: this cuts the requests per round several-fold, at the
+    cost of a late first look when a round is much shorter than the previous three."""
 
     PREDICT = 0.7
 
     def __init__(self) -> None:
         self.recent: list[float] = []
 
-    def first_wait(self) -> float:
-        return self.PREDICT * min(self.recent) if self.recent else 0.0
+    def first_wait(self, poll: float) -> float:
+        """Seconds to wait before the first poll: one ``poll`` interval less than the
+        prediction (a poll may land just before the replies, and the next one comes a
+        whole interval later), and none when that saves no poll."""
+        if not self.recent:
+            return 0.0
+        return max(0.0, self.PREDICT * min(self.recent) - poll)
 
     def record(self, seconds: float) -> None:
         self.recent = [*self.recent[-2:], seconds]
@@ -98,7 +103,7 @@ def exchange(
     deadline = start + timeout
     replies: list[Message] = []
     if pacer is not None and ids:
-        time.sleep(max(0.0, min(pacer.first_wait(), deadline - time.monotonic())))
+        time.sleep(max(0.0, min(pacer.first_wait(poll), deadline - time.monotonic())))
     while ids:
         got = list(grid.pull_messages(ids))
         replies.extend(got)
