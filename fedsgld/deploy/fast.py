@@ -260,11 +260,12 @@ class _Waits:
     after a reply lasts ``predict`` times the shortest of the last three waits from a
     reply to the next message (at most Flower's 3 s), and only then does the node poll
     every ``pull_interval``. A wait ends when the pull that found the message *started*
-    (not when the message and its objects were stored), so a pull that already finds
-    the message shortens the next wait by the factor ``predict``, and the waits settle
-    just under the time the server really takes. This cuts the requests a node makes per
-    round several-fold at the cost of a late pull when a round is much shorter than the
-    previous three."""
+    (not when the message and its objects were stored). When the first pull after the
+    predicted wait already finds the message, the wait was too long by an unknown amount
+    (the server got faster, or the first rounds were slow): the node forgets its waits
+    and polls from the reply in the next round, which measures the wait again. This cuts
+    the requests a node makes per round several-fold at the cost of one late pull when
+    rounds get shorter."""
 
     def __init__(
         self, pull_interval: float, reply_poll: float, active_for: float, predict: float
@@ -277,6 +278,7 @@ class _Waits:
         self.sent_at: float | None = None  # when the last reply went out
         self.gaps: list[float] = []  # reply -> next message, the last three rounds
         self.after_reply = False
+        self.first_look = False  # the next pull is the first after a predicted wait
         self.debug = bool(os.environ.get("FEDSGLD_WARM_DEBUG"))  # warm.ENV_DEBUG
 
     def message(self, pulled_at: float) -> None:
@@ -285,8 +287,11 @@ class _Waits:
         self.last_message = now
         gap = None if self.sent_at is None else pulled_at - self.sent_at
         if gap is not None:
-            self.gaps = [*self.gaps[-2:], gap]
+            # found at the first look after a predicted wait: the wait was too long by an
+            # unknown amount, so measure again next round (poll from the reply)
+            self.gaps = [] if self.first_look else [*self.gaps[-2:], gap]
             self.sent_at = None
+        self.first_look = False
         if self.debug:
             _debug(
                 f"message stored ({now - pulled_at:.3f} s to pull)"
@@ -305,8 +310,11 @@ class _Waits:
                 seconds = self.pull_interval
                 if self.after_reply and self.gaps:
                     seconds = min(3.0, max(seconds, self.predict * min(self.gaps)))
+                    self.first_look = seconds > self.pull_interval
                     if self.debug:
                         _debug(f"first pull after the reply in {seconds:.3f} s")
+                else:
+                    self.first_look = False
             self.after_reply = False
         elif seconds == FLOWER_REPLY_SLEEP:
             seconds = self.reply_poll

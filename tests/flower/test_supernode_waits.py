@@ -23,18 +23,21 @@ class Clock:
         return self.now
 
 
-def simulate(monkeypatch, *, ready_after: float, pull_s: float, rounds: int = 30):
-    """Per round: (seconds from the reply to the pull that found the message, empty pulls)."""
+def simulate(monkeypatch, *, ready_after, pull_s: float, rounds: int = 30):
+    """Per round: (seconds from the reply to the pull that found the message, empty pulls).
+    ``ready_after``: seconds from the reply to the next message, or one per round."""
+    if isinstance(ready_after, (int, float)):
+        ready_after = [ready_after] * rounds
     clock = Clock()
     monkeypatch.setattr(fast, "time", clock)
     waits = fast._Waits(pull_interval=0.05, reply_poll=0.01, active_for=60.0, predict=0.7)
     out = []
     waits.message(clock.now)  # the run's first message
-    for _ in range(rounds):
+    for rnd in range(rounds):
         clock.now += 0.3  # the task
         waits.replied()
         sent = clock.now
-        ready = sent + ready_after
+        ready = sent + ready_after[rnd]
         empty = 0
         while True:  # Flower's loop: pull; after an empty pull, sleep(3)
             started = clock.now
@@ -58,6 +61,15 @@ def test_waits_settle_just_past_the_servers_time_whatever_a_pull_costs(monkeypat
     # ... with a handful of requests per round instead of one per 0.05 s from the reply
     assert max(empties) <= 4, empties
     assert sum(empties) / len(empties) < 0.3 / 0.05
+
+
+def test_slow_first_rounds_do_not_hold_back_the_rounds_after(monkeypatch):
+    """The first rounds of a run are slow (other sites start cold): once the server answers
+    quickly, one pull is late (the wait learnt from the slow rounds), none after it."""
+    ready = [3.4] * 3 + [0.3] * 12
+    rounds = simulate(monkeypatch, ready_after=ready, pull_s=0.05, rounds=len(ready))
+    late = [gap - r for (gap, _), r in zip(rounds, ready, strict=True)]
+    assert max(late[4:]) < 0.05 + 0.01 + 1e-9, late
 
 
 def test_an_idle_node_keeps_flowers_sleep(monkeypatch):
