@@ -258,7 +258,8 @@ class _Waits:
     After a reply has been sent the next message cannot come before the other sites have
     replied and the server has taken its step; rounds are regular, so the first sleep
     after a reply lasts ``predict`` times the shortest of the last three waits from a
-    reply to the next message (at most Flower's 3 s), and only then does the node poll
+    reply to the next message (at most Flower's 3 s; once two are known, so that the
+    slow first round of a run sets no wait on its own), and only then does the node poll
     every ``pull_interval``. A wait ends when the pull that found the message *started*
     (not when the message and its objects were stored). When the first pull after the
     predicted wait already finds the message, the wait was too long by an unknown amount
@@ -308,7 +309,7 @@ class _Waits:
         if seconds == FLOWER_EMPTY_PULL_SLEEP:
             if time.monotonic() - self.last_message < self.active_for:
                 seconds = self.pull_interval
-                if self.after_reply and self.gaps:
+                if self.after_reply and len(self.gaps) >= 2:  # one slow round is no rule
                     seconds = min(3.0, max(seconds, self.predict * min(self.gaps)))
                     self.first_look = seconds > self.pull_interval
                     if self.debug:

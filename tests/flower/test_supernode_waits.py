@@ -72,6 +72,13 @@ def test_slow_first_rounds_do_not_hold_back_the_rounds_after(monkeypatch):
     assert max(late[4:]) < 0.05 + 0.01 + 1e-9, late
 
 
+def test_a_slow_first_round_sets_no_wait(monkeypatch):
+    ready = [3.4] + [0.3] * 14  # the run's first round: sites start cold
+    rounds = simulate(monkeypatch, ready_after=ready, pull_s=0.05, rounds=len(ready))
+    late = [gap - r for (gap, _), r in zip(rounds, ready, strict=True)]
+    assert max(late) < 0.05 + 0.01 + 1e-9, late
+
+
 def test_an_idle_node_keeps_flowers_sleep(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(fast, "time", clock)
