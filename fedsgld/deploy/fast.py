@@ -91,6 +91,7 @@ ADJUSTED = {
 SUPPORTED = tuple(ADJUSTED)
 FLOWER_EMPTY_PULL_SLEEP = 3  # start_client_internal: time.sleep(3) after an empty pull
 FLOWER_REPLY_SLEEP = 0.5  # _push_messages: time.sleep(0.5) while the reply is not ready
+POLL_BACKOFF = 0.1  # a waiting node polls at most every tenth of the time since its reply
 FLOWER_PULL_BACKOFF = (1, 10)  # supercore.constant: PULL_INITIAL_BACKOFF, PULL_BACKOFF_CAP
 FLOWER_PULL_TRIES = 500  # supercore.constant.PULL_MAX_TRIES_PER_OBJECT
 ENV_WAKE = "FEDSGLD_SUPEREXEC_WAKE"  # the datagram socket the SuperExec wrapper waits on
@@ -307,8 +308,13 @@ class _Waits:
 
     def sleep(self, seconds: float) -> None:
         if seconds == FLOWER_EMPTY_PULL_SLEEP:
-            if time.monotonic() - self.last_message < self.active_for:
-                seconds = self.pull_interval
+            now = time.monotonic()
+            if now - self.last_message < self.active_for:
+                # poll every pull_interval, or a tenth of the time since the reply if
+                # longer: a node whose next message is seconds away (many sites, slow
+                # rounds) makes tens of requests per round, not one per pull_interval
+                since = 0.0 if self.sent_at is None else now - self.sent_at
+                seconds = max(self.pull_interval, POLL_BACKOFF * since)
                 if self.after_reply and len(self.gaps) >= 2:  # one slow round is no rule
                     seconds = min(3.0, max(seconds, self.predict * min(self.gaps)))
                     self.first_look = seconds > self.pull_interval
