@@ -84,6 +84,18 @@ class ReplyPacer:
         self.recent = [*self.recent[-2:], seconds]
 
 
+def polls_are_requests(grid: Grid) -> bool:
+    """Whether each poll of ``grid`` is a request to a SuperLink (a deployment's
+    ``HttpGrid``): only then does :class:`ReplyPacer` pace the polls. Flower's simulation
+    polls in process, and sleeping there delays the simulation itself (Ray rounds took
+    twice as long)."""
+    try:
+        from flwr.superlink.grid.http_grid import HttpGrid
+    except ImportError:  # another flwr layout: no pacing
+        return False
+    return isinstance(grid, HttpGrid)
+
+
 def exchange(
     grid: Grid,
     messages: list[Message],
@@ -330,7 +342,7 @@ def serve(
     def all_drops() -> list[dict[str, Any]]:
         return drops_before + [d.to_dict() for d in strategy.drops]
 
-    pacer = ReplyPacer()
+    pacer = ReplyPacer() if polls_are_requests(grid) else None
 
     def one_round():
         arrays = ArrayRecord({"theta": Array(server.theta.numpy())})

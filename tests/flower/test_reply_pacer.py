@@ -82,3 +82,14 @@ def test_a_coarse_poll_interval_is_never_made_later():
         exchange(grid, messages(), timeout=10, poll=0.2, pacer=pacer)
         took.append(time.monotonic() - t0)
     assert max(took[3:]) < 0.2 + 0.08, took
+
+
+def test_only_a_deployments_grid_is_paced():
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    from fedsgld.apps.local_grid import LocalGrid
+    from fedsgld.apps.runner import polls_are_requests
+
+    assert polls_are_requests(HttpGrid.__new__(HttpGrid))
+    assert not polls_are_requests(LocalGrid.__new__(LocalGrid))
+    assert not polls_are_requests(DelayedGrid(0.0))
