@@ -63,9 +63,13 @@ class ReplyPacer:
     :data:`PREDICT` times the shortest of the last three complete exchanges, less one poll
     interval, and only then does the server poll every ``poll`` seconds. An exchange is
     timed from the end of the push, so a grid that answers while pushing (``LocalGrid``)
-    never waits. On a deployment every poll is a request to the SuperLink, which shares
-    the machines with the sites: this cuts the requests per round several-fold, at the
-    cost of a late first look when a round is much shorter than the previous three."""
+    never waits. When every reply is already in at the first look after a wait, the wait
+    was too long by an unknown amount: the pacer forgets, and the next exchange polls
+    from the start (a paced wait must not keep rounds long: on Flower's stock SuperNode,
+    which pulls every 3 s, a late look makes the sites miss their next pull). On a
+    deployment every poll is a request to the SuperLink, which shares the machines with
+    the sites: this cuts the requests per round several-fold, at the cost of one late
+    first look when rounds get shorter."""
 
     PREDICT = 0.7
 
@@ -114,17 +118,26 @@ def exchange(
     start = time.monotonic()  # after the push: a grid that answers while pushing waits 0
     deadline = start + timeout
     replies: list[Message] = []
+    waited = 0.0
     if pacer is not None and ids:
-        time.sleep(max(0.0, min(pacer.first_wait(poll), deadline - time.monotonic())))
+        waited = max(0.0, min(pacer.first_wait(poll), deadline - time.monotonic()))
+        time.sleep(waited)
+    first_look = True
     while ids:
         got = list(grid.pull_messages(ids))
         replies.extend(got)
         ids.difference_update(m.metadata.reply_to_message_id for m in got)
         if not ids or time.monotonic() >= deadline:
             break
+        first_look = False
         time.sleep(poll)
     if pacer is not None and not ids:
-        pacer.record(time.monotonic() - start)
+        if waited > 0 and first_look:
+            # every reply was in at the first look: the wait was too long by an unknown
+            # amount (rounds got shorter), so the next exchange is not paced and measures
+            pacer.recent = []
+        else:
+            pacer.record(time.monotonic() - start)
     return replies
 
 

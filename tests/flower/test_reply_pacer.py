@@ -93,3 +93,19 @@ def test_only_a_deployments_grid_is_paced():
     assert polls_are_requests(HttpGrid.__new__(HttpGrid))
     assert not polls_are_requests(LocalGrid.__new__(LocalGrid))
     assert not polls_are_requests(DelayedGrid(0.0))
+
+
+def test_rounds_that_get_shorter_are_waited_on_once_at_most():
+    """Three slow exchanges, then fast ones: one late first look, then none (a pacer that
+    kept waiting for most of the slow time would keep every later round long)."""
+    grid, pacer = DelayedGrid(0.6), ReplyPacer()
+    for _ in range(3):
+        exchange(grid, messages(), timeout=10, poll=0.01, pacer=pacer)
+    grid.delay = 0.05
+    took = []
+    for _ in range(4):
+        t0 = time.monotonic()
+        exchange(grid, messages(), timeout=10, poll=0.01, pacer=pacer)
+        took.append(time.monotonic() - t0)
+    assert took[0] > 0.3  # the one late look (0.7 x 0.6 - 0.01 s)
+    assert max(took[1:]) < 0.05 + 0.06, took
