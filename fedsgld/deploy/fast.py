@@ -14,8 +14,9 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
     message, and in a federated round the pull right after a reply is always empty. While
     a run is active (a message arrived in the last ``--active-for`` s, default 60) it
     first waits ``--predict`` (0.7) times the shortest of the last three waits from a
-    reply to the next message, then pulls every ``--pull-interval`` (0.05 s); an idle
-    node keeps Flower's 3 s.
+    reply to the next message (see :class:`_Waits`), then pulls every
+    ``--pull-interval`` (0.05 s), or a tenth of the time since its reply if that is
+    longer; an idle node keeps Flower's 3 s.
   * **reply waits.** It checks every 0.5 s whether the ClientApp's reply (and each of its
     objects) is ready: every ``--reply-poll`` (0.01 s) instead (local checks).
   * **SuperExec task poll.** Its SuperExec asks for new tasks every
