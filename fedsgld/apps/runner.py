@@ -87,6 +87,9 @@ class ReplyPacer:
     def record(self, seconds: float) -> None:
         self.recent = [*self.recent[-2:], seconds]
 
+    def forget(self) -> None:
+        self.recent = []
+
 
 def polls_are_requests(grid: Grid) -> bool:
     """Whether each poll of ``grid`` is a request to a SuperLink (a deployment's
@@ -135,7 +138,7 @@ def exchange(
         if waited > 0 and first_look:
             # every reply was in at the first look: the wait was too long by an unknown
             # amount (rounds got shorter), so the next exchange is not paced and measures
-            pacer.recent = []
+            pacer.forget()
         else:
             pacer.record(time.monotonic() - start)
     return replies

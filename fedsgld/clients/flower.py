@@ -25,9 +25,8 @@ actor lives on) and, for shards split from a dataset, in ``context.state`` (ever
 may start a new process, but the node's state persists for the whole run). A deployed
 site's ``site-data`` file is read again by each new process instead: the state travels
 between the SuperNode and the ClientApp process with every message, the file does not.
-Every computation is the
-core's: :meth:`fedsgld.clients.Site.clipped_sum` for training and
-:meth:`~fedsgld.clients.Site.predict` for evaluation. The reply to a training message is
+Every computation is the core's: :meth:`fedsgld.clients.Site.clipped_sum` for training
+and :meth:`~fedsgld.clients.Site.predict` for evaluation. The reply to a training message is
 the clipped, pre-noised sum S_k and the site id, never the realised batch size.
 
 Randomness: a site's Poisson samples, pre-noise and (``sites`` placement) Gaussian noise

@@ -469,15 +469,11 @@ def hand_to_fork_server(args: list[str], *, quiet: bool = False) -> _Handed | No
     devnull = os.open(os.devnull, os.O_RDWR) if quiet else None
     try:
         fds = [0, devnull, devnull] if devnull is not None else [0, 1, 2]
-        req = {"argv": [shim.SHIM_NAME, *args], "env": dict(os.environ), "cwd": os.getcwd()}
-        shim.send_json(conn, {**req, "via": "superexec"}, fds)
-        first = shim.recv_json(conn)
-    except OSError:
-        first = None
+        first = shim.hand_over(conn, args, fds, via="superexec")
     finally:
         if devnull is not None:
             os.close(devnull)
-    if first is None or "pid" not in first:
+    if "pid" not in first:
         conn.close()
         return None
 
@@ -515,10 +511,9 @@ def superexec_main(args: list[str] | None = None) -> int:
 
     if rs.time is not time:
         raise UnsupportedFlower(f"flwr's run_superexec is not as expected: {STOCK}")
-    if os.environ.get(ENV_WAKE):  # started by `fedsgld supernode`
-        direct_launch()
     wake = os.environ.get(ENV_WAKE)
-    if wake:
+    if wake:  # started by `fedsgld supernode`
+        direct_launch()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(wake)

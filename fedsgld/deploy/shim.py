@@ -196,6 +196,18 @@ def connect(path: str, owner_pid: int | None) -> socket.socket | None:
 # -- the shim ------------------------------------------------------------------------------
 
 
+def hand_over(conn: socket.socket, args: list[str], fds: list[int], via: str = "shim") -> dict:
+    """Send the fork server one ``flwr-clientapp ARGS`` task (this process's environment
+    and working directory, ``fds`` as its stdin/stdout/stderr); its first answer:
+    ``{"pid": ...}`` when it forked the task, otherwise ``{"error": ...}``."""
+    req = {"argv": [SHIM_NAME, *args], "env": dict(os.environ), "cwd": os.getcwd(), "via": via}
+    try:
+        send_json(conn, req, fds)
+        return recv_json(conn) or {"error": "no answer"}
+    except OSError as e:
+        return {"error": repr(e)}
+
+
 def real_clientapp(shim: str | None) -> list[str]:
     """Flower's own ``flwr-clientapp``: the next one on PATH that is not a shim."""
     me = os.path.realpath(shim) if shim else None
@@ -244,14 +256,9 @@ def shim_main(shim: str | None = None, args: list[str] | None = None) -> int:
     if conn is None:
         return run_cold(args, shim, "fork server starting")
     with conn:
-        try:
-            req = {"argv": [SHIM_NAME, *args], "env": dict(os.environ), "cwd": os.getcwd()}
-            send_json(conn, req, [0, 1, 2])
-            first = recv_json(conn)
-        except OSError as e:
-            first = {"error": repr(e)}
-        if first is None or "pid" not in first:
-            return run_cold(args, shim, str((first or {}).get("error", "no answer")))
+        first = hand_over(conn, args, [0, 1, 2])
+        if "pid" not in first:
+            return run_cold(args, shim, str(first.get("error", "no answer")))
         child = int(first["pid"])
 
         def forward(signum, _frame):

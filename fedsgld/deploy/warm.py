@@ -31,8 +31,9 @@ Variables read when libraries are imported (``PYTHON*``, ``OMP_*``, ``MKL_*``, `
 ``FLWR_TELEMETRY*``, ...) must be the same in the task's environment as in the server's,
 otherwise the task runs cold. Each forked task has ``FEDSGLD_WARM_SITE`` set to the fork
 server's pid and ``FEDSGLD_WARM_VIA`` to how it was handed over (``shim``, or
-``superexec``: the fast path's SuperExec hands tasks over itself); with ``FEDSGLD_WARM_DEBUG=1`` it logs its run time and the library modules
-it imported that were not preloaded (candidates for ``--preload``).
+``superexec``: the fast path's SuperExec hands tasks over itself); with
+``FEDSGLD_WARM_DEBUG=1`` it logs its run time and the library modules it imported that
+were not preloaded (candidates for ``--preload``).
 
     python -m fedsgld.deploy.warm install-shim DIR     # writes DIR/flwr-clientapp
     PATH=DIR:$PATH FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.02 flower-supernode ...
