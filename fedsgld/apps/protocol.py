@@ -7,16 +7,19 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               hosted site: site id, n_train, n_test, num_classes, input_shape,
               label_histogram). Site sizes are public in DP-SGLD (L = q * sum_k N_k).
 ``train``     server -> node: ``plan`` (ConfigRecord: site-id, round, epoch, run-key,
-              sample-rate, sigma, prenoise, clip (absent: no clipping, method sgd) and
-              ``theta``: theta_t as bytes, float32 little-endian (P,)), ``run``.
+              sample-rate, sigma, prenoise, clip (absent: no clipping, method sgd),
+              ``theta``: theta_t as bytes, float32 little-endian (P,), and the run config,
+              each of its keys prefixed ``run.``).
               reply: ``sum`` (ConfigRecord: ``sum``, the clipped, pre-noised gradient sum
               S_k as bytes, float32 little-endian (P,); ``site-id``; ``round``). Never the
               realised batch size. With ``noise_placement = "sites"`` the reply is
               ``theta`` (the site's parameters after its local steps, same layout).
               Vectors travel as bytes in a ConfigRecord rather than as an ArrayRecord
               because a deployment moves every record, array and array chunk of a message
-              as a separate request (flwr 1.41/1.42): 4 objects per instruction and 3 per
-              reply instead of 7 and 6, which shortens every deployed round.
+              as a separate request (flwr 1.41/1.42), and for the same reason the run
+              config rides in the plan rather than in a ``run`` record of its own: 3
+              objects per instruction and 3 per reply instead of 7 and 6, which shortens
+              every deployed round.
 ``evaluate``  server -> node: ``thetas`` (ArrayRecord ``{"0": theta_0, ...}``), ``eval``
               (ConfigRecord: site-id, groups = JSON ``{"last": [0], "posterior": [1, ...]}``),
               ``run``. reply: ``reports`` (ConfigRecord ``json``: calibration_report of each
@@ -137,6 +140,27 @@ def run_record(config: Config) -> ConfigRecord:
 
 def config_from_record(rec: ConfigRecord) -> Config:
     return Config.from_flat(dict(rec.items()))
+
+
+RUN_PREFIX = "run."  # the run config's keys inside a train instruction's plan
+
+
+def plan_record(fields: dict[str, Any], run: ConfigRecord) -> ConfigRecord:
+    """A train instruction's ``plan``: the round's ``fields`` and the run config (each key
+    prefixed ``run.``) in one record, one object fewer per message than a separate ``run``."""
+    clash = sorted(k for k in fields if k.startswith(RUN_PREFIX))
+    if clash:
+        raise ValueError(f"plan fields must not start with {RUN_PREFIX!r}: {clash}")
+    return ConfigRecord({**{RUN_PREFIX + k: v for k, v in run.items()}, **fields})
+
+
+def config_from_plan(plan: ConfigRecord) -> Config:
+    """The run config a train instruction's ``plan`` carries (:func:`plan_record`)."""
+    n = len(RUN_PREFIX)
+    flat = {k[n:]: v for k, v in plan.items() if k.startswith(RUN_PREFIX)}
+    if not flat:
+        raise ValueError(f"the train plan carries no run config ({RUN_PREFIX}* keys)")
+    return Config.from_flat(flat)
 
 
 def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:

@@ -50,7 +50,13 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..apps.protocol import config_from_record, data_fingerprint, pack_vector, unpack_vector
+from ..apps.protocol import (
+    config_from_plan,
+    config_from_record,
+    data_fingerprint,
+    pack_vector,
+    unpack_vector,
+)
 from ..config import Config
 from ..privacy.noise import Randomness
 from .policy import PolicyRefused, SiteGuard, SitePolicy
@@ -113,14 +119,17 @@ def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
 
 
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
-    from ..engine import variational_view
+    view = None
+    if config.privacy.variational:  # the engine's import is a share of every task's start
+        from ..engine import variational_view
 
+        view = variational_view(config, model)
     return Site.from_site_data(
         shard,
         model,
         seed=config.run.seed,
         chunk_size=config.perf.chunk_size,
-        flat_model=variational_view(config, model),
+        flat_model=view,
         device=None if config.privacy.variational else config.perf.torch_device(),
     )
 
@@ -347,9 +356,9 @@ def _int_field(rec: Any, key: str) -> int:
 def handle_train(msg: Message, context: Context) -> Message:
     """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum,
     after the site's guard accepted the request."""
-    config = config_from_record(msg.content["run"])
-    _threads(config)
     plan = msg.content["plan"]
+    config = config_from_plan(plan)
+    _threads(config)
     site = _site(hosted_sites(context, config), plan["site-id"])
     policy = node_policy(context, config)
     guard = _guard(context, policy, site.site_id)

@@ -40,7 +40,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..apps.protocol import EVALUATE, TRAIN, pack_vector, unpack_vector
+from ..apps.protocol import EVALUATE, TRAIN, pack_vector, plan_record, unpack_vector
 from ..calibration.pooling import check_stats
 from .server import LangevinServer, RoundPlan
 
@@ -269,7 +269,7 @@ class LangevinStrategy(Strategy):
             for k, v in (config or {}).items():
                 rec.setdefault(k, v)
             rec["theta"] = theta
-            content = RecordDict({"plan": ConfigRecord(rec), "run": self.run})
+            content = RecordDict({"plan": plan_record(rec, self.run)})
             msgs.append(Message(content, entry.node_id, TRAIN, group_id=f"round-{plan.round}"))
         self._sent = [(m, self.directory[int(m.content["plan"]["site-id"])]) for m in msgs]
         return msgs

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from flwr.app import ConfigRecord
 
 from fedsgld import engine
 from fedsgld.apps.local_grid import run_local
@@ -84,7 +85,7 @@ def _site_attack(tmp_path, randomness):
         ins0, rep0 = by_round[t][0]
         theta_t = _vec(ins0.content["plan"], "theta")
         theta_next = _vec(by_round[t + 1][0][0].content["plan"], "theta")
-        seed = int(ins0.content["run"]["seed"])  # what the site received
+        seed = int(ins0.content["plan"]["run.seed"])  # what the site received
         plan = ins0.content["plan"]
         alpha = cfg.privacy.step_size(t)
         noise_std = float(plan["sigma"]) * float(plan["clip"])
@@ -132,7 +133,7 @@ def _server_attack(tmp_path, monkeypatch, randomness):
     for i, (ins, reply) in enumerate(rec.train()):
         plan = ins.content["plan"]
         k, t = int(plan["site-id"]), int(plan["round"])
-        seed = int(ins.content["run"]["seed"])
+        seed = int(ins.content["plan"]["run.seed"])
         theta = _vec(ins.content["plan"], "theta")
         theta_k = _vec(reply.content["theta"], "theta")
         sites = json.loads((tmp_path / randomness / "results.json").read_text())["sites"]
@@ -407,6 +408,7 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     ncs = [{"site-id": k} for k in range(3)]
     run_local({**over, "randomness": "os", "out": str(tmp_path / "m")}, node_configs=ncs, fault=rec)
     kinds = set()
+    ins_run = None  # the run config the discovery query sent (the first message)
     for ins, reply in rec.pairs:
         kind = ins.metadata.message_type
         kinds.add(kind)
@@ -432,9 +434,24 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
             assert dict(c["meta"]) == {"site-id": int(ins.content["eval"]["site-id"])}
         else:
             raise AssertionError(f"unexpected message type {kind}")
+        if kind == "train":  # one record: the round's fields and the run config (run.*)
+            assert list(ins.content.keys()) == ["plan"]
+            plan = ins.content["plan"]
+            fields = sorted(k for k in plan.keys() if not k.startswith("run."))
+            assert fields == sorted(
+                ["site-id", "round", "epoch", "run-key", "sample-rate", "sigma", "prenoise"]
+                + ["clip", "theta"]
+            )
+            run = {k[4:]: v for k, v in plan.items() if k.startswith("run.")}
+            assert ins_run is not None and run == ins_run
+        elif kind == "query":
+            ins_run = dict(ins.content["run"].items())  # the run config as the query sent it
         # nothing the server sends determines its noise: no generator state, no noise key
         for name in ins.content.keys():
             assert "generator" not in name and "noise" not in name
+        for name, value in ins.content.items():
+            if isinstance(value, ConfigRecord):
+                assert not any("generator" in k or "state" in k for k in value.keys()), name
     assert kinds == {"query", "train", "evaluate"}
     res = json.loads((tmp_path / "m" / "results.json").read_text())
     assert res["flower"]["pooled_metrics_from"] == "site statistics"
