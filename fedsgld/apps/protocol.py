@@ -6,10 +6,12 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               reply: ``sites`` (ConfigRecord, key ``json``: a JSON list with one entry per
               hosted site: site id, n_train, n_test, num_classes, input_shape,
               label_histogram). Site sizes are public in DP-SGLD (L = q * sum_k N_k).
-``train``     server -> node: ``plan`` (ConfigRecord: site-id, round, epoch, run-key,
+``train``     server -> node: ``plan`` (ConfigRecord: round, epoch, run-key,
               sample-rate, sigma, prenoise, clip (absent: no clipping, method sgd),
               ``theta``: theta_t as bytes, float32 little-endian (P,), and the run config,
-              each of its keys prefixed ``run.``).
+              each of its keys prefixed ``run.``; ``site-id`` only where a node hosts
+              several sites: otherwise every site of a round gets the same record, which
+              a deployment pushes to the SuperLink once).
               reply: ``sum`` (ConfigRecord: ``sum``, the clipped, pre-noised gradient sum
               S_k as bytes, float32 little-endian (P,); ``site-id``; ``round``). Never the
               realised batch size. With ``noise_placement = "sites"`` the reply is

@@ -323,6 +323,12 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
 
 
 def _site(hosted: HostedSites, site_id: Any) -> Site:
+    if site_id is None:  # a train plan shared by nodes that host one site each
+        if len(hosted.sites) == 1:
+            return next(iter(hosted.sites.values()))
+        raise ValueError(
+            f"the plan names no site-id, but this node hosts several sites {sorted(hosted.sites)}"
+        )
     if isinstance(site_id, bool) or not isinstance(site_id, int) or site_id not in hosted.sites:
         raise ValueError(
             f"this node does not host site {site_id!r} (it hosts {sorted(hosted.sites)})"
@@ -359,7 +365,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     plan = msg.content["plan"]
     config = config_from_plan(plan)
     _threads(config)
-    site = _site(hosted_sites(context, config), plan["site-id"])
+    site = _site(hosted_sites(context, config), plan.get("site-id"))
     policy = node_policy(context, config)
     guard = _guard(context, policy, site.site_id)
     rnd, epoch = _int_field(plan, "round"), _int_field(plan, "epoch")

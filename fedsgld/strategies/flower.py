@@ -250,10 +250,14 @@ class LangevinStrategy(Strategy):
         if self.server.local:
             # noise at the sites: their releases are counted before any site runs
             self.server.begin_local_round(plan)
-        msgs = []
+        # a node that hosts one site needs no site id: then every site gets the same plan
+        # record, which a deployment moves to the SuperLink once per round, not per site
+        nodes = [e.node_id for e in self.directory.values()]
+        shared = len(set(nodes)) == len(nodes)
+        msgs, sent = [], []
         for sid, entry in self.directory.items():
-            rec: dict[str, Any] = {
-                "site-id": sid,
+            rec: dict[str, Any] = {} if shared else {"site-id": sid}
+            rec |= {
                 "round": plan.round,
                 "epoch": self.epoch,
                 "run-key": self.run_key,
@@ -271,7 +275,8 @@ class LangevinStrategy(Strategy):
             rec["theta"] = theta
             content = RecordDict({"plan": plan_record(rec, self.run)})
             msgs.append(Message(content, entry.node_id, TRAIN, group_id=f"round-{plan.round}"))
-        self._sent = [(m, self.directory[int(m.content["plan"]["site-id"])]) for m in msgs]
+            sent.append((msgs[-1], entry))
+        self._sent = sent
         return msgs
 
     def _match(

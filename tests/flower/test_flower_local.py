@@ -60,8 +60,13 @@ def _local(tmp_path, name, *, fault=None, num_nodes=None, node_configs=None, **o
     return out
 
 
-def _site(msg: Message) -> int:
-    return int(msg.content["plan"]["site-id"])
+def _site(ins: Message, reply: Message) -> int:
+    """The site an instruction went to: its plan names it only where a node hosts several
+    sites; otherwise the site's (honest, not yet altered) reply does."""
+    plan = ins.content["plan"]
+    if "site-id" in plan:
+        return int(plan["site-id"])
+    return int(reply.content["sum"]["site-id"])
 
 
 def _round(msg: Message) -> int:
@@ -121,6 +126,45 @@ def test_flower_apps_on_local_grid_equal_the_engine_bitwise(tmp_path, reference)
         "ledger.json",
     ):
         assert (out / f).stat().st_size > 0, f
+
+
+def test_a_train_plan_names_the_site_only_where_a_node_hosts_several(tmp_path):
+    """One site per node: every site of a round gets the same plan record (a deployment
+    pushes it once). A node with several sites gets its site named, and refuses a plan
+    that names none."""
+    from fedsgld.apps.client_app import app as client_app
+
+    def plans(run):
+        out: dict[int, list] = {}
+        for ins, _reply in run.pairs:
+            if ins.metadata.message_type == "train":
+                out.setdefault(int(ins.content["plan"]["round"]), []).append(ins)
+        return out
+
+    one, several = _Pairs(), _Pairs()
+    run_local({**SMALL, "rounds": 2, "out": str(tmp_path / "one")}, fault=one)
+    for msgs in plans(one).values():
+        assert len(msgs) == SMALL["sites"]
+        assert len({m.content["plan"].object_id for m in msgs}) == 1
+        assert all("site-id" not in m.content["plan"] for m in msgs)
+    grid = run_local(
+        {**SMALL, "rounds": 2, "out": str(tmp_path / "several")}, num_nodes=2, fault=several
+    )
+    for msgs in plans(several).values():
+        assert sorted(int(m.content["plan"]["site-id"]) for m in msgs) == [0, 1, 2]
+    ins = next(m for m in plans(several)[1] if int(m.content["plan"]["site-id"]) == 2)
+    del ins.content["plan"]["site-id"]  # node 0 hosts sites 0 and 2
+    with pytest.raises(ValueError, match=r"names no site-id, but this node hosts several"):
+        client_app(ins, grid.contexts[ins.metadata.dst_node_id])
+
+
+class _Pairs:
+    def __init__(self):
+        self.pairs = []
+
+    def __call__(self, ins, reply):
+        self.pairs.append((ins, reply))
+        return reply
 
 
 def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
@@ -201,7 +245,7 @@ def zero_reply_run(tmp_path_factory):
     """The run in which site 1 sends an all-zero sum in round 5 (no record sampled)."""
 
     def zero(ins, reply):
-        if _site(ins) == 1 and _round(ins) == 5:
+        if _site(ins, reply) == 1 and _round(ins) == 5:
             return _replace_sum(ins, reply, np.zeros_like(_sum(reply)))
         return reply
 
@@ -229,7 +273,7 @@ def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(
     size = {}
 
     def bad(ins, reply):
-        if _site(ins) != 1 or _round(ins) != 5:
+        if _site(ins, reply) != 1 or _round(ins) != 5:
             return reply
         s = _sum(reply)
         size["p"] = s.size

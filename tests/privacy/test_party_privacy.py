@@ -64,6 +64,16 @@ class Recorder:
         return [(i, r) for i, r in self.pairs if i.metadata.message_type == "train"]
 
 
+def _site_of(ins, reply):
+    """The site an instruction went to, as that site knows it: named in the plan where its
+    node hosts several sites; otherwise the plan is shared and the site is its node's one."""
+    plan = ins.content["plan"]
+    if "site-id" in plan:
+        return int(plan["site-id"])
+    (rec,) = reply.content.values()
+    return int(rec["site-id"])
+
+
 # -- (a) a site against the server's noise (server placement) ---------------------------------
 
 
@@ -79,7 +89,7 @@ def _site_attack(tmp_path, randomness):
     by_round: dict[int, dict[int, tuple]] = {}
     for ins, reply in rec.train():
         plan = ins.content["plan"]
-        by_round.setdefault(int(plan["round"]), {})[int(plan["site-id"])] = (ins, reply)
+        by_round.setdefault(int(plan["round"]), {})[_site_of(ins, reply)] = (ins, reply)
     errors, noise_norms = [], []
     for t in range(cfg.run.rounds - 1):
         ins0, rep0 = by_round[t][0]
@@ -132,7 +142,7 @@ def _server_attack(tmp_path, monkeypatch, randomness):
     errors, noise_norms = [], []
     for i, (ins, reply) in enumerate(rec.train()):
         plan = ins.content["plan"]
-        k, t = int(plan["site-id"]), int(plan["round"])
+        k, t = _site_of(ins, reply), int(plan["round"])
         seed = int(ins.content["plan"]["run.seed"])
         theta = _vec(ins.content["plan"], "theta")
         theta_k = _vec(reply.content["theta"], "theta")
@@ -384,7 +394,7 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     kept: list = []
 
     def keep(ins, reply):
-        if ins.metadata.message_type == "train" and int(ins.content["plan"]["site-id"]) == 0:
+        if ins.metadata.message_type == "train" and _site_of(ins, reply) == 0:
             kept.append((ins, reply))
         return reply
 
@@ -406,8 +416,11 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     rec = Recorder()
     over = {**SMALL, "rounds": 2, "eval_every": 1}
     ncs = [{"site-id": k} for k in range(3)]
-    run_local({**over, "randomness": "os", "out": str(tmp_path / "m")}, node_configs=ncs, fault=rec)
+    grid = run_local(
+        {**over, "randomness": "os", "out": str(tmp_path / "m")}, node_configs=ncs, fault=rec
+    )
     kinds = set()
+    plans: dict[int, set[str]] = {}  # round -> object ids of the plans the sites received
     ins_run = None  # the run config the discovery query sent (the first message)
     for ins, reply in rec.pairs:
         kind = ins.metadata.message_type
@@ -426,7 +439,10 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
             assert list(c.keys()) == ["sum"]
             assert sorted(c["sum"].keys()) == ["round", "site-id", "sum"]
             assert len(c["sum"]["sum"]) == len(ins.content["plan"]["theta"])  # float32 (P,)
-            assert c["sum"]["site-id"] == int(ins.content["plan"]["site-id"])
+            assert (
+                c["sum"]["site-id"]
+                == grid.contexts[ins.metadata.dst_node_id].node_config["site-id"]
+            )
             assert c["sum"]["round"] == int(ins.content["plan"]["round"])
             # never the realised batch size
         elif kind == "evaluate":
@@ -438,10 +454,11 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
             assert list(ins.content.keys()) == ["plan"]
             plan = ins.content["plan"]
             fields = sorted(k for k in plan.keys() if not k.startswith("run."))
+            # no site-id: each node hosts one site, so every site gets the same plan
             assert fields == sorted(
-                ["site-id", "round", "epoch", "run-key", "sample-rate", "sigma", "prenoise"]
-                + ["clip", "theta"]
+                ["round", "epoch", "run-key", "sample-rate", "sigma", "prenoise", "clip", "theta"]
             )
+            plans.setdefault(int(plan["round"]), set()).add(plan.object_id)
             run = {k[4:]: v for k, v in plan.items() if k.startswith("run.")}
             assert ins_run is not None and run == ins_run
         elif kind == "query":
@@ -453,6 +470,7 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
             if isinstance(value, ConfigRecord):
                 assert not any("generator" in k or "state" in k for k in value.keys()), name
     assert kinds == {"query", "train", "evaluate"}
+    assert plans and all(len(ids) == 1 for ids in plans.values())  # one plan object per round
     res = json.loads((tmp_path / "m" / "results.json").read_text())
     assert res["flower"]["pooled_metrics_from"] == "site statistics"
     assert res["metrics"]["pooled"]["ace"] is None and res["metrics"]["pooled"]["ece"] >= 0
