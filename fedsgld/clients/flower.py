@@ -137,8 +137,10 @@ def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site
 def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     from ..models import build_model
 
-    with torch.random.fork_rng():
-        torch.manual_seed(config.run.seed)
+    # the CPU generator only, as torch.manual_seed seeds it: seeding every accelerator
+    # generator too costs a share of each task's start, and the model is built on the CPU
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(config.run.seed)
         return build_model(
             config.run.model,
             input_shape=input_shape,
