@@ -177,6 +177,20 @@ def node_policy(context: Context, config: Config) -> SitePolicy:
 
 
 GUARD_STATE = "fedsgld.guard-{}"
+# the sites' data key (data_fingerprint) whose model passed the per-record gradient
+# layer-path check in an earlier task of this run (FlatModel.accept_layers_check)
+LAYERS_STATE = "fedsgld.layers-checked"
+
+
+def _layers_check_from_state(context: Context, hosted: HostedSites, site: Site) -> None:
+    rec = context.state.get(LAYERS_STATE)
+    if isinstance(rec, ConfigRecord) and rec.get("key") == hosted.key:
+        site.fm.accept_layers_check()
+
+
+def _keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None:
+    if getattr(site.fm, "layers_checked", False):
+        context.state[LAYERS_STATE] = ConfigRecord({"key": hosted.key})
 
 
 def _guard(context: Context, policy: SitePolicy, site_id: int) -> SiteGuard:
@@ -367,7 +381,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     plan = msg.content["plan"]
     config = config_from_plan(plan)
     _threads(config)
-    site = _site(hosted_sites(context, config), plan.get("site-id"))
+    hosted = hosted_sites(context, config)
+    site = _site(hosted, plan.get("site-id"))
+    _layers_check_from_state(context, hosted, site)
     policy = node_policy(context, config)
     guard = _guard(context, policy, site.site_id)
     rnd, epoch = _int_field(plan, "round"), _int_field(plan, "epoch")
@@ -394,7 +410,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     site.randomness = _site_randomness(config, epoch)
     theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
     if priv.noise_placement == "sites":
-        return _local_round(msg, config, site, theta)
+        reply = _local_round(msg, config, site, theta)
+        _keep_layers_check(context, hosted, site)
+        return reply
     total = site.clipped_sum(
         theta,
         round=rnd,
@@ -402,6 +420,7 @@ def handle_train(msg: Message, context: Context) -> Message:
         clip=clip,
         prenoise=float(plan["prenoise"]),
     )
+    _keep_layers_check(context, hosted, site)
     reply = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
     return Message(RecordDict({"sum": ConfigRecord(reply)}), reply_to=msg)
 

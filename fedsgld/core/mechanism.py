@@ -130,6 +130,18 @@ class FlatModel:
         self._layers_checked = True
         return True
 
+    @property
+    def layers_checked(self) -> bool:
+        """Whether the layer path is in use and has passed its check against ``torch.func``."""
+        return self._layers is not None and self._layers_checked
+
+    def accept_layers_check(self) -> None:
+        """Skip the layer path's check: the same module code and architecture passed it
+        earlier in this run, in another process (a deployed site runs each round in a new
+        process, and the check is a sixth of a small model's round there)."""
+        if self._layers is not None:
+            self._layers_checked = True
+
     def _drop_layers(self, err: UnsupportedModel) -> None:
         warnings.warn(
             f"per-record gradients fall back from layers to torch.func: {err}", stacklevel=3

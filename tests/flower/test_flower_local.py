@@ -194,6 +194,7 @@ def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeyp
     config = Config.from_flat(SMALL)
     grid = LocalGrid.partitions(__import__("fedsgld.apps.client_app", fromlist=["app"]).app, 2)
     ctx = next(iter(grid.contexts.values()))
+    site_side._CACHE.clear()  # an earlier test's run of these sites: built here, into ctx.state
     hosted = site_side.hosted_sites(ctx, config)
     assert sorted(hosted.sites) == [0, 2]
     theta = torch.randn(hosted.sites[0].fm.size)
@@ -209,6 +210,42 @@ def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeyp
     after = again.sites[2].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
     assert torch.equal(before, after)
     assert run_record(config)["seed"] == 3
+
+
+def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passed(
+    tmp_path, monkeypatch
+):
+    """Each deployed round runs in a new process; the layer path's check against torch.func
+    runs in the run's first train task, and later tasks read that it passed from
+    context.state (for the same sites' data key only)."""
+    from fedsgld.clients import flower as site_side
+    from fedsgld.core.mechanism import FlatModel
+
+    checks = []
+    real = FlatModel._layers_ready
+
+    def counting(self, theta, x, y):
+        if self._layers is not None and not self._layers_checked and x.shape[0] >= 2:
+            checks.append(1)
+        return real(self, theta, x, y)
+
+    monkeypatch.setattr(FlatModel, "_layers_ready", counting)
+    config = Config.from_flat({**SMALL, "rounds": 3})
+    grid = run_local({**SMALL, "rounds": 3, "out": str(tmp_path / "r")})  # a node per site
+    assert len(checks) == 3  # one per site: this process keeps its sites between rounds
+    ctx = next(c for c in grid.contexts.values() if c.node_config["partition-id"] == 0)
+    hosted = site_side.hosted_sites(ctx, config)
+    assert ctx.state[site_side.LAYERS_STATE]["key"] == hosted.key
+    site_side._CACHE.clear()  # a new process: the sites are built again
+    fresh = site_side.hosted_sites(ctx, config).sites[0]
+    assert fresh.fm.grad_path == "layers" and not fresh.fm.layers_checked
+    site_side._layers_check_from_state(ctx, site_side.hosted_sites(ctx, config), fresh)
+    assert fresh.fm.layers_checked
+    # another data key (another run config) is checked again
+    site_side._CACHE.clear()
+    other = site_side.hosted_sites(ctx, Config.from_flat({**SMALL, "hidden": 16}))
+    site_side._layers_check_from_state(ctx, other, other.sites[0])
+    assert not other.sites[0].fm.layers_checked
 
 
 def test_a_site_data_node_reads_its_file_and_keeps_no_records_in_node_state(tmp_path):
