@@ -273,3 +273,61 @@ def test_fork_server_socket_directory_must_be_private(tmp_path):
         shim.private_dir(str(d))
     with pytest.raises(PermissionError, match="mode 0700"):
         shim.socket_path([], {shim.ENV_SOCKET: str(d / "fork.sock")})
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_fork_server_hands_each_task_to_a_spare_forked_before_it(tmp_path):
+    """Each task goes to a child the server forked before the task came (the fork is not on
+    the task's path); every task is its own process with its own streams and exit status,
+    and the waiting spare exits with the server."""
+    d = shim.private_dir(str(tmp_path / "w"))
+    sock = os.path.join(d, "fork.sock")
+    log = tmp_path / "server.log"
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    waiting = None
+    with open(log, "wb") as f:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "fedsgld.deploy.warm", "serve", "--socket", sock,
+             "--owner-pid", str(owner.pid), "--preload", "json"],
+            env={**os.environ, warm.ENV_DEBUG: "1"}, stdout=f, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_serving([Path(sock)], timeout=60)
+        pids = []
+        for _ in range(3):
+            r, w = os.pipe()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect(sock)
+                first = shim.hand_over(c, ["--help"], [0, w, w])  # usage, exit status 0
+                os.close(w)
+                status = shim.recv_exact(c, shim.STATUS.size)
+            with os.fdopen(r) as out:
+                text = out.read()
+            assert "pid" in first, first
+            assert shim.STATUS.unpack(status)[0] == 0
+            assert "usage" in text.lower(), text
+            pids.append(first["pid"])
+        assert len(set(pids)) == 3 and server.pid not in pids
+        lines = log.read_text().splitlines()
+        ready = [int(x.split("spare ")[1].split()[0]) for x in lines if x.endswith(" ready")]
+        for n, pid in enumerate(pids, 1):
+            assert any(x.endswith(f"task {n}: spare {pid}") for x in lines), lines
+            assert pid in ready  # forked before its task came
+        waiting = ready[-1]
+        assert waiting not in pids and not _gone(waiting)
+    finally:
+        owner.kill()
+        owner.wait()
+        server.wait(timeout=30)
+    assert waiting is not None
+    end = time.monotonic() + 10
+    while not _gone(waiting) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _gone(waiting), "the waiting spare outlived its fork server"
