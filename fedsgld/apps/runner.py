@@ -61,7 +61,10 @@ class ReplyPacer:
     A round's replies cannot come before every site has received its message, run its
     task and answered; rounds are regular. So the first poll after a push waits
     :data:`PREDICT` times the shortest of the last three complete exchanges, less one poll
-    interval, and only then does the server poll every ``poll`` seconds. An exchange is
+    interval, and only then does the server poll every ``poll`` seconds. Two exchanges
+    must be known first: the first round of a run is slow (sites start their processes, a
+    stock SuperNode's first tasks run cold) and alone would make the next round wait most
+    of its time. An exchange is
     timed from the end of the push, so a grid that answers while pushing (``LocalGrid``)
     never waits. When every reply is already in at the first look after a wait, the wait
     was too long by an unknown amount: the pacer forgets, and the next exchange polls
@@ -80,7 +83,7 @@ class ReplyPacer:
         """Seconds to wait before the first poll: one ``poll`` interval less than the
         prediction (a poll may land just before the replies, and the next one comes a
         whole interval later), and none when that saves no poll."""
-        if not self.recent:
+        if len(self.recent) < 2:  # one slow first round is no rule
             return 0.0
         return max(0.0, self.PREDICT * min(self.recent) - poll)
 
