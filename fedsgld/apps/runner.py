@@ -64,15 +64,14 @@ class ReplyPacer:
     interval, and only then does the server poll every ``poll`` seconds. Two exchanges
     must be known first: the first round of a run is slow (sites start their processes, a
     stock SuperNode's first tasks run cold) and alone would make the next round wait most
-    of its time. An exchange is
-    timed from the end of the push, so a grid that answers while pushing (``LocalGrid``)
-    never waits. When every reply is already in at the first look after a wait, the wait
-    was too long by an unknown amount: the pacer forgets, and the next exchange polls
-    from the start (a paced wait must not keep rounds long: on Flower's stock SuperNode,
-    which pulls every 3 s, a late look makes the sites miss their next pull). On a
-    deployment every poll is a request to the SuperLink, which shares the machines with
-    the sites: this cuts the requests per round several-fold, at the cost of one late
-    first look when rounds get shorter."""
+    of its time. An exchange is timed from the end of the push, so a grid that answers
+    while pushing (``LocalGrid``) never waits. When every reply is already in at the first
+    look after a wait, the wait was too long by an unknown amount: the pacer forgets, and
+    the next exchange polls from the start (a paced wait must not keep rounds long: on
+    Flower's stock SuperNode, which pulls every 3 s, a late look makes the sites miss
+    their next pull). On a deployment every poll is a request to the SuperLink, which
+    shares the machines with the sites: this cuts the requests per round several-fold, at
+    the cost of one late first look when rounds get shorter."""
 
     PREDICT = 0.7
 

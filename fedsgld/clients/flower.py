@@ -182,14 +182,18 @@ GUARD_STATE = "fedsgld.guard-{}"
 LAYERS_STATE = "fedsgld.layers-checked"
 
 
-def _layers_check_from_state(context: Context, hosted: HostedSites, site: Site) -> None:
+def _layers_checked_before(context: Context, hosted: HostedSites) -> bool:
     rec = context.state.get(LAYERS_STATE)
-    if isinstance(rec, ConfigRecord) and rec.get("key") == hosted.key:
+    return isinstance(rec, ConfigRecord) and rec.get("key") == hosted.key
+
+
+def _layers_check_from_state(context: Context, hosted: HostedSites, site: Site) -> None:
+    if _layers_checked_before(context, hosted):
         site.fm.accept_layers_check()
 
 
 def _keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None:
-    if getattr(site.fm, "layers_checked", False):
+    if site.fm.layers_checked and not _layers_checked_before(context, hosted):
         context.state[LAYERS_STATE] = ConfigRecord({"key": hosted.key})
 
 
@@ -411,18 +415,18 @@ def handle_train(msg: Message, context: Context) -> Message:
     theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
     if priv.noise_placement == "sites":
         reply = _local_round(msg, config, site, theta)
-        _keep_layers_check(context, hosted, site)
-        return reply
-    total = site.clipped_sum(
-        theta,
-        round=rnd,
-        sample_rate=float(plan["sample-rate"]),
-        clip=clip,
-        prenoise=float(plan["prenoise"]),
-    )
+    else:
+        total = site.clipped_sum(
+            theta,
+            round=rnd,
+            sample_rate=float(plan["sample-rate"]),
+            clip=clip,
+            prenoise=float(plan["prenoise"]),
+        )
+        rec = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
+        reply = Message(RecordDict({"sum": ConfigRecord(rec)}), reply_to=msg)
     _keep_layers_check(context, hosted, site)
-    reply = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
-    return Message(RecordDict({"sum": ConfigRecord(reply)}), reply_to=msg)
+    return reply
 
 
 def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) -> Message:
