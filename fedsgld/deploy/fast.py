@@ -455,9 +455,7 @@ def hand_to_fork_server(args: list[str], *, quiet: bool = False) -> _Handed | No
 
     from . import shim
 
-    if os.environ.get(shim.ENV_MODE, "on").lower() in ("off", "0", "no", "false"):
-        return None
-    if "--allow-runtime-dependency-installation" in args or not os.environ.get(shim.ENV_SOCKET):
+    if shim.why_cold(args) is not None or not os.environ.get(shim.ENV_SOCKET):
         return None
     try:
         path = shim.socket_path(args)

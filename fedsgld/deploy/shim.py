@@ -238,15 +238,24 @@ def run_cold(args: list[str], shim: str | None, why: str | None = None) -> int:
     return 127  # not reached
 
 
+def why_cold(args: list[str]) -> str | None:
+    """Why a ``flwr-clientapp ARGS`` task must run cold whatever the fork server: ``""``
+    when ``FEDSGLD_WARM`` is off, a reason when runtime dependency installation is on (the
+    task installs the app's dependencies into a new environment: the libraries a fork
+    server has already imported would shadow them); None when it may go warm."""
+    if os.environ.get(ENV_MODE, "on").lower() in ("off", "0", "no", "false"):
+        return ""
+    if "--allow-runtime-dependency-installation" in args:
+        return "runtime dependency installation is on"
+    return None
+
+
 def shim_main(shim: str | None = None, args: list[str] | None = None) -> int:
     """What the ``flwr-clientapp`` shim runs: hand the task to the warm fork server."""
     args = list(sys.argv[1:] if args is None else args)
-    if os.environ.get(ENV_MODE, "on").lower() in ("off", "0", "no", "false"):
-        return run_cold(args, shim)
-    if "--allow-runtime-dependency-installation" in args:
-        # the task installs the app's dependencies into a new environment: the libraries
-        # a fork server has already imported would shadow them
-        return run_cold(args, shim, "runtime dependency installation is on")
+    why = why_cold(args)
+    if why is not None:
+        return run_cold(args, shim, why or None)
     try:
         path = socket_path(args)
         owner = arg_value(args, "--parent-pid")
