@@ -114,31 +114,62 @@ def flower_version() -> str:
         raise UnsupportedFlower(f"flwr is not installed: {STOCK}") from e
 
 
-def check_flower(version: str | None = None, root: str | Path | None = None) -> None:
-    """Refuse (:class:`UnsupportedFlower`) unless flwr ``version`` is one of
-    :data:`SUPPORTED` and the files it adjusts under ``root`` (the flwr package) are that
-    release's."""
+def _entry(table: dict[str, dict[str, str]], version: str) -> str | None:
+    """The release of ``table`` whose files stand for flwr ``version``: the release itself,
+    or, for a patch release, its feature release (``1.42.1`` -> ``1.42.0``), which holds
+    only if the patch left every listed file byte-identical."""
+    if version in table:
+        return version
+    parts = version.split(".")
+    if len(parts) == 3 and all(p.isdigit() for p in parts):
+        base = f"{parts[0]}.{parts[1]}.0"
+        if base in table:
+            return base
+    return None
+
+
+def release_mismatch(
+    table: dict[str, dict[str, str]], version: str | None = None, root: str | Path | None = None
+) -> str | None:
+    """Why flwr ``version`` (default: the installed one) under ``root`` (default: the flwr
+    package) is not one that ``table`` lists, in one line; None when it is: the release,
+    or a patch release of it, with every listed file's SHA-256 as recorded."""
     version = flower_version() if version is None else version
-    if version not in ADJUSTED:
-        raise UnsupportedFlower(
-            f"the fast path supports flwr {' and '.join(SUPPORTED)} only (it adjusts "
-            f"internal waits of those releases); the installed flwr is {version}: {STOCK}"
-        )
+    release = _entry(table, version)
+    if release is None:
+        return f"the installed flwr is {version}, checked releases are {', '.join(table)}"
     if root is None:
         import flwr
 
         root = Path(flwr.__file__).parent
-    for rel, want in ADJUSTED[version].items():
+    for rel, want in table[release].items():
         p = Path(root) / rel
         try:
             got = hashlib.sha256(p.read_bytes()).hexdigest()
         except OSError as e:
-            raise UnsupportedFlower(f"flwr file {p} cannot be read ({e}): {STOCK}") from e
+            return f"flwr file {p} cannot be read ({e})"
         if got != want:
-            raise UnsupportedFlower(
-                f"flwr file {p} is not flwr {version}'s, which the fast path was tested "
-                f"with (sha256 {got[:12]}..., expected {want[:12]}...): {STOCK}"
+            return (
+                f"flwr file {p} is not flwr {release}'s, which was checked "
+                f"(sha256 {got[:12]}..., expected {want[:12]}...)"
             )
+    return None
+
+
+def check_flower(version: str | None = None, root: str | Path | None = None) -> None:
+    """Refuse (:class:`UnsupportedFlower`) unless flwr ``version`` is one of
+    :data:`SUPPORTED` (or a patch release of one) and the files it adjusts under ``root``
+    (the flwr package) are that release's."""
+    version = flower_version() if version is None else version
+    why = release_mismatch(ADJUSTED, version, root)
+    if why is None:
+        return
+    if _entry(ADJUSTED, version) is None:
+        raise UnsupportedFlower(
+            f"the fast path supports flwr {' and '.join(SUPPORTED)} only (it adjusts "
+            f"internal waits of those releases); the installed flwr is {version}: {STOCK}"
+        )
+    raise UnsupportedFlower(f"{why}: {STOCK}")
 
 
 def adjust_pull_backoff(initial: float, cap: float) -> None:
@@ -161,39 +192,17 @@ def adjust_pull_backoff(initial: float, cap: float) -> None:
 # flwr releases whose ClientApp install step was checked for the bundle reuse below
 # (run_clientapp.py calls cli/install.py's install_from_fab, which unpacks and verifies the
 # whole bundle and then returns the install directory if it already exists)
+# (1.41.0 and 1.42.0 ship both files byte-identical: same SHA-256 in both releases' wheels)
+_RUN_CLIENTAPP = "fa6612aaeda9cd398de69199b0cf264a38f72c1b9cfdc53644c8d6dab0b70eb6"
+_INSTALL = "d09d889c176d3e661436b439618f67ac49bd9e72aa9db77dc25d6c4ed45ccc30"
 BUNDLE_REUSE = {
-    "1.41.0": {
-        "supernode/runtime/run_clientapp.py": (
-            "fa6612aaeda9cd398de69199b0cf264a38f72c1b9cfdc53644c8d6dab0b70eb6"
-        ),
-        "cli/install.py": "d09d889c176d3e661436b439618f67ac49bd9e72aa9db77dc25d6c4ed45ccc30",
-    },
+    release: {"supernode/runtime/run_clientapp.py": _RUN_CLIENTAPP, "cli/install.py": _INSTALL}
+    for release in ("1.41.0", "1.42.0")
 }
+NO_BUNDLE_REUSE = "each task unpacks and verifies the app bundle (Flower's own install)"
 INSTALLED_MARK = (
     ".fedsgld-installed-"  # + the bundle's full SHA-256, written after Flower's install
 )
-
-
-def _release_files_match(
-    table: dict[str, dict[str, str]], version: str | None, root: str | Path | None
-) -> bool:
-    """Whether flwr ``version`` (default: the installed one) is in ``table`` and each of its
-    files there under ``root`` (default: the flwr package) has the listed SHA-256."""
-    version = flower_version() if version is None else version
-    files = table.get(version)
-    if files is None:
-        return False
-    if root is None:
-        import flwr
-
-        root = Path(flwr.__file__).parent
-    for rel, want in files.items():
-        try:
-            if hashlib.sha256((Path(root) / rel).read_bytes()).hexdigest() != want:
-                return False
-        except OSError:
-            return False
-    return True
 
 
 def reuse_installed_bundle(version: str | None = None, root: str | Path | None = None) -> bool:
@@ -206,12 +215,16 @@ def reuse_installed_bundle(version: str | None = None, root: str | Path | None =
     about a third of a warm task's CPU. The shortcut applies only to bundles whose first
     install through Flower completed here; any other bundle goes through Flower's install.
     Returns whether it was applied (flwr releases in :data:`BUNDLE_REUSE`, files unchanged)."""
-    if not _release_files_match(BUNDLE_REUSE, version, root):
+    why = release_mismatch(BUNDLE_REUSE, version, root)
+    if why is not None:
+        print(f"fedsgld: {NO_BUNDLE_REUSE}: {why}", file=sys.stderr, flush=True)
         return False
     from flwr.cli import install as flwr_install
     from flwr.supernode.runtime import run_clientapp
 
     if run_clientapp.install_from_fab is not flwr_install.install_from_fab:
+        why = "flwr's run_clientapp does not call cli.install.install_from_fab as expected"
+        print(f"fedsgld: {NO_BUNDLE_REUSE}: {why}", file=sys.stderr, flush=True)
         return False
     run_clientapp.install_from_fab = bundle_installer(flwr_install.install_from_fab)
     return True
@@ -410,13 +423,15 @@ def _exit_code(e: SystemExit) -> int:
 
 # flwr releases whose SuperExec task launch was checked for the direct hand-off below
 # (SubprocessExecutor.launch: ``subprocess.Popen([flwr-clientapp, ...])``, fire and forget)
+# (1.41.0 and 1.42.0 ship the file byte-identical: same SHA-256 in both releases' wheels)
+_SUBPROCESS_EXECUTOR = "8fca14d06c1531f0895952719e9194a3f62e9cd0de4148a6d2cdd5cdaf051f39"
 DIRECT_LAUNCH = {
-    "1.41.0": {
-        "supercore/superexec/executor/subprocess_executor.py": (
-            "8fca14d06c1531f0895952719e9194a3f62e9cd0de4148a6d2cdd5cdaf051f39"
-        ),
-    },
+    release: {"supercore/superexec/executor/subprocess_executor.py": _SUBPROCESS_EXECUTOR}
+    for release in ("1.41.0", "1.42.0")
 }
+
+
+NO_DIRECT_LAUNCH = "tasks reach the warm fork server through the flwr-clientapp shim"
 
 
 class _Handed:
@@ -487,16 +502,30 @@ def hand_to_fork_server(args: list[str], *, quiet: bool = False) -> _Handed | No
 def direct_launch(version: str | None = None, root: str | Path | None = None) -> bool:
     """Tasks of the SuperExec in this process go straight to the warm fork server (flwr
     releases in :data:`DIRECT_LAUNCH`, file unchanged); returns whether it applies."""
-    if not _release_files_match(DIRECT_LAUNCH, version, root):
+    why = release_mismatch(DIRECT_LAUNCH, version, root)
+    if why is not None:
+        print(f"fedsgld: {NO_DIRECT_LAUNCH}: {why}", file=sys.stderr, flush=True)
         return False
     import subprocess as real
 
     from flwr.supercore.superexec.executor import subprocess_executor as se
 
     if se.subprocess is not real:
+        why = "flwr's SubprocessExecutor does not use the subprocess module as expected"
+        print(f"fedsgld: {NO_DIRECT_LAUNCH}: {why}", file=sys.stderr, flush=True)
         return False
     se.subprocess = _DirectLaunch(real)
     return True
+
+
+def support(version: str | None = None, root: str | Path | None = None) -> dict[str, str | None]:
+    """For each part of the fast path, why it does not apply to flwr ``version`` (default:
+    the installed one) under ``root``, or None where it applies: ``waits`` (the whole fast
+    path: :data:`ADJUSTED`), ``bundle_reuse`` (:data:`BUNDLE_REUSE`) and ``direct_launch``
+    (:data:`DIRECT_LAUNCH`)."""
+    version = flower_version() if version is None else version
+    tables = {"waits": ADJUSTED, "bundle_reuse": BUNDLE_REUSE, "direct_launch": DIRECT_LAUNCH}
+    return {part: release_mismatch(table, version, root) for part, table in tables.items()}
 
 
 def superexec_main(args: list[str] | None = None) -> int:

@@ -70,7 +70,7 @@ def test_installed_bundles_are_reused_and_others_installed(tmp_path, monkeypatch
 
 
 def test_reuse_only_on_checked_flower_releases():
-    assert reuse_installed_bundle(version="1.42.0") is False  # not checked: Flower's install
+    assert reuse_installed_bundle(version="1.40.0") is False  # not checked: Flower's install
     assert reuse_installed_bundle(version="1.41.0", root="/nonexistent") is False
 
 
@@ -79,8 +79,8 @@ def test_direct_hand_off_only_on_checked_flower_releases_and_to_a_serving_fork_s
 ):
     from fedsgld.deploy import fast, shim
 
-    assert fast.direct_launch(version="1.42.0") is False  # not checked: through the shim
-    assert fast.direct_launch(version="1.41.0", root="/nonexistent") is False
+    assert fast.direct_launch(version="1.40.0") is False  # not checked: through the shim
+    assert fast.direct_launch(version="1.42.0", root="/nonexistent") is False
     args = ["--runtime-api-address", "127.0.0.1:1", "--token", "t"]
     monkeypatch.delenv(shim.ENV_SOCKET, raising=False)
     assert fast.hand_to_fork_server(args) is None  # not under `fedsgld supernode`

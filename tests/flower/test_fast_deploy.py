@@ -104,6 +104,15 @@ def _tasks_per_node(rounds: int) -> int:
 @pytest.mark.deploy
 def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(flower_tmp):
     root, procs = flower_tmp
+    support = fast.support()  # what must apply on the installed flwr (its tables)
+    if support["waits"] is not None:  # not a release the fast path knows: it refuses to start
+        res = subprocess.run(
+            [sys.executable, "-m", "fedsgld", "supernode", "--", "--insecure"],
+            env=flower_env(root / "home-refused"), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert res.returncode == 2 and "flower-supernode" in res.stderr, res.stderr
+        return
+    via = "superexec" if support["direct_launch"] is None else "shim"
     files = _site_files(root)
     certs = _certificates(root / "certs")
     keys = root / "keys"
@@ -152,14 +161,14 @@ def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(fl
     for node, seen in by_node.items():
         # every task imported the bundle's ClientApp module, in a process forked warm
         assert len(seen) >= _tasks_per_node(rounds), (node, seen)
-        # handed to the fork server by the SuperExec itself, not through the shim
-        assert all(w.split()[0].isdigit() and w.split()[1] == "superexec" for w in seen), (
-            node,
-            seen,
-        )
+        # handed to the fork server by the SuperExec itself where DIRECT_LAUNCH lists the
+        # installed flwr, else through the shim
+        assert all(w.split()[0].isdigit() and w.split()[1] == via for w in seen), (node, seen)
     for k in range(SITES):
         log = procs.log(f"supernode-{k}")
         assert "runs cold" not in log, log[-3000:]
+        why = f"fedsgld: {fast.NO_DIRECT_LAUNCH}: {support['direct_launch']}"
+        assert (why in log) == (via == "shim"), log[-3000:]
 
 
 @pytest.mark.deploy
