@@ -3,17 +3,28 @@
     make demo                                        # runs/demo-dpsgld, runs/demo-dpsgd
     python -m fedsgld.tools.readme_numbers           # rewrite the README's demo numbers
     python -m fedsgld.tools.readme_numbers --check   # exit 1 where they differ
+    python -m fedsgld.tools.readme_numbers --check --tolerant   # as the tests compare
+    python -m fedsgld.tools.readme_numbers --spread 0 1 2 3 4 5   # the demo over seeds
+    python -m fedsgld.tools.readme_numbers --orders   # other summation orders, same seed
 
 Two places hold demo numbers: the demo table between the ``demo-table`` comment markers
 (one row per method, and the sentence on where DP-SGLD halted), and the ``server`` row of
 the placement table (the DP-SGLD demo run). Values are compared as printed (3 or 4
 decimals). Wall times depend on the machine's load and are not written.
+
+The metrics of a 286-step noisy training differ in their last digits between processors
+(another instruction set rounds differently, and the difference grows over the steps).
+The tests therefore compare accuracy, NLL and ECE within :data:`TOLERANCE`, measured with
+``--spread`` as a multiple of their spread across seeds; step counts and epsilons depend
+only on the schedule and are compared exactly. ``--check`` alone compares every printed
+digit (what a refresh on the same machine must reproduce).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import textwrap
@@ -33,6 +44,19 @@ HEADER = (
     "|---|---|---|---|---|---|"
 )
 SERVER_ROW = re.compile(r"^\| server \|.*\|$", re.M)
+
+#: Largest difference from the README's value that the tests accept, per metric: SPREAD_K
+#: times the largest standard deviation across the demo's seeds (both methods, last iterate
+#: and posterior average), rounded up to the printed digit, from ``python -m
+#: fedsgld.tools.readme_numbers --spread 0 1 2 3 4 5`` (docs/development.md shows the run).
+#: A processor changes these numbers less than a seed does: it changes only the rounding,
+#: which ``--orders`` imitates (other summation orders, same seed) and which moved them by at
+#: most 0.004 in that run; another processor moved accuracy by 0.002 and ECE by 0.0014.
+TOLERANCE: dict[str, float] = {"accuracy": 0.011, "nll": 0.031, "ece": 0.0066}
+SPREAD_K = 1.0
+#: What each cell of a demo-table row and of the server row holds (None: compared exactly).
+DEMO_CELLS: tuple[Any, ...] = (None, None, None, "accuracy", "nll", "ece")
+SERVER_CELLS: tuple[Any, ...] = (None, None, None, None, "accuracy", "nll", "ece", "posterior")
 
 
 def _label(r: Mapping[str, Any]) -> str:
@@ -105,8 +129,44 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
-def check(text: str, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Every difference between the README and the given runs (method -> results.json)."""
+def _cell_matches(got: str, want: str, kind: Any, tolerance: Mapping[str, float] | None) -> bool:
+    """Whether a printed cell matches: exactly, or (``tolerance`` given and a metric cell)
+    within the metric's tolerance."""
+    if got == want or tolerance is None or kind is None:
+        return got == want
+    if kind == "posterior":  # "accuracy / ece" of the posterior average
+        g, w = got.split(" / "), want.split(" / ")
+        return len(g) == len(w) == 2 and all(
+            _cell_matches(a, b, k, tolerance) for a, b, k in zip(g, w, ("accuracy", "ece"))
+        )
+    try:
+        return abs(float(got) - float(want)) <= tolerance[kind] + 1e-12
+    except ValueError:
+        return False
+
+
+def _row_problems(
+    where: str, got: list[str], want: list[str], kinds: tuple[Any, ...], tolerance
+) -> list[str]:
+    out = [
+        f"{where}: README says {g!r}, results.json gives {w!r}"
+        + (f" (beyond the tolerance {tolerance[k]:g})" if tolerance and k in tolerance else "")
+        for g, w, k in zip(got, want, kinds)
+        if not _cell_matches(g, w, k, tolerance)
+    ]
+    if len(got) != len(want):
+        out.append(f"{where}: the row has {len(got)} cells, expected {len(want)}")
+    return out
+
+
+def check(
+    text: str,
+    results: Mapping[str, Mapping[str, Any]],
+    tolerance: Mapping[str, float] | None = None,
+) -> list[str]:
+    """Every difference between the README and the given runs (method -> results.json):
+    at the printed precision, or, with ``tolerance`` (e.g. :data:`TOLERANCE`), metrics
+    within it (steps and epsilons still exactly)."""
     problems: list[str] = []
     i, j = _block_span(text)
     rows = {_cells(line)[0]: line for line in text[i:j].splitlines() if line.startswith("| ")}
@@ -116,12 +176,7 @@ def check(text: str, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
         if got_line is None:
             problems.append(f"{method}: the demo table has no row {want[0]!r}")
             continue
-        got = _cells(got_line)
-        for g, w in zip(got, want):
-            if g != w:
-                problems.append(f"{method}: README says {g!r}, results.json gives {w!r}")
-        if len(got) != len(want):
-            problems.append(f"{method}: the row has {len(got)} cells, expected {len(want)}")
+        problems += _row_problems(method, _cells(got_line), want, DEMO_CELLS, tolerance)
         if method == "dpsgld":
             block = demo_block({method: r})
             if r["privacy"]["halted"] and block.split("\n\n", 1)[1] not in text[i:j]:
@@ -133,10 +188,9 @@ def check(text: str, results: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 problems.append(
                     f"placement table: expected one '| server |' row, found {len(found)}"
                 )
-            elif found[0] != server_row(r):
-                problems.append(
-                    f"placement table: README has {found[0]!r}, results.json gives {server_row(r)!r}"
-                )
+            else:
+                got, want_row = _cells(found[0]), _cells(server_row(r))
+                problems += _row_problems("placement table", got, want_row, SERVER_CELLS, tolerance)
     return problems
 
 
@@ -163,6 +217,91 @@ def load_runs(dirs: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def run_demo(
+    method: str, out: Path, seed: int | None = None, *, root: str | Path = ".", **perf: int
+) -> dict[str, Any]:
+    """One demo run as ``make demo`` runs it (``seed`` overrides the config's, ``perf`` its
+    threads or chunk_size; ``root``: the repository, where the demo's config lives); its
+    results.json."""
+    from .. import engine  # the training engine (torch): only for the runs themselves
+    from ..config import load_config
+
+    overrides = {**DEMO_OVERRIDES, **perf, "method": method}
+    if seed is not None:
+        overrides["seed"] = seed
+    cfg = load_config(Path(root) / DEMO_CONFIG, overrides)
+    engine.run(cfg, out_dir=out, progress=False, log=lambda s: None)
+    return json.loads((Path(out) / "results.json").read_text())
+
+
+def _metrics(r: Mapping[str, Any]) -> dict[str, float]:
+    m = r["metrics"]
+    out = {k: float(m["pooled"][k]) for k in ("accuracy", "nll", "ece")}
+    if m.get("posterior"):
+        out.update(
+            {f"posterior {k}": float(m["posterior"]["pooled"][k]) for k in ("accuracy", "ece")}
+        )
+    return out
+
+
+def spread(seeds: list[int], out_root: Path, log=print) -> dict[str, dict[str, list[float]]]:
+    """The demo's metrics over ``seeds``: method -> metric -> one value per seed."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for method in DEMO_RUNS:
+        for seed in seeds:
+            r = run_demo(method, out_root / f"{method}-seed{seed}", seed)
+            for k, v in _metrics(r).items():
+                values.setdefault(method, {}).setdefault(k, []).append(v)
+            log(f"{method} seed {seed}: " + _fmt(_metrics(r)))
+    return values
+
+
+#: Other summation orders than the demo's (threads 2, chunk_size 256): what a processor changes.
+ORDERS = ((1, 256), (2, 64), (1, 100), (1, 32))
+
+
+def orders(out_root: Path, log=print) -> dict[str, dict[str, float]]:
+    """The demo (its seed) at each of :data:`ORDERS` (threads, chunk_size): the largest
+    difference of each metric from the demo's own run, per method."""
+    worst: dict[str, dict[str, float]] = {}
+    for method in DEMO_RUNS:
+        ref = _metrics(run_demo(method, out_root / f"{method}-demo"))
+        for threads, chunk in ORDERS:
+            over = {"threads": threads, "chunk_size": chunk}
+            r = _metrics(run_demo(method, out_root / f"{method}-t{threads}-c{chunk}", **over))
+            for k, v in r.items():
+                d = worst.setdefault(method, {})
+                d[k] = max(d.get(k, 0.0), abs(v - ref[k]))
+            log(f"{method} threads {threads} chunk_size {chunk}: " + _fmt(r))
+    return worst
+
+
+def _fmt(metrics: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+def spread_report(values: Mapping[str, Mapping[str, list[float]]]) -> tuple[str, dict[str, float]]:
+    """A markdown table of the spread (mean, standard deviation, min, max) and the
+    tolerance it implies: :data:`SPREAD_K` times the largest standard deviation of each
+    kind of metric, rounded up to its printed precision."""
+    import statistics
+
+    lines = ["| method | metric | mean | std | min | max |", "|---|---|---|---|---|---|"]
+    worst: dict[str, float] = {"accuracy": 0.0, "nll": 0.0, "ece": 0.0}
+    for method, metrics in values.items():
+        for k, v in metrics.items():
+            sd = statistics.stdev(v) if len(v) > 1 else 0.0
+            lines.append(
+                f"| {method} | {k} | {statistics.fmean(v):.4f} | {sd:.4f} | {min(v):.4f} | "
+                f"{max(v):.4f} |"
+            )
+            kind = k.split()[-1]
+            worst[kind] = max(worst[kind], sd)
+    unit = {"accuracy": 1e-3, "nll": 1e-3, "ece": 1e-4}
+    tol = {k: math.ceil(SPREAD_K * sd / unit[k]) * unit[k] for k, sd in worst.items()}
+    return "\n".join(lines), {k: round(v, 6) for k, v in tol.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m fedsgld.tools.readme_numbers",
@@ -174,13 +313,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--readme", default="README.md")
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
+    ap.add_argument(
+        "--tolerant", action="store_true", help="with --check: metrics within TOLERANCE"
+    )
+    ap.add_argument(
+        "--spread", nargs="+", type=int, metavar="SEED",
+        help="run the demo with each seed (both methods) and print the metrics' spread and "
+        "the tolerance it implies; writes under runs/demo-spread",
+    )  # fmt: skip
+    ap.add_argument(
+        "--orders", action="store_true",
+        help="run the demo at other thread counts and chunk sizes (same seed) and print the "
+        "largest change of each metric; writes under runs/demo-orders",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.orders:
+        for method, worst in orders(Path("runs/demo-orders")).items():
+            print(f"{method}: largest change " + _fmt(worst))
+        return 0
+    if args.spread:
+        table, tol = spread_report(spread(args.spread, Path("runs/demo-spread")))
+        print(table)
+        print(f"TOLERANCE = {tol}  # {SPREAD_K:g} x the largest std, seeds {args.spread}")
+        return 0
     try:
         results = load_runs(args.runs)
         readme = Path(args.readme)
         text = readme.read_text()
         if args.check:
-            problems = check(text, results)
+            problems = check(text, results, TOLERANCE if args.tolerant else None)
             for p in problems:
                 print(p, file=sys.stderr)
             print(f"{args.readme}: {'differs' if problems else 'matches'} {', '.join(args.runs)}")
