@@ -49,11 +49,12 @@ SERVER_ROW = re.compile(r"^\| server \|.*\|$", re.M)
 #: times the largest standard deviation across the demo's seeds (both methods, last iterate
 #: and posterior average), rounded up to the printed digit, from ``python -m
 #: fedsgld.tools.readme_numbers --spread 0 1 2 3 4 5`` (docs/development.md shows the run).
-#: A processor changes these numbers less than a seed does: it changes only the rounding,
-#: which ``--orders`` imitates (other summation orders, same seed) and which moved them by at
-#: most 0.004 in that run; another processor moved accuracy by 0.002 and ECE by 0.0014.
-TOLERANCE: dict[str, float] = {"accuracy": 0.011, "nll": 0.031, "ece": 0.0066}
-SPREAD_K = 1.0
+#: A processor changes only the rounding, which ``--orders`` imitates (other summation
+#: orders, same seed): in that run it moved accuracy by at most 0.004, NLL by 0.0045 and ECE
+#: by 0.006, half of these tolerances; another processor moved accuracy by 0.002 and ECE by
+#: 0.0014.
+TOLERANCE: dict[str, float] = {"accuracy": 0.021, "nll": 0.061, "ece": 0.0131}
+SPREAD_K = 2.0
 #: What each cell of a demo-table row and of the server row holds (None: compared exactly).
 DEMO_CELLS: tuple[Any, ...] = (None, None, None, "accuracy", "nll", "ece")
 SERVER_CELLS: tuple[Any, ...] = (None, None, None, None, "accuracy", "nll", "ece", "posterior")
