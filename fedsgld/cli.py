@@ -15,8 +15,11 @@ modules are imported only when that subcommand runs (or prints its own help).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import shutil
 import sys
+from pathlib import Path
 
 from . import __version__
 
@@ -65,27 +68,24 @@ def _version_text() -> str:
 
 def _simulate(args: argparse.Namespace) -> int:
     from .config import load_config, parse_overrides
-    from .engine import run
 
-    try:
-        overrides = parse_overrides(args.set)
-        if args.out is None and args.resume:
-            raise ValueError("--resume needs --out DIR (the run directory to resume)")
-        config = load_config(args.config, overrides)
-    except ValueError as err:
-        print(f"fedsgld simulate: error: {err}", file=sys.stderr)
-        return 2
-    try:
+    overrides = parse_overrides(args.set)
+    if args.out is None and args.resume:
+        raise UserError("--resume needs --out DIR (the run directory to resume)")
+    config = load_config(args.config, overrides)  # every setting checked before any work
+
+    from .engine import run
+    from .lifecycle import new_run_dir
+
+    out = Path(args.out) if args.out else new_run_dir(tag=config.privacy.method)
+    with _removed_on_failure(out):
         results = run(
             config,
-            out_dir=args.out,
+            out_dir=out,
             resume=args.resume,
             progress=not args.no_progress,
             config_source=str(args.config),
         )
-    except ValueError as err:
-        print(f"fedsgld simulate: error: {err}", file=sys.stderr)
-        return 2
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     m = results["metrics"]["pooled"]
@@ -141,6 +141,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=_PlainFormatter,
     )
     parser.add_argument("--version", action="version", version=_version_text())
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the Python traceback of an error (allowed anywhere on the line)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
@@ -241,11 +246,70 @@ def _command_of(argv: list[str]) -> str:
     return first if first in COMMANDS else ""
 
 
+class UserError(ValueError):
+    """A mistake in how a command was called: reported in one line, never as a traceback."""
+
+
+#: What a user's mistake raises (a setting out of range, a missing file, broken TOML, a
+#: SuperLink that cannot be reached): reported as one or two lines, exit status 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(out: Path):
+    """Remove ``out`` if this run created it and fails before anything is released.
+
+    A directory that already existed is left alone, and so is one holding a ledger: a
+    ledger records privacy that may have been spent, and it only grows (resume the run).
+    """
+    top = out.absolute()  # the outermost directory this run would create
+    if top.exists():
+        top = None
+    else:
+        while not top.parent.exists():
+            top = top.parent
+    try:
+        yield
+    except BaseException:
+        if top is not None and top.is_dir() and not (out / "ledger.json").exists():
+            shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+def _error_lines(err: BaseException) -> str:
+    """The error as at most two lines (the first line of a long message, then the rest)."""
+    text = str(err).strip() or type(err).__name__
+    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``fedsgld`` command. A user's mistake prints ``fedsgld COMMAND: error: ...``
+    and returns 2 (``--debug`` anywhere on the line shows the traceback instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_command_of(argv))
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    command = _command_of(argv)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    prog = f"fedsgld {args.command}" if getattr(args, "command", None) else "fedsgld"
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001 - a bug: say so, and how to see the traceback
+        if debug:
+            raise
+        print(
+            f"{prog}: internal error: {type(err).__name__}: {_error_lines(err)}\n"
+            f"{prog}: run again with --debug for the traceback, and report it",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":
