@@ -1,0 +1,90 @@
+"""Every relative link in README.md and docs/*.md points to a file that exists and, where it
+names one, a heading of that file (anchors as GitHub makes them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            inside = not inside
+            continue
+        if not inside:
+            out.append(re.sub(r"`[^`]*`", "", line))
+    return "\n".join(out)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    inside = False
+    for line in path.read_text().splitlines():
+        if FENCE.match(line.strip()):
+            inside = not inside
+            continue
+        m = None if inside else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            s = slug(m.group(1))
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def relative_links(page: Path) -> list[str]:
+    return [
+        t
+        for t in LINK.findall(_prose(page.read_text()))
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", t)  # http:, https:, mailto: ...
+    ]
+
+
+def test_slug_follows_github():
+    assert slug("9. Round latency") == "9-round-latency"
+    assert slug("Choosing a placement: accuracy against trust") == (
+        "choosing-a-placement-accuracy-against-trust"
+    )
+    assert slug("Tuning with `fedsgld sweep`") == "tuning-with-fedsgld-sweep"
+
+
+def test_the_checker_finds_a_broken_link_and_a_broken_anchor(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Top\n\n[ok](#top) [bad](#nowhere) [gone](missing.md)\n```\n[x](y.md)\n```\n")
+    assert relative_links(page) == ["#top", "#nowhere", "missing.md"]
+    assert _broken(page) == ["#nowhere: no such heading", "missing.md: no such file"]
+
+
+def _broken(page: Path) -> list[str]:
+    problems = []
+    for target in relative_links(page):
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        if not dest.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            problems.append(f"{target}: no such heading")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page):
+    assert _broken(page) == []
