@@ -88,3 +88,36 @@ def _broken(page: Path) -> list[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
     assert _broken(page) == []
+
+
+def command_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+
+
+def block_problems(block: str) -> list[str]:
+    """Why a command block would not run as shown in a new shell (empty: it would)."""
+    lines = [ln for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    commands = {ln.split()[0] for ln in lines}
+    problems = []
+    needs_env = commands & {"fedsgld", "flwr", "python", "flower-superlink", "flower-supernode"}
+    if needs_env and "source" not in commands:
+        problems.append(f"calls {sorted(needs_env)} without `source .venv/bin/activate`")
+    if "flwr" in commands and "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" not in block:
+        problems.append("runs flwr without FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1")
+    return problems
+
+
+def test_block_checker_can_fail():
+    assert block_problems("fedsgld config\n") != []
+    assert block_problems("source .venv/bin/activate\nflwr run .\n") != []
+    assert block_problems("make demo\n") == []
+
+
+def test_readme_is_short_and_its_command_blocks_run_in_a_new_shell():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    blocks = command_blocks(text)
+    assert any("make demo" in b for b in blocks) and any("make test" in b for b in blocks)
+    for block in blocks:
+        assert block_problems(block) == [], block
+    assert "1.41 and 1.42" in text  # the supported Flower releases
