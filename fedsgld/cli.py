@@ -255,25 +255,43 @@ class UserError(ValueError):
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
 
 
+class _NewDir:
+    """A result directory a command is about to create: :meth:`discard` removes it again
+    if the command fails before it has released anything.
+
+    A directory that already existed is left alone, and so is one holding a ledger anywhere
+    inside: a ledger records privacy that may have been spent, and it only grows (resume
+    the run instead).
+    """
+
+    def __init__(self, out: Path) -> None:
+        top: Path | None = out.absolute()  # the outermost directory the command would create
+        if top.exists():
+            top = None
+        else:
+            while not top.parent.exists():
+                top = top.parent
+        self.top = top
+
+    def discard(self) -> None:
+        top = self.top
+        if top is not None and top.is_dir() and not any(top.rglob("ledger.json")):
+            shutil.rmtree(top, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _removed_on_failure(out: Path):
-    """Remove ``out`` if this run created it and fails before anything is released.
-
-    A directory that already existed is left alone, and so is one holding a ledger: a
-    ledger records privacy that may have been spent, and it only grows (resume the run).
-    """
-    top = out.absolute()  # the outermost directory this run would create
-    if top.exists():
-        top = None
-    else:
-        while not top.parent.exists():
-            top = top.parent
+    """Remove ``out`` (see :class:`_NewDir`) if the block raises."""
+    new = _NewDir(out)
     try:
         yield
     except BaseException:
-        if top is not None and top.is_dir() and not (out / "ledger.json").exists():
-            shutil.rmtree(top, ignore_errors=True)
+        new.discard()
         raise
+
+
+#: Commands whose ``--out`` is a result directory (simulate guards its own, default included).
+_RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
 
 
 def _error_lines(err: BaseException) -> str:
@@ -294,22 +312,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(command)
     args = parser.parse_args(argv)
     prog = f"fedsgld {args.command}" if getattr(args, "command", None) else "fedsgld"
+    out = getattr(args, "out", None)
+    new_dir = (
+        _NewDir(Path(out)) if out and getattr(args, "command", None) in _RUN_DIR_COMMANDS else None
+    )
     try:
-        return int(args.func(args) or 0)
-    except USER_ERRORS as err:
-        if debug:
+        status = int(args.func(args) or 0)
+    except BaseException as err:
+        if new_dir is not None:
+            new_dir.discard()
+        if debug or not isinstance(err, Exception):
             raise
-        print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
-        return 2
-    except Exception as err:  # noqa: BLE001 - a bug: say so, and how to see the traceback
-        if debug:
-            raise
+        if isinstance(err, USER_ERRORS):
+            print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
+            return 2
         print(
             f"{prog}: internal error: {type(err).__name__}: {_error_lines(err)}\n"
             f"{prog}: run again with --debug for the traceback, and report it",
             file=sys.stderr,
         )
         return 1
+    if status == 2 and new_dir is not None:  # a mistake the command reported itself
+        new_dir.discard()
+    return status
 
 
 if __name__ == "__main__":

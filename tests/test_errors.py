@@ -148,3 +148,18 @@ def test_an_internal_error_says_how_to_see_the_traceback(monkeypatch, capsys):
     assert "--debug" in err
     with pytest.raises(RuntimeError):
         main(["config", "--debug"])
+
+
+@pytest.mark.parametrize(
+    "command, config",
+    [("benchmark", "dpvi_breast_cancer.toml"), ("pate", "pate_mnist.toml")],
+)
+def test_other_run_commands_leave_no_result_directory_on_a_bad_data_path(
+    tmp_path, capsys, command, config
+):
+    out = tmp_path / "out" / "run"
+    argv = [command, str(ROOT / "simulations" / config), "--set", "dataset='mnist'"]
+    argv += ["--set", "data_path='/no-such-data'", "--out", str(out)]
+    err = _fails(capsys, argv)
+    assert "data_path" in err
+    assert not (tmp_path / "out").exists()
