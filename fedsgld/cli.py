@@ -294,6 +294,14 @@ def _removed_on_failure(out: Path):
 _RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """:data:`USER_ERRORS`, and a flwr release the fast deployment path does not support
+    (its message says which releases it does, and what to use instead)."""
+    from .deploy.fast import UnsupportedFlower  # imported by build_parser already
+
+    return (*USER_ERRORS, UnsupportedFlower)
+
+
 def _error_lines(err: BaseException) -> str:
     """The error as at most two lines (the first line of a long message, then the rest)."""
     text = str(err).strip() or type(err).__name__
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             new_dir.discard()
         if debug or not isinstance(err, Exception):
             raise
-        if isinstance(err, USER_ERRORS):
+        if isinstance(err, _user_errors()):
             print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
             return 2
         print(

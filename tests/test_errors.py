@@ -163,3 +163,14 @@ def test_other_run_commands_leave_no_result_directory_on_a_bad_data_path(
     err = _fails(capsys, argv)
     assert "data_path" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_unsupported_flower_release_is_a_users_error_not_a_bug(monkeypatch, capsys):
+    from fedsgld.deploy import fast
+
+    def refuse(args):
+        raise fast.UnsupportedFlower("the fast path supports flwr 1.41.0 and 1.42.0 only")
+
+    monkeypatch.setattr(cli, "_config", refuse)
+    err = _fails(capsys, ["config"])
+    assert "error: the fast path supports flwr" in err and "internal error" not in err
