@@ -1,5 +1,5 @@
-"""Every relative link in README.md and docs/*.md points to a file that exists and, where it
-names one, a heading of that file (anchors as GitHub makes them)."""
+"""Every relative link (and image) in README.md and docs/*.md points to a file that exists
+and, where it names one, a heading of that file (anchors as GitHub makes them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # links and images
 FENCE = re.compile(r"^(```|~~~)")
 
 
@@ -68,9 +68,16 @@ def test_slug_follows_github():
 
 def test_the_checker_finds_a_broken_link_and_a_broken_anchor(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("# Top\n\n[ok](#top) [bad](#nowhere) [gone](missing.md)\n```\n[x](y.md)\n```\n")
-    assert relative_links(page) == ["#top", "#nowhere", "missing.md"]
-    assert _broken(page) == ["#nowhere: no such heading", "missing.md: no such file"]
+    page.write_text(
+        "# Top\n\n[ok](#top) [bad](#nowhere) [gone](missing.md) ![pic](gone.png)\n"
+        "```\n[x](y.md)\n```\n[web](https://flower.ai)\n"
+    )
+    assert relative_links(page) == ["#top", "#nowhere", "missing.md", "gone.png"]
+    assert _broken(page) == [
+        "#nowhere: no such heading",
+        "missing.md: no such file",
+        "gone.png: no such file",
+    ]
 
 
 def _broken(page: Path) -> list[str]:
