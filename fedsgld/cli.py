@@ -303,11 +303,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _error_lines(err: BaseException) -> str:
-    """The error as at most two lines (the first line of a long message, then the rest)."""
+    """The error as at most two lines: its first line, then the rest joined into one."""
     text = str(err).strip() or type(err).__name__
     if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
         text = f"{err.filename}: {text}"
-    return text
+    first, *rest = text.splitlines()
+    rest = " ".join(line.strip() for line in rest if line.strip())
+    return f"{first}\n{rest}" if rest else first
 
 
 def main(argv: list[str] | None = None) -> int:

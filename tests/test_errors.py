@@ -174,3 +174,12 @@ def test_an_unsupported_flower_release_is_a_users_error_not_a_bug(monkeypatch, c
     monkeypatch.setattr(cli, "_config", refuse)
     err = _fails(capsys, ["config"])
     assert "error: the fast path supports flwr" in err and "internal error" not in err
+
+
+def test_a_long_message_is_cut_to_two_lines_and_an_os_error_names_its_file():
+    from fedsgld.cli import _error_lines
+
+    assert _error_lines(ValueError("first\nsecond\n  third\n")) == "first\nsecond third"
+    assert _error_lines(ValueError("one line")) == "one line"
+    err = FileNotFoundError(2, "No such file or directory", "/data/site-0.npz")
+    assert "/data/site-0.npz" in _error_lines(err)
