@@ -15,8 +15,11 @@ modules are imported only when that subcommand runs (or prints its own help).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import shutil
 import sys
+from pathlib import Path
 
 from . import __version__
 
@@ -65,27 +68,24 @@ def _version_text() -> str:
 
 def _simulate(args: argparse.Namespace) -> int:
     from .config import load_config, parse_overrides
-    from .engine import run
 
-    try:
-        overrides = parse_overrides(args.set)
-        if args.out is None and args.resume:
-            raise ValueError("--resume needs --out DIR (the run directory to resume)")
-        config = load_config(args.config, overrides)
-    except ValueError as err:
-        print(f"fedsgld simulate: error: {err}", file=sys.stderr)
-        return 2
-    try:
+    overrides = parse_overrides(args.set)
+    if args.out is None and args.resume:
+        raise UserError("--resume needs --out DIR (the run directory to resume)")
+    config = load_config(args.config, overrides)  # every setting checked before any work
+
+    from .engine import run
+    from .lifecycle import new_run_dir
+
+    out = Path(args.out) if args.out else new_run_dir(tag=config.privacy.method)
+    with _removed_on_failure(out):
         results = run(
             config,
-            out_dir=args.out,
+            out_dir=out,
             resume=args.resume,
             progress=not args.no_progress,
             config_source=str(args.config),
         )
-    except ValueError as err:
-        print(f"fedsgld simulate: error: {err}", file=sys.stderr)
-        return 2
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     m = results["metrics"]["pooled"]
@@ -141,6 +141,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=_PlainFormatter,
     )
     parser.add_argument("--version", action="version", version=_version_text())
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the Python traceback of an error (allowed anywhere on the line)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
@@ -241,11 +246,105 @@ def _command_of(argv: list[str]) -> str:
     return first if first in COMMANDS else ""
 
 
+class UserError(ValueError):
+    """A mistake in how a command was called: reported in one line, never as a traceback."""
+
+
+#: What a user's mistake raises (a setting out of range, a missing file, broken TOML, a
+#: SuperLink that cannot be reached): reported as one or two lines, exit status 2.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
+
+
+class _NewDir:
+    """A result directory a command is about to create: :meth:`discard` removes it again
+    if the command fails before it has released anything.
+
+    A directory that already existed is left alone, and so is one holding a ledger anywhere
+    inside: a ledger records privacy that may have been spent, and it only grows (resume
+    the run instead).
+    """
+
+    def __init__(self, out: Path) -> None:
+        top: Path | None = out.absolute()  # the outermost directory the command would create
+        if top.exists():
+            top = None
+        else:
+            while not top.parent.exists():
+                top = top.parent
+        self.top = top
+
+    def discard(self) -> None:
+        top = self.top
+        if top is not None and top.is_dir() and not any(top.rglob("ledger.json")):
+            shutil.rmtree(top, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(out: Path):
+    """Remove ``out`` (see :class:`_NewDir`) if the block raises."""
+    new = _NewDir(out)
+    try:
+        yield
+    except BaseException:
+        new.discard()
+        raise
+
+
+#: Commands whose ``--out`` is a result directory (simulate guards its own, default included).
+_RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """:data:`USER_ERRORS`, and a flwr release the fast deployment path does not support
+    (its message says which releases it does, and what to use instead)."""
+    from .deploy.fast import UnsupportedFlower  # imported by build_parser already
+
+    return (*USER_ERRORS, UnsupportedFlower)
+
+
+def _error_lines(err: BaseException) -> str:
+    """The error as at most two lines: its first line, then the rest joined into one."""
+    text = str(err).strip() or type(err).__name__
+    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
+        text = f"{err.filename}: {text}"
+    first, *rest = text.splitlines()
+    rest = " ".join(line.strip() for line in rest if line.strip())
+    return f"{first}\n{rest}" if rest else first
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``fedsgld`` command. A user's mistake prints ``fedsgld COMMAND: error: ...``
+    and returns 2 (``--debug`` anywhere on the line shows the traceback instead)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_command_of(argv))
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    command = _command_of(argv)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    prog = f"fedsgld {args.command}" if getattr(args, "command", None) else "fedsgld"
+    out = getattr(args, "out", None)
+    new_dir = (
+        _NewDir(Path(out)) if out and getattr(args, "command", None) in _RUN_DIR_COMMANDS else None
+    )
+    try:
+        status = int(args.func(args) or 0)
+    except BaseException as err:
+        if new_dir is not None:
+            new_dir.discard()
+        if debug or not isinstance(err, Exception):
+            raise
+        if isinstance(err, _user_errors()):
+            print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
+            return 2
+        print(
+            f"{prog}: internal error: {type(err).__name__}: {_error_lines(err)}\n"
+            f"{prog}: run again with --debug for the traceback, and report it",
+            file=sys.stderr,
+        )
+        return 1
+    if status == 2 and new_dir is not None:  # a mistake the command reported itself
+        new_dir.discard()
+    return status
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ command-line help is fast.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -456,9 +457,7 @@ class Config:
         owner = {f.name: g for g in groups for f in fields(g)}
         unknown = sorted(k for k in values if k not in owner)
         if unknown:
-            raise ValueError(
-                f"unknown setting(s) {', '.join(unknown)}; valid settings: {', '.join(sorted(owner))}"
-            )
+            raise ValueError(unknown_settings_message(unknown, owner))
         for k, v in values.items():
             cls_ = owner[k]
             ftype = next(f.type for f in fields(cls_) if f.name == k)
@@ -568,6 +567,18 @@ def settings_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def unknown_settings_message(unknown: list[str], valid: typing.Iterable[str]) -> str:
+    """One line naming each unknown key, with the nearest valid key where one is close
+    ("did you mean"), and where the full list is (not the list itself)."""
+    valid = sorted(valid)
+    parts = []
+    for k in unknown:
+        near = difflib.get_close_matches(k, valid, n=1, cutoff=0.6)
+        parts.append(f"{k!r} (did you mean {near[0]!r}?)" if near else repr(k))
+    noun = "setting" if len(unknown) == 1 else "settings"
+    return f"unknown {noun} {', '.join(parts)}; `fedsgld config` lists every setting"
+
+
 def parse_value(text: str) -> Any:
     """Parse a ``--set`` value as a TOML value (numbers, booleans, quoted strings), else a bare string."""
     try:
@@ -592,9 +603,18 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ValueError(f"config file {str(p)!r} does not exist")
-        with p.open("rb") as fh:
-            raw = tomllib.load(fh)
+            raise ValueError(
+                f"config file {str(p)!r} does not exist; pass a TOML file such as "
+                "simulations/demo.toml"
+            )
+        try:
+            with p.open("rb") as fh:
+                raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(
+                f"config file {str(p)!r} is not valid TOML: {err}; strings need quotes "
+                '(dataset = "mnist5k"), one key = value per line'
+            ) from err
         raw.pop("benchmark", None)  # read by `fedsgld benchmark`; one file serves both commands
         for k, v in raw.items():
             if isinstance(v, dict):

@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
@@ -77,6 +78,23 @@ def _count_axis(cax, counts_max: int) -> None:
     cax.set(xlim=(0, 1), xlabel="confidence", ylabel="records")
 
 
+def spans_decades(counts: Any, decades: float = 1.5) -> bool:
+    """Whether the non-zero counts span more than ``decades`` powers of ten: then a linear
+    axis hides the small bins (e.g. the few low-confidence records of a good model)."""
+    c = np.asarray(counts, dtype=np.float64)
+    c = c[c > 0]
+    return c.size > 0 and float(np.log10(c.max() / c.min())) > decades
+
+
+def _legend_below(fig, handles: list, *, ncol: int = 1, top: float = 1.0) -> None:
+    """The legend in a strip under every axes of ``fig`` (never over the data), then lay
+    out the axes above it."""
+    ncol = max(1, min(ncol, len(handles)))
+    rows = math.ceil(len(handles) / ncol)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, top))
+
+
 def _draw_bars(ax, b: Bins, *, color: str = "C0", show_counts: bool = False) -> None:
     """Accuracy per bin as bars, the gap to the bin's mean confidence hatched."""
     edges = b["edges"]
@@ -122,6 +140,12 @@ _BARS_LEGEND = [
 ]
 
 
+#: The site grid's key for the numbers above its bars: a sample number, no empty swatch.
+_COUNT_KEY = Line2D(
+    [], [], ls="none", marker="$12$", markersize=11, color="0.2", label="records in the bin"
+)
+
+
 def _draw_curve(ax, cax, b: Bins, *, color: str, label: str) -> None:
     """One method's reliability curve (mean confidence, accuracy per bin) and its counts."""
     edges = b["edges"]
@@ -142,10 +166,11 @@ def _fig_with_counts(figsize=(5, 5.5)):
     return fig, ax, cax
 
 
-def _save(fig, path) -> Path:
+def _save(fig, path, *, layout: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -158,7 +183,6 @@ def plot_reliability(
     b = reliability_bins(probs, labels, n_bins)
     fig, ax, cax = _fig_with_counts()
     _draw_bars(ax, b)
-    ax.legend(handles=_BARS_LEGEND, loc="upper left", fontsize=8)
     ax.set_title(f"{title or 'reliability diagram'}\nECE {bins_ece(b):.4f}")
     cax.bar(
         0.5 * (b["edges"][:-1] + b["edges"][1:]),
@@ -170,7 +194,8 @@ def plot_reliability(
         lw=0.3,
     )
     _count_axis(cax, int(b["counts"].max()))
-    return _save(fig, path)
+    _legend_below(fig, _BARS_LEGEND, ncol=2)
+    return _save(fig, path, layout=False)
 
 
 def _confidence_axes(
@@ -204,18 +229,31 @@ def _confidence_axes(
     ax.set(xlim=(0, 1), xlabel="confidence", ylabel="share of records")
 
 
+def _share_axis(ax, *counts: Any) -> None:
+    """Log share axis when a histogram's counts span decades (every non-empty bin visible)."""
+    shares = [np.asarray(c, dtype=np.float64) / max(float(np.sum(c)), 1.0) for c in counts]
+    if not any(spans_decades(s) for s in shares):
+        return
+    nonzero = np.concatenate([s[s > 0] for s in shares])
+    ax.set_yscale("log")
+    ax.set_ylim(nonzero.min() / 2, min(1.0, nonzero.max() * 2))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_confidence_histogram(
     probs: Any, labels: Any, path, *, title: str | None = None, n_bins: int = 15
 ) -> Path:
     """Histogram of top-label confidence with the mean confidence and the accuracy marked."""
     b = reliability_bins(probs, labels, n_bins)
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plt.subplots(figsize=(5, 3.9))
     _confidence_axes(
         ax, b, color="C0", label=None, filled=True, accuracy_color="C3", confidence_color="k"
     )
+    _share_axis(ax, b["counts"])
     ax.set_title(title or "confidence histogram")
-    ax.legend(loc="upper left", fontsize=8)
-    return _save(fig, path)
+    _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=2)
+    return _save(fig, path, layout=False)
 
 
 def plot_reliability_overlay(
@@ -224,16 +262,16 @@ def plot_reliability_overlay(
     """Several methods' reliability curves on one diagram (as in Knolle et al. 2021, Fig. 1)."""
     if not curves:
         raise ValueError("plot_reliability_overlay needs at least one curve")
-    fig, ax, cax = _fig_with_counts()
+    fig, ax, cax = _fig_with_counts(figsize=(5, 5.5 + 0.25 * len(curves)))
     top = 1
     for i, (name, (p, y)) in enumerate(curves.items()):
         b = reliability_bins(p, y, n_bins)
         _draw_curve(ax, cax, b, color=f"C{i}", label=f"{name}: ECE {bins_ece(b):.4f}")
         top = max(top, int(b["counts"].max()))
     _count_axis(cax, top)
-    ax.legend(loc="upper left", fontsize=8)
     ax.set_title(title or "reliability")
-    return _save(fig, path)
+    _legend_below(fig, ax.get_legend_handles_labels()[0])
+    return _save(fig, path, layout=False)
 
 
 def plot_site_grid(
@@ -257,16 +295,11 @@ def plot_site_grid(
         ax.set_xlabel("confidence")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    legend = [*_BARS_LEGEND, Patch(facecolor="none", edgecolor="none", label="numbers: records")]
-    fig.legend(handles=legend, loc="lower center", ncol=3, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    legend = [*_BARS_LEGEND, _COUNT_KEY]
+    _legend_below(fig, legend, ncol=len(legend))
+    return _save(fig, path, layout=False)
 
 
 def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) -> Path:
@@ -276,7 +309,7 @@ def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) ->
     """
     if not runs:
         raise ValueError("plot_comparison needs at least one run")
-    fig = plt.figure(figsize=(10.5, 5.2))
+    fig = plt.figure(figsize=(10.5, 5.6 + 0.3 * len(runs)))
     grid = fig.add_gridspec(2, 2, height_ratios=[3, 1], width_ratios=[1, 1.1])
     ax = fig.add_subplot(grid[0, 0])
     cax = fig.add_subplot(grid[1, 0], sharex=ax)
@@ -289,12 +322,14 @@ def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) ->
         top = max(top, int(b["counts"].max()))
     _count_axis(cax, top)
     ax.tick_params(labelbottom=False)
-    ax.legend(loc="upper left", fontsize=8)
     ax.set_title("reliability")
-    hax.set_yscale("log")
-    hax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
+    _share_axis(hax, *(b["counts"] for b in runs.values()))
     hax.set_title("confidence histogram")
-    hax.legend(loc="upper left", fontsize=8)
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    # one column per run: its reliability curve, then its accuracy and mean confidence
+    handles = ax.get_legend_handles_labels()[0]
+    marks = hax.get_legend_handles_labels()[0]
+    per_run = [[h, *marks[2 * i : 2 * i + 2]] for i, h in enumerate(handles)]
+    _legend_below(fig, [h for col in per_run for h in col], ncol=len(runs) or 1)
+    return _save(fig, path, layout=False)

@@ -120,7 +120,9 @@ def _labels(y: np.ndarray, num_classes: int, name: str) -> torch.Tensor:
 
 def _no_path(name: str, path: str | None) -> None:
     if path is not None:
-        raise ValueError(f"dataset {name!r} needs no files; got path={path!r} (pass path=None)")
+        raise ValueError(
+            f"dataset {name!r} reads no files; got data_path={path!r} (leave data_path unset)"
+        )
 
 
 # --------------------------------------------------------------------------- IDX files
@@ -196,16 +198,20 @@ def _idx_required(name: str) -> str:
         for s in ("train", "test")
         for k in ("images-idx3-ubyte", "labels-idx1-ubyte")
     ]
-    return f"dataset {name!r} needs path=... a directory with {', '.join(files)} (each may be .gz)"
+    return (
+        f"dataset {name!r} needs data_path: a directory with {', '.join(files)} (each may be .gz)"
+    )
 
 
 def _find_idx(directory: Path, prefix: str, kind: str, name: str) -> Path:
     for cand in _idx_candidates(prefix, kind):
         if (directory / cand).is_file():
             return directory / cand
+    found = sorted(p.name for p in directory.iterdir())
+    shown = ", ".join(found[:6]) + (", ..." if len(found) > 6 else "") if found else "nothing"
     raise FileNotFoundError(
-        f"{_idx_required(name)}; {directory} has no {prefix}-{kind}[.gz] "
-        f"(found: {sorted(p.name for p in directory.iterdir())})"
+        f"data_path {str(directory)!r} has no {prefix}-{kind}[.gz] (it holds {shown}); "
+        f"{_idx_required(name)}"
     )
 
 
@@ -219,7 +225,9 @@ def _load_idx_dir(
         hint = ""
         if name == "fashion_mnist":
             hint = " (on Debian/Ubuntu: apt-get install dataset-fashion-mnist)"
-        raise FileNotFoundError(f"{_idx_required(name)}; {path!r} is not a directory{hint}")
+        raise FileNotFoundError(
+            f"data_path {path!r} is not a directory; {_idx_required(name)}{hint}"
+        )
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be None (train + test), 'train' or 'test', got {split!r}")
     xs, ys = [], []
@@ -379,7 +387,7 @@ def _load_pneumonia(
     """
     if path is None:
         raise ValueError(
-            "dataset 'pneumonia' needs path=... the PneumoniaMNIST .npz file (or a "
+            "dataset 'pneumonia' needs data_path: the PneumoniaMNIST .npz file (or a "
             f"directory with {_PNEUMONIA_FILE}) with keys "
             + ", ".join(f"{s}_images, {s}_labels" for s in _PNEUMONIA_SPLITS)
         )
@@ -389,7 +397,10 @@ def _load_pneumonia(
     if file.is_dir():
         file = file / _PNEUMONIA_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"dataset 'pneumonia': no such file {str(file)!r}")
+        raise FileNotFoundError(
+            f"data_path: no such file {str(file)!r}; dataset 'pneumonia' needs MedMNIST's "
+            f"{_PNEUMONIA_FILE} (set data_path to it or to its directory)"
+        )
     splits = _PNEUMONIA_SPLITS if split is None else (split,)
     xs, ys = [], []
     with np.load(file, allow_pickle=False) as npz:

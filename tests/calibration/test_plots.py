@@ -139,3 +139,114 @@ def test_report_names_the_transport_and_titles_name_method_and_epsilon():
     assert run_title(results) == "dpsgld: epsilon 1.234 of 4 (pld, delta 1e-05)"
     sgd = {**results, "privacy": {**results["privacy"], "method": "sgd", "budget": None}}
     assert run_title(sgd) == "sgd: no privacy guarantee"
+
+
+# -- layout: log counts where they span decades, legends outside the data, no gaps ---------
+
+
+def _confident(n, seed):
+    """A good model's probabilities: most records near confidence 1, a few far below."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, 10))
+    y = rng.integers(0, 10, n)
+    logits[np.arange(n), y] += rng.gamma(2.0, 3.0, n) + 1
+    p = np.exp(logits)
+    return p / p.sum(1, keepdims=True), y
+
+
+def _figure_of(monkeypatch, draw):
+    """Run ``draw()`` and return the figure it saved (kept open for inspection)."""
+    import matplotlib.pyplot as plt
+
+    from fedsgld.calibration import plots
+
+    saved = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: saved.append(fig))
+    draw()
+    monkeypatch.undo()
+    fig = saved[-1]
+    fig.canvas.draw()
+    return fig, plots
+
+
+def _legend_boxes(fig):
+    legends = [*fig.legends, *(a.get_legend() for a in fig.axes if a.get_legend())]
+    assert legends, "the figure has no legend"
+    r = fig.canvas.get_renderer()
+    return [lg.get_window_extent(r) for lg in legends], legends
+
+
+def _assert_legends_outside_axes(fig):
+    boxes, _ = _legend_boxes(fig)
+    r = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        if not ax.axison:
+            continue
+        for box in boxes:
+            assert not box.overlaps(ax.get_window_extent(r)), "a legend lies over the data"
+        for label in (ax.xaxis.label, ax.yaxis.label):
+            if label.get_text():
+                for box in boxes:
+                    assert not box.overlaps(label.get_window_extent(r)), "legend over an axis label"
+
+
+def test_confidence_histogram_uses_a_log_axis_when_counts_span_decades(tmp_path, monkeypatch):
+    from fedsgld.calibration.metrics import reliability_bins
+    from fedsgld.calibration.plots import plot_confidence_histogram, spans_decades
+
+    p, y = _confident(1000, 0)
+    assert spans_decades(reliability_bins(p, y)["counts"])
+    fig, _ = _figure_of(monkeypatch, lambda: plot_confidence_histogram(p, y, tmp_path / "h.png"))
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    lo, _hi = ax.get_ylim()
+    counts = reliability_bins(p, y)["counts"]
+    assert lo < counts[counts > 0].min() / counts.sum()  # the smallest bin is visible
+    _assert_legends_outside_axes(fig)
+    # counts within a decade keep the linear axis
+    q, z = _data(0)
+    assert not spans_decades(reliability_bins(q, z)["counts"])
+    fig, _ = _figure_of(monkeypatch, lambda: plot_confidence_histogram(q, z, tmp_path / "l.png"))
+    assert fig.axes[0].get_yscale() == "linear"
+
+
+def test_every_figure_keeps_its_legend_off_the_data(tmp_path, monkeypatch):
+    from fedsgld.calibration.metrics import reliability_bins
+    from fedsgld.calibration.plots import (
+        plot_comparison,
+        plot_reliability,
+        plot_reliability_overlay,
+        plot_site_grid,
+    )
+
+    p, y = _confident(1000, 0)
+    q, z = _confident(1000, 1)
+    draws = [
+        lambda: plot_reliability(p, y, tmp_path / "r.png", title="t"),
+        lambda: plot_reliability_overlay({"a": (p, y), "b": (q, z)}, tmp_path / "o.png"),
+        lambda: plot_site_grid({"site 0": (p, y), "site 1": (q, z)}, tmp_path / "g.png"),
+        lambda: plot_comparison(
+            {"a": reliability_bins(p, y), "b": reliability_bins(q, z)}, tmp_path / "c.png"
+        ),
+    ]
+    for draw in draws:
+        fig, _ = _figure_of(monkeypatch, draw)
+        _assert_legends_outside_axes(fig)
+
+
+def test_site_grid_legend_has_no_empty_entries(tmp_path, monkeypatch):
+    from fedsgld.calibration.plots import plot_site_grid
+
+    p, y = _confident(300, 2)
+    fig, _ = _figure_of(monkeypatch, lambda: plot_site_grid({"site 0": (p, y)}, tmp_path / "g.png"))
+    _, legends = _legend_boxes(fig)
+    for legend in legends:
+        for handle in legend.legend_handles:
+            face = handle.get_facecolor() if hasattr(handle, "get_facecolor") else None
+            edge = handle.get_edgecolor() if hasattr(handle, "get_edgecolor") else None
+            invisible_patch = (
+                face is not None
+                and np.asarray(face).ravel()[-1:].tolist() == [0.0]
+                and (edge is None or np.asarray(edge).ravel()[-1:].tolist() == [0.0])
+            )
+            assert not invisible_patch, f"an empty legend entry: {handle}"

@@ -107,9 +107,11 @@ def test_idx_directory_round_trips_exactly(tmp_path, compress_train, compress_te
 
 
 def test_idx_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"dataset 'mnist' needs path=.*train-images-idx3-ubyte"):
+    with pytest.raises(
+        ValueError, match=r"dataset 'mnist' needs data_path: .*train-images-idx3-ubyte"
+    ):
         load_dataset("mnist")
-    with pytest.raises(FileNotFoundError, match="not a directory"):
+    with pytest.raises(FileNotFoundError, match="data_path .*nowhere' is not a directory"):
         load_dataset("mnist", path=str(tmp_path / "nowhere"))
     make_idx_dir(tmp_path, compress_train=False, compress_test=False)
     with pytest.raises(ValueError, match="split"):
@@ -181,7 +183,7 @@ def test_pneumonia_other_image_size(tmp_path):
 
 
 def test_pneumonia_errors(tmp_path):
-    with pytest.raises(ValueError, match="needs path="):
+    with pytest.raises(ValueError, match="needs data_path: "):
         load_dataset("pneumonia")
     with pytest.raises(FileNotFoundError):
         load_dataset("pneumonia", path=str(tmp_path / "missing.npz"))
