@@ -269,6 +269,7 @@ def deploy(
     results.json and the wall time of ``flwr run``."""
     from fedsgld.apps.export_sites import export_sites
     from fedsgld.config import load_config
+    from fedsgld.deploy.approval import approve
     from fedsgld.deploy.shim import install_shim
 
     root = tmp / name
@@ -279,6 +280,8 @@ def deploy(
     fedsgld = [sys.executable, "-m", "fedsgld.deploy"]  # `fedsgld supernode` without the full CLI
     shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
     install_shim(str(shim_dir))
+    policy = root / "policy.toml"  # every site approves the bundle `flwr run .` submits
+    approve(ROOT, policy)
 
     def start(tag: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(root / f"{tag}.log", "wb")  # noqa: SIM115 - closed with the process
@@ -322,7 +325,7 @@ def deploy(
                 f"node{k}",
                 lambda p, f=f, k=k, cmd=cmd: [*cmd, "--insecure", "--superlink",
                     f"127.0.0.1:{port}", "--port", str(p),
-                    "--node-config", f"site-id={k} site-data='{f}'"],
+                    "--node-config", f"site-id={k} site-data='{f}' privacy-policy='{policy}'"],
                 env,
             )  # fmt: skip
         cli = root / "home-cli"

@@ -7,6 +7,7 @@ fedsgld config [--markdown]
 fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
 Help (-h) and --version import neither torch nor the accountants: a subcommand's heavy
 modules are imported only when that subcommand runs (or prints its own help).
@@ -34,6 +35,7 @@ COMMANDS = (
     "pate-analysis",
     "supernode",
     "superlink",
+    "site",
 )
 
 
@@ -237,6 +239,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from .deploy import fast as deploy_fast
 
     deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
+    from .deploy import approval
+
+    approval.add_site_arguments(add("site", "a deployed site: approve the app bundles it runs"))
     return parser
 
 

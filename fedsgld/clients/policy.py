@@ -32,6 +32,7 @@ Policy file keys (all optional except ``epsilon`` for the ``sites`` placement)::
     share_label_histogram = false # send the training-label histogram with the site sizes
     share_predictions = false     # send test predictions and labels (pooled ACE/AUC, plots)
     state_dir = "."               # where the site's ledger file lives (relative: to this file)
+    approved_apps = [...]         # bundles the site runs: {sha256, name, version} (deploy/approval.py)
 
 Nodes of Flower's simulation (node config ``partition-id``) without a policy file get
 :meth:`SitePolicy.simulation`: everything allowed and shared, the run's own budget.
@@ -54,6 +55,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from ..deploy.approval import ApprovedApp, parse_approved_apps
 from ..privacy import BudgetExhausted, PrivacyAccountant
 
 
@@ -77,6 +79,7 @@ class SitePolicy:
     share_label_histogram: bool = False
     share_predictions: bool = False
     state_dir: str | None = None
+    approved_apps: tuple[ApprovedApp, ...] = ()
     source: str = "default"
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class SitePolicy:
         ):
             if not isinstance(getattr(self, k), bool):
                 raise ValueError(f"policy {k} must be true or false, got {getattr(self, k)!r}")
+        apps = parse_approved_apps(self.approved_apps, f"privacy policy {self.source}")
+        object.__setattr__(self, "approved_apps", apps)
 
     @classmethod
     def simulation(cls, *, epsilon: float | None, delta: float) -> SitePolicy:

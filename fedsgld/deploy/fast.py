@@ -30,6 +30,10 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
   * unless ``--no-warm``, **warm sites** (:mod:`fedsgld.deploy.warm`), started now; the
     SuperExec hands each task straight to the fork server (on the flwr releases in
     :data:`DIRECT_LAUNCH`; elsewhere through the ``flwr-clientapp`` shim).
+  * **approved bundles only** (:mod:`fedsgld.deploy.approval`): it refuses to start
+    without a ``privacy-policy`` in the node config unless ``--no-policy``, and every
+    ClientApp (forked warm, or cold through the shim) checks the app bundle's digest
+    against the policy's ``approved_apps`` before Flower installs it.
 
 ``fedsgld superlink``
   * **object-pull backoff** in its ServerApp process (started through a
@@ -672,6 +676,12 @@ def add_supernode_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--no-warm", action="store_true", help="no warm sites: Flower's own flwr-clientapp"
     )
+    ap.add_argument(
+        "--no-policy",
+        action="store_true",
+        help="start without a privacy-policy in the node config: the site then runs any app "
+        "bundle the server submits, unchecked (without this, it refuses to start)",
+    )
     _flower_arguments(ap, "flower-supernode")
 
 
@@ -722,7 +732,17 @@ def run_supernode(args: argparse.Namespace) -> int:
     """``fedsgld supernode``."""
     if not _checked("supernode"):
         return 2
-    from . import shim
+    from . import approval, shim
+
+    try:  # a deployed site runs only the app bundles its policy approves
+        print(
+            f"fedsgld supernode: {approval.check_site_start(_flower_args(args), args.no_policy)}",
+            file=sys.stderr,
+            flush=True,
+        )
+    except ValueError as e:
+        print(f"fedsgld supernode: error: {e}", file=sys.stderr)
+        return 2
 
     bin_dir = Path(tempfile.mkdtemp(prefix="fedsgld-node-"))  # mode 0700: sockets, wrappers
     server: list[subprocess.Popen] = []
@@ -742,8 +762,11 @@ def run_supernode(args: argparse.Namespace) -> int:
             predict=args.predict,
             wake=wake,
         )
-        if not args.no_warm:
-            shim.install_shim(str(bin_dir))
+        # every ClientApp starts through the shim (warm, or cold with the bundle checked)
+        shim.install_shim(str(bin_dir))
+        if args.no_warm:
+            os.environ[shim.ENV_MODE] = "off"
+        else:
             sock = os.environ.get(shim.ENV_SOCKET) or str(bin_dir / "fork.sock")
             os.environ[shim.ENV_SOCKET] = shim.socket_path([], {shim.ENV_SOCKET: sock})
             server.append(shim.start_server(sock, os.getpid()))

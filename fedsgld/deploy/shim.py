@@ -6,13 +6,17 @@ task to the SuperNode's fork server: its arguments, environment, working directo
 stdin/stdout/stderr, over a Unix socket in a directory private to the user. The server
 forks a process that becomes Flower's ``flwr-clientapp`` with exactly these; the shim
 forwards signals to it and exits with its status. When no fork server is serving yet, the
-shim starts one in the background and runs Flower's own ``flwr-clientapp`` (the next one
-on ``PATH``): a task is never slower than stock, and it never waits for a server to warm
+shim starts one in the background and runs Flower's own ``flwr-clientapp`` in a new
+interpreter: a task is never slower than stock, and it never waits for a server to warm
 up (Flower hands a task out again if it has not reported within 30 s).
 
 Standard library only: the shim script runs this module with ``python -IS`` (no site
 packages) so that it starts in milliseconds. ``FEDSGLD_WARM=off`` in the SuperNode's
 environment makes it run Flower's own ``flwr-clientapp`` every time.
+
+Either way the task's app bundle is checked against the site's policy before Flower installs
+it (:mod:`fedsgld.deploy.approval`): in the forked child, or in the cold process, which runs
+Flower's ``flwr-clientapp`` entry point through :func:`checked_clientapp`.
 """
 
 from __future__ import annotations
@@ -208,33 +212,29 @@ def hand_over(conn: socket.socket, args: list[str], fds: list[int], via: str = "
         return {"error": repr(e)}
 
 
-def real_clientapp(shim: str | None) -> list[str]:
-    """Flower's own ``flwr-clientapp``: the next one on PATH that is not a shim."""
-    me = os.path.realpath(shim) if shim else None
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        cand = os.path.join(d or ".", SHIM_NAME)
-        if not (os.path.isfile(cand) and os.access(cand, os.X_OK)):
-            continue
-        if me is not None and os.path.realpath(cand) == me:
-            continue
-        try:
-            with open(cand, "rb") as f:
-                if SHIM_MARK.encode() in f.read(4096):
-                    continue
-        except OSError:
-            continue
-        return [cand]
-    code = "import sys; from flwr.supernode.cli import flwr_clientapp; sys.exit(flwr_clientapp())"
-    return [sys.executable, "-c", code]
+def checked_clientapp(args: list[str]) -> list[str]:
+    """The command line of Flower's ``flwr-clientapp ARGS`` with the site's check of the app
+    bundle first (:func:`fedsgld.deploy.approval.checked_clientapp`): this interpreter runs
+    ``approval.py``, loaded by its path so that no ``fedsgld`` module is imported (the
+    bundle's must be the one that loads), and ``-P`` puts no directory before the bundle's."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "approval.py")
+    code = (
+        "import importlib.util as u, sys; "
+        f"s = u.spec_from_file_location('_fedsgld_site_approval', {here!r}); "
+        "m = sys.modules[s.name] = u.module_from_spec(s); s.loader.exec_module(m); "
+        "sys.exit(m.checked_clientapp())"
+    )
+    return [sys.executable, "-P", "-c", code, *args]
 
 
 def run_cold(args: list[str], shim: str | None, why: str | None = None) -> int:
-    """Replace this process by Flower's own ``flwr-clientapp``."""
+    """Replace this process by Flower's own ``flwr-clientapp``, the app bundle checked
+    first (:func:`checked_clientapp`)."""
     if why:
         print(f"fedsgld warm sites: {why}; this task runs cold", file=sys.stderr, flush=True)
-    cmd = real_clientapp(shim)
+    cmd = checked_clientapp(args)
     sys.stdout.flush()
-    os.execv(cmd[0], [*cmd, *args])
+    os.execv(cmd[0], cmd)
     return 127  # not reached
 
 
@@ -291,13 +291,9 @@ import os, sys
 sys.path.insert(0, {deploy_dir!r})
 try:
     from shim import shim_main
-except ImportError:  # fedsgld moved: Flower's own flwr-clientapp, the next on PATH
-    me = os.path.realpath(__file__)
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        c = os.path.join(d or ".", "flwr-clientapp")
-        if os.path.isfile(c) and os.path.realpath(c) != me:
-            os.execv(c, [c, *sys.argv[1:]])
-    raise
+except ImportError:  # fedsgld moved: no task runs unchecked (install the shim again)
+    sys.exit("fedsgld shim: " + {deploy_dir!r} + " is gone: the task is refused (no app "
+             "bundle runs unchecked); run `python -m fedsgld.deploy.warm install-shim` again")
 sys.exit(shim_main(__file__))
 """
 

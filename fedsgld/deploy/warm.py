@@ -59,6 +59,8 @@ import threading
 import time
 import traceback
 
+from .approval import LOG as APPROVAL_LOG
+from .approval import guard_clientapp
 from .shim import (
     ENV_MODE,
     ENV_SOCKET,
@@ -206,6 +208,11 @@ def _child(conn: socket.socket, req: dict, fds: list[int], server: int) -> None:
         importlib.invalidate_caches()
         _reseed_after_fork()
         send_json(conn, {"pid": os.getpid()})
+        try:  # the site's check of the app bundle, before Flower installs or loads it
+            guard_clientapp()
+        except RuntimeError as e:
+            print(f"{APPROVAL_LOG}: {e}", file=sys.stderr, flush=True)
+            return  # exit status 1 (below)
         from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
 
         debug = bool(os.environ.get(ENV_DEBUG))
