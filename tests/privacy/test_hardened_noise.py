@@ -67,6 +67,25 @@ def test_hardened_noise_is_not_the_plain_draw_rescaled():
     assert torch.equal(a, (four[0] + four[1] + four[2] + four[3]).mul(0.5).float())
 
 
+def test_the_plain_sampler_is_the_default_and_one_randn_per_value():
+    """Without ``secure`` the draw is torch's own: the seeded simulations' streams (and the
+    transports held together bit for bit) rest on it."""
+    z = gaussian_noise((500,), std=2.5, generator=seeded_generator(9))
+    ref = torch.randn((500,), generator=seeded_generator(9)).mul_(2.5)
+    assert torch.equal(z, ref)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_randomness_draws_in_the_dtype_asked_for(secure):
+    r = Randomness.seeded(3, secure=secure)
+    z = r.gaussian((64,), std=1.0, key=(1, 2), dtype=torch.float64)
+    assert z.dtype == torch.float64
+    ref = gaussian_noise(
+        (64,), std=1.0, generator=r.generator(1, 2), dtype=torch.float64, secure=secure
+    )
+    assert torch.equal(z, ref)
+
+
 # -- the default deployment releases noise drawn by it ----------------------------------------
 
 SMALL = {
