@@ -279,6 +279,12 @@ class RunSettings:
         "MedMNIST .npz); empty: the dataset's default",
     )
     sites: int = setting(4, "number of sites (hospitals), in [1, 10000]")
+    min_sites: int = setting(
+        0,
+        "fewest sites whose replies a training round needs; a round answered by fewer fails the "
+        "run (naming the round, the sites that answered and why the others did not), in [0, "
+        "sites]; 0: every site that joined the run",
+    )
     partition: str = setting(
         "iid",
         "how records are split over the sites: iid | dirichlet (label skew) | quantity (size skew)",
@@ -371,6 +377,12 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
+        m = self.min_sites
+        if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= self.sites:
+            raise ValueError(
+                f"min_sites must be an integer in [0, sites = {self.sites}] (0: every site), "
+                f"got {self.min_sites!r}"
+            )
         _choice("partition", self.partition, PARTITIONS)
         _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)

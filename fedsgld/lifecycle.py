@@ -14,6 +14,11 @@ here, once:
   copy inside ``checkpoint.pt`` (a ledger only grows, so the larger one is the newer one)
   and refuses, naming both files, when neither can be read. A run that crashed before its
   first checkpoint resumes from theta_0 with its ledger: the spent budget stays spent.
+* **A ledger that cannot be shortened unseen.** Every write of ``ledger.json`` is also a
+  line of the append-only, hash-chained ``ledger.chain`` (:mod:`fedsgld.ledger_chain`).
+  A resume refuses (:class:`ResumeError`) a ``ledger.json`` that is unreadable,
+  truncated, edited or older than the chain's last line, a missing or broken chain, and
+  a ledger rebuilt from the checkpoint that counts fewer steps than the chain.
 * **No replay.** Every start of a run has an epoch (0, then 1, 2, ... per resume),
   persisted before anything is sent. Seeded simulations key every stream by the epoch
   after a resume, so replayed rounds draw different noise; system randomness is fresh on
@@ -38,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import __version__
+from . import __version__, ledger_chain
 from .config import Config
 from .posteriors import RECAL, SWAG, iterate_average
 from .privacy.noise import Randomness, os_seed
@@ -46,7 +51,7 @@ from .privacy.noise import Randomness, os_seed
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.json"
 RESULTS = "results.json"
-LIFECYCLE_VERSION = 1
+LIFECYCLE_VERSION = 2  # 2: ledger.json carries its place in ledger.chain
 SWAG_STREAM = 0x5A4A  # key of the SWAG draws (post-processing, not privacy noise)
 
 # Evaluation groups: name -> the report of the mean softmax over that group's parameters
@@ -60,17 +65,7 @@ class ResumeError(ValueError):
 # -- durable files -----------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = ledger_chain.fsync_dir
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -125,8 +120,8 @@ def new_run_dir(base: str | Path = "runs", tag: str = "run") -> Path:
 
 
 def ckpt_config(config: Config) -> dict[str, Any]:
-    """The settings a resume must repeat (performance settings may change)."""
-    return {k: v for k, v in config.flat().items() if k not in ("threads",)}
+    """The settings a resume must repeat (performance settings and min_sites may change)."""
+    return {k: v for k, v in config.flat().items() if k not in ("threads", "min_sites")}
 
 
 def round_time_summary(round_times: list[float]) -> dict[str, Any]:
@@ -377,7 +372,8 @@ class RunLifecycle:
         out = Path(out).expanduser() if out else new_run_dir(tag=tag or config.privacy.method)
         self.out = out
         ckpt_path, ledger_path = out / CHECKPOINT, out / LEDGER
-        if not resume and (ckpt_path.exists() or ledger_path.exists()):
+        held = (ckpt_path, ledger_path, out / ledger_chain.CHAIN)
+        if not resume and any(p.exists() for p in held):
             raise ValueError(
                 f"output directory {str(out)!r} already holds a run; resume it (--resume / "
                 "resume=true) or choose another output directory"
@@ -386,6 +382,8 @@ class RunLifecycle:
             raise ResumeError(f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}")
         self.ckpt: dict[str, Any] | None = None
         self.ledger_file: dict[str, Any] | None = None
+        self.chain = ledger_chain.LedgerChain(out)
+        self.chain_steps = 0  # the steps ledger.chain recorded before this start
         meta: dict[str, Any] = {}
         if resume:
             problems = []
@@ -395,6 +393,7 @@ class RunLifecycle:
                 except Exception as err:  # noqa: BLE001 - reported below
                     problems.append(f"{CHECKPOINT}: unreadable ({err})")
             self.ledger_file, why = _read_json(ledger_path)
+            self._verify_chain(out, why)
             if why is not None:
                 problems.append(f"{LEDGER}: {why}")
             if self.ckpt is None and self.ledger_file is None:
@@ -444,9 +443,33 @@ class RunLifecycle:
         self.history: list[dict[str, Any]] = list((self.ckpt or {}).get("history", []))
         self.round_times: list[float] = []
         self.extra_state: dict[str, Any] = dict((self.ckpt or {}).get("extra", {}))
+        self.contributors: list[dict[str, Any]] = list(
+            (self.ckpt or {}).get("round_contributors") or []
+        )
         self.server = None
         self.evaluations: dict[str, dict[str, Any]] = {}  # the final evaluation, by group
         self.recal: dict[str, Any] | None = None  # the recalibration's state, once run
+
+    def _verify_chain(self, out: Path, ledger_problem: str | None) -> None:
+        """Check ledger.json and the checkpoint against ledger.chain before a resume."""
+        try:
+            self.chain = ledger_chain.verify(
+                out, self.ledger_file, ledger_problem, (self.ckpt or {}).get("ledger_record")
+            )
+        except ledger_chain.ChainError as err:
+            hint = (
+                f" If {LEDGER} alone is damaged and {CHECKPOINT} is intact, remove {LEDGER}: "
+                f"the resume then counts the checkpoint's ledger plus the rounds that may have "
+                f"run after it as spent, and still refuses if that is below what "
+                f"{ledger_chain.CHAIN} recorded."
+                if str(err).startswith(LEDGER) and self.ckpt is not None
+                else ""
+            )
+            raise ResumeError(
+                f"resume: refusing the run in {str(out)!r}: {err}; a resume must never count "
+                f"fewer privacy steps than were taken.{hint}"
+            ) from None
+        self.chain_steps = self.chain.head.steps if self.chain.head else 0
 
     # -- randomness ------------------------------------------------------------------------
     def _randomness(self) -> Randomness:
@@ -495,7 +518,11 @@ class RunLifecycle:
         acc = accountant if accountant is not None else getattr(self.server, "accountant", None)
         state: dict[str, Any] = acc.state_dict() if acc is not None else {"ledger": None}
         state["lifecycle"] = self._lifecycle_record()
-        write_json(self.out / LEDGER, state)
+        # the object as it reads back from the file, so that its digest can be checked
+        state = json.loads(json.dumps(_finite(state), default=_json_default, allow_nan=False))
+        sealed, link = self.chain.seal(state, epoch=self.epoch)
+        write_json(self.out / LEDGER, sealed)
+        self.chain.append(link)  # after ledger.json: a crash between them is completed on resume
 
     def _restore_ledger(self, server) -> None:
         acc = server.accountant
@@ -542,6 +569,14 @@ class RunLifecycle:
             )
         elif len(candidates) > 1 and candidates[0][0] != candidates[1][0]:
             self.log(f"resume: using the larger ledger ({name}, {steps} steps)")
+        total = sum(int(c) for _, _, c in state["ledger"])
+        if total < self.chain_steps:
+            raise ResumeError(
+                f"resume: refusing the run in {str(self.out)!r}: the ledger it would resume "
+                f"from ({name}: {total} steps, counting those that may have run after it) is "
+                f"below the {self.chain_steps} steps {ledger_chain.CHAIN} recorded; a resume "
+                "must never count fewer privacy steps than were taken"
+            )
         acc.load_state_dict(state)
 
     def attach(self, server) -> None:
@@ -571,6 +606,8 @@ class RunLifecycle:
             "history": self.history,
             "ledger": server.accountant.state_dict() if server.accountant else None,
             "lifecycle": self._lifecycle_record(),
+            "ledger_record": self.chain.head.record() if self.chain.head else None,
+            "round_contributors": self.contributors,
             "extra": self.extra_state,
         }
         atomic_write(self.out / CHECKPOINT, lambda p: torch.save(state, p))
@@ -584,6 +621,7 @@ class RunLifecycle:
         progress: bool = True,
         on_checkpoint: Callable[[], dict[str, Any]] | None = None,
         checkpoint_on: tuple[type[BaseException], ...] = (),
+        contributors: Callable[[], list[int]] | None = None,
     ) -> None:
         """Run rounds until ``round_fn()`` returns None (the server's plan was None).
 
@@ -593,6 +631,8 @@ class RunLifecycle:
         a round raises one of ``checkpoint_on`` (the ledger is already on disk either way).
         A hard crash loses the rounds since the last checkpoint: a resume repeats them
         with fresh noise, and the ledger keeps counting their first release.
+        ``contributors()``: the sites whose replies the round just taken used (default:
+        every site, as in the in-process engine); results.json's ``round_contributors``.
         """
         server, run = self.server, self.config.run
         extra = on_checkpoint or (lambda: {})
@@ -619,6 +659,10 @@ class RunLifecycle:
                 if plan is None:
                     break
                 last_plan = plan
+                self._note_contributors(
+                    plan.round,
+                    contributors() if contributors else list(range(self.config.run.sites)),
+                )
                 t = server.t
                 acc = None
                 if run.eval_every and (t % run.eval_every == 0 or t == run.rounds):
@@ -650,6 +694,16 @@ class RunLifecycle:
             self._record(evaluate, last_plan)  # where the budget (or the round limit) ended it
         self.log(f"stopped after {server.t} rounds: {server.halt_reason}")
         self.checkpoint(**extra())
+
+    def _note_contributors(self, rnd: int, sites: list[int]) -> None:
+        """Run-length encoded: ``{"rounds": [first, last], "sites": [...]}`` per stretch of
+        consecutive rounds with the same sites (a replay after a resume starts a new one)."""
+        sites = sorted(int(k) for k in sites)
+        last = self.contributors[-1] if self.contributors else None
+        if last is not None and last["sites"] == sites and last["rounds"][1] + 1 == rnd:
+            last["rounds"][1] = rnd
+        else:
+            self.contributors.append({"rounds": [rnd, rnd], "sites": sites})
 
     # -- recalibration -----------------------------------------------------------------
     def _reserve_recalibration(self) -> tuple[float, float, int] | None:
@@ -889,6 +943,7 @@ class RunLifecycle:
             },
             "privacy": privacy_block(server, self.config, self.randomness_record()),
             "sites": sites,
+            "round_contributors": self.contributors,
             "history": self.history,
             "metrics": metrics,
             "wall_time_s": time.perf_counter() - self.t_start,
@@ -896,6 +951,8 @@ class RunLifecycle:
         }
         if self.recal is not None:
             results["privacy"]["recalibration"] = self._recal_privacy()
+        if self.chain.head is not None:
+            results["privacy"]["ledger_record"] = self.chain.head.record()
         if validate is not None:
             results["validation"] = validation_block(
                 validate(groups),

@@ -9,7 +9,9 @@
    :class:`~fedsgld.strategies.LangevinServer` gets the same arguments as
    ``Federation.make_server`` gives it.
 3. Rounds (:class:`~fedsgld.strategies.flower.LangevinStrategy`): plan (budget check),
-   train messages, checked replies ordered by site id, ``LangevinServer.apply``; the
+   train messages, checked replies ordered by site id (fewer than ``min_sites`` good
+   replies fail the run: :class:`~fedsgld.strategies.flower.TooFewSites`),
+   ``LangevinServer.apply``; the
    ledger is written to ``ledger.json`` BEFORE each step's noise is drawn; evaluation
    every ``eval_every`` rounds; ``checkpoint.pt`` every ``checkpoint_every`` rounds.
 4. The result directory of the in-process engine (``results.json``, ``report.md``,
@@ -39,7 +41,7 @@ from ..config import Config
 from ..core.mechanism import FlatModel
 from ..lifecycle import RunLifecycle
 from ..strategies import LangevinServer
-from ..strategies.flower import AllSitesFailed, LangevinStrategy, SiteEntry
+from ..strategies.flower import LangevinStrategy, SiteEntry, TooFewSites
 from .protocol import QUERY, run_record, split_run_config
 
 _log = logging.getLogger("fedsgld")
@@ -352,7 +354,13 @@ def serve(
     )
     lc.attach(server)
     strategy = LangevinStrategy(
-        server, directory, run_record(config), log=log, run_key=lc.run_key, epoch=lc.epoch
+        server,
+        directory,
+        run_record(config),
+        log=log,
+        run_key=lc.run_key,
+        epoch=lc.epoch,
+        min_sites=config.run.min_sites,
     )
     drops_before: list[dict[str, Any]] = list(lc.extra_state.get("flower_drops", []))
     timeout = opts["round-timeout"]
@@ -379,7 +387,8 @@ def serve(
         evaluate,
         progress=False,
         on_checkpoint=lambda: {"flower_drops": all_drops()},
-        checkpoint_on=(AllSitesFailed,),
+        checkpoint_on=(TooFewSites,),
+        contributors=lambda: strategy.last_train_sites,
     )
     strategy.summary()
     sites = [

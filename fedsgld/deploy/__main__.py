@@ -1,6 +1,13 @@
 """``python -m fedsgld.deploy supernode|superlink -- ...``: the fast path (see
-:mod:`fedsgld.deploy.fast`), without the rest of the ``fedsgld`` command."""
+:mod:`fedsgld.deploy.fast`), without the rest of the ``fedsgld`` command.
+``python -m fedsgld.deploy run APP CONNECTION ...``: ``flwr run`` whose exit status is
+the run's outcome (:mod:`fedsgld.deploy.run`)."""
 
-from .fast import main
+import sys
+
+if sys.argv[1:2] == ["run"]:
+    from .run import main
+else:
+    from .fast import main
 
 raise SystemExit(main())

@@ -15,8 +15,10 @@ in-process engine drives too. The method (``sgd``, ``dpsgd``, ``dpsgld``) is the
     noise xi from fedsgld's own generator keyed by (seed, round) and L = q sum_k N_k over
     ALL sites. A dropped site is as if none of its records had been sampled, so the
     accounting stays valid (for failures that do not depend on the site's records; a
-    correct site cannot produce a reply the checks reject). If every site fails, the
-    round raises :class:`AllSitesFailed` instead of stepping on noise alone.
+    correct site cannot produce a reply the checks reject). If fewer sites than
+    ``min_sites`` (default: every site) pass, the round raises :class:`TooFewSites`
+    (:class:`AllSitesFailed` when none did) naming the round, the sites that answered and
+    every other site's reason, instead of stepping on what is left.
 ``configure_evaluate`` / ``aggregate_evaluate``  test-split predictions of groups of
     parameter vectors (the last iterate; the posterior samples for Bayesian model
     averaging), per-site and pooled calibration reports.
@@ -47,7 +49,11 @@ from .server import LangevinServer, RoundPlan
 NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
 
 
-class AllSitesFailed(RuntimeError):
+class TooFewSites(RuntimeError):
+    """Fewer sites than ``min_sites`` answered a round; the round was not taken."""
+
+
+class AllSitesFailed(TooFewSites):
     """Every site's reply in a round was missing or rejected; the round was not taken."""
 
 
@@ -209,9 +215,15 @@ class LangevinStrategy(Strategy):
         log: Callable[[str], None] | None = None,
         run_key: str = "run",
         epoch: int = 0,
+        min_sites: int = 0,
     ) -> None:
         if not directory:
             raise ValueError("LangevinStrategy needs at least one site")
+        if not 0 <= min_sites <= len(directory):
+            raise ValueError(
+                f"min_sites must be in [0, {len(directory)}] (0: every site), got {min_sites}"
+            )
+        self.min_sites = min_sites or len(directory)
         self.server = server
         self.directory = dict(sorted(directory.items()))
         self.run = run
@@ -326,21 +338,8 @@ class LangevinStrategy(Strategy):
                 m, plan=plan, entry=e, size=self.size, key="theta" if self.server.local else "sum"
             ),
         )
-        if not good:
-            reasons = "; ".join(
-                f"site {d.site}: {d.reason}"
-                for d in self.drops
-                if d.round == plan.round and d.kind == "train"
-            )
-            spent = (
-                "its local steps stay counted in the ledger"
-                if self.server.local
-                else "no privacy was spent"
-            )
-            raise AllSitesFailed(
-                f"round {plan.round}: every site failed, so no step was taken and {spent} "
-                f"({reasons})"
-            )
+        if len(good) < self.min_sites:
+            self._too_few(plan, sorted(good))
         self.last_train_sites = sorted(good)
         if self.server.local:
             self.server.finish_local_round(
@@ -358,6 +357,29 @@ class LangevinStrategy(Strategy):
         if self.server.accountant is not None:
             metrics["epsilon"] = self.server.accountant.rigorous_epsilon()
         return ArrayRecord({"theta": Array(self.server.theta.numpy())}), MetricRecord(metrics)
+
+    def _too_few(self, plan: RoundPlan, answered: list[int]) -> None:
+        """Fail the run: fewer than ``min_sites`` sites answered round ``plan.round``."""
+        reasons = "; ".join(
+            f"site {d.site}: {d.reason}"
+            for d in self.drops
+            if d.round == plan.round and d.kind == "train"
+        )
+        spent = (
+            "its local steps stay counted in the ledger"
+            if self.server.local
+            else "no privacy was spent"
+        )
+        if not answered:
+            raise AllSitesFailed(
+                f"round {plan.round}: every site failed, so no step was taken and {spent} "
+                f"({reasons})"
+            )
+        raise TooFewSites(
+            f"round {plan.round}: {len(answered)} of {len(self.directory)} sites answered "
+            f"(sites {answered}), fewer than min_sites = {self.min_sites}, so no step was "
+            f"taken and {spent} ({reasons})"
+        )
 
     # -- evaluation ------------------------------------------------------------------
     def configure_evaluate(

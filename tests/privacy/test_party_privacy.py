@@ -266,6 +266,11 @@ def test_resume_takes_the_larger_ledger(tmp_path, monkeypatch):
     # a stale ledger.json (say, restored from a backup) must not win over the checkpoint
     stale = dict(bigger, ledger=[[bigger["ledger"][0][0], bigger["ledger"][0][1], 1]], steps=1)
     (out / "ledger.json").write_text(json.dumps(stale))
+    # ... nor resume at all: ledger.chain says 4 steps were taken; the operator who
+    # removes the damaged file gets the checkpoint's ledger plus what may have run after it
+    with pytest.raises(ResumeError, match="ledger.json .write 5, 1 steps. is not the last"):
+        engine.run(cfg, out_dir=out, resume=True, progress=False, log=lambda s: None)
+    (out / "ledger.json").unlink()
     res = engine.run(cfg, out_dir=out, resume=True, progress=False, log=lambda s: None)
     # checkpoint 3 + 3 that may have run after it (counted) + rounds 3..5 run again
     assert res["privacy"]["ledger_steps"] == 3 + 3 + 3

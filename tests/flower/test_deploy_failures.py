@@ -1,0 +1,205 @@
+"""A run that cannot train on the sites it was set up with fails loudly, and so does the
+documented deploy command.
+
+* ``min_sites`` (default: every site): a round answered by fewer sites fails the run,
+  naming the round, the sites that answered and the others' reasons; results.json lists
+  the sites behind every round.
+* Two resumed copies of one run (same run key, same epoch): the sites with a policy refuse
+  the second copy's rounds as replays; it must not "succeed" on the site without one.
+* ``python -m fedsgld.deploy run``: exits non-zero with the reason where ``flwr run
+  --stream`` exits 0 for a failed run (a real loopback deployment, ``-k deploy``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from flower_support import BIN, ROOT, SMALL, flower_env, flwr, free_port, run_config_arg
+from flwr.app import Error, Message
+
+from fedsgld.apps.local_grid import run_local
+from fedsgld.config import load_config
+from fedsgld.strategies.flower import AllSitesFailed, TooFewSites
+
+
+def _round(msg: Message) -> int:
+    return int(msg.content["plan"]["round"])
+
+
+def _refuse(site: int, rnd: int):
+    """Site ``site`` answers round ``rnd`` with an error (as a refusing site does)."""
+
+    def hook(ins: Message, reply: Message):
+        if ins.metadata.message_type != "train" or reply.has_error():
+            return reply
+        if int(reply.content["sum"]["site-id"]) == site and _round(ins) == rnd:
+            return Message(Error(2, "PolicyRefused: the site's budget is spent"), reply_to=ins)
+        return reply
+
+    return hook
+
+
+def test_a_round_below_min_sites_fails_the_run_naming_the_sites(tmp_path):
+    out = tmp_path / "few"
+    with pytest.raises(TooFewSites) as err:
+        run_local({**SMALL, "out": str(out)}, fault=_refuse(1, 5), shuffle_seed=7)
+    msg = str(err.value)
+    assert not isinstance(err.value, AllSitesFailed)
+    assert "round 5: 2 of 3 sites answered (sites [0, 2]), fewer than min_sites = 3" in msg
+    assert "site 1: error reply (code 2): PolicyRefused: the site's budget is spent" in msg
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert ledger["steps"] == 5  # rounds 0..4; round 5 was not taken
+    assert not (out / "results.json").exists()
+
+
+def test_min_sites_lets_a_run_go_on_and_results_name_each_rounds_sites(tmp_path):
+    out = tmp_path / "two"
+    run_local({**SMALL, "out": str(out), "min_sites": 2}, fault=_refuse(1, 5), shuffle_seed=7)
+    r = json.loads((out / "results.json").read_text())
+    assert r["round_contributors"] == [
+        {"rounds": [0, 4], "sites": [0, 1, 2]},
+        {"rounds": [5, 5], "sites": [0, 2]},
+        {"rounds": [6, 11], "sites": [0, 1, 2]},
+    ]
+    assert r["privacy"]["steps"] == 12
+
+
+def test_min_sites_is_checked(tmp_path):
+    with pytest.raises(ValueError, match=r"min_sites must be an integer in \[0, sites = 3\]"):
+        load_config(None, {**SMALL, "min_sites": 4})
+    with pytest.raises(ValueError, match="min_sites"):
+        run_local({**SMALL, "min_sites": -1, "out": str(tmp_path / "x")})
+
+
+def _policy(tmp_path, k):
+    d = tmp_path / f"site{k}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "policy.toml").write_text("epsilon = 1000.0\ndelta = 1e-5\n")
+    return str(d / "policy.toml")
+
+
+def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_path):
+    """Sites 0 and 1 keep a policy (and a replay record on disk), site 2 none. A run
+    crashes; its directory is copied; both copies resume (same run key, epoch 1). The
+    second copy's rounds are refused by sites 0 and 1 as replays: it must fail, naming
+    them, not finish on site 2 alone."""
+    ncs = [{"site-id": 0, "privacy-policy": _policy(tmp_path, 0)}]
+    ncs += [{"site-id": 1, "privacy-policy": _policy(tmp_path, 1)}, {"site-id": 2}]
+    cfg = {**SMALL, "randomness": "os"}
+
+    def crash(ins, reply):
+        if ins.metadata.message_type == "train" and _round(ins) == 7:
+            raise RuntimeError("server crashed")
+        return reply
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    with pytest.raises(RuntimeError, match="server crashed"):
+        run_local({**cfg, "out": str(a)}, node_configs=ncs, fault=crash)
+    shutil.copytree(a, b)
+    run_local({**cfg, "out": str(a), "resume": True}, node_configs=ncs)
+    assert (a / "results.json").is_file()
+    with pytest.raises(TooFewSites) as err:
+        run_local({**cfg, "out": str(b), "resume": True}, node_configs=ncs)
+    msg = str(err.value)
+    assert msg.startswith("round 5: ")
+    assert "site 0: " in msg and "site 1: " in msg and "already answered" in msg
+    assert not (b / "results.json").exists()
+
+
+# -- the deploy command ----------------------------------------------------------------------
+
+
+def _deploy_run(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fedsgld.deploy", "run", *args],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _fake_flwr(tmp_path, status: str, details: str, run_exit: int = 0):
+    """A stand-in ``flwr``: ``run`` starts run 7 and exits ``run_exit``, ``ls`` reports
+    ``status``; every call is logged."""
+    row = {"run-id": "7", "status": status, "status-details": details}
+    script = tmp_path / "flwr"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"open({str(tmp_path / 'calls')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "if sys.argv[1] == 'run':\n"
+        "    print('Successfully started run 7')\n"
+        f"    sys.exit({run_exit})\n"
+        f"print(json.dumps({{'success': True, 'runs': [{row!r}]}}))\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(
+    ("status", "run_exit", "code"),
+    [("finished:completed", 0, 0), ("finished:failed", 0, 1), ("finished:stopped", 0, 1)]
+    + [("finished:completed", 3, 3)],
+)
+def test_the_deploy_command_exits_with_the_runs_outcome(
+    tmp_path, monkeypatch, capsys, status, run_exit, code
+):
+    from fedsgld.deploy import run as deploy_run
+
+    why = "ServerApp failed with exception: round 5: 1 of 3 sites answered"
+    fake = _fake_flwr(tmp_path, status, why, run_exit)
+    monkeypatch.setattr(deploy_run, "_flwr", lambda: str(fake))
+    assert deploy_run.main([".", "hospitals", "--run-config", "rounds=2"]) == code
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == "run . hospitals --run-config rounds=2 --stream"
+    if run_exit == 0:
+        assert calls[1] == "ls hospitals --run-id 7 --format json"
+    err = capsys.readouterr().err
+    if status == "finished:failed":
+        assert f"did not complete (finished:failed): {why}" in err
+
+
+@pytest.mark.deploy
+def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
+    """A resume of a directory that holds no run fails in the ServerApp: ``flwr run
+    --stream`` exits 0 anyway; ``python -m fedsgld.deploy run`` exits 1 with the reason,
+    and 0 for a run that completes."""
+    from fedsgld.apps.export_sites import export_sites
+
+    root, procs = flower_tmp
+    run = {**SMALL, "rounds": 2, "eval_every": 0, "checkpoint_every": 0, "threads": 1}
+    files = export_sites(load_config(None, run), root / "data")
+    run |= {"poll-interval": 0.1, "wait-for-sites": 120.0, "round-timeout": 120.0}
+    port = free_port()
+    link = [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1"]
+    link += ["--port", str(port), "--disable-runtime-dependency-installation"]
+    procs.start("superlink", link, flower_env(root / "home-link"))
+    procs.wait_listening("superlink", port)
+    for k, f in enumerate(files):
+        node = [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}"]
+        node += ["--port", str(free_port()), "--node-config", f"site-id={k} site-data='{f}'"]
+        procs.start(f"supernode-{k}", node, flower_env(root / f"home-node{k}"))
+    home = root / "home-cli"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n"
+    )
+    env = flower_env(home)
+    bad = run_config_arg({**run, "out": str(root / "none"), "resume": True})
+    plain = flwr(["run", ".", "loop", "--stream", "--run-config", bad], env, timeout=600)
+    assert plain.returncode == 0  # the gap this command closes
+    res = _deploy_run([".", "loop", "--run-config", bad], env)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "did not complete (finished:failed)" in res.stderr
+    assert "holds no checkpoint.pt and no ledger.json" in res.stderr
+    good = run_config_arg({**run, "out": str(root / "ok")})
+    res = _deploy_run([".", "loop", "--run-config", good], env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "completed" in res.stderr and (root / "ok" / "results.json").is_file()
