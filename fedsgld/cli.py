@@ -3,6 +3,7 @@
 fedsgld simulate CONFIG [--set key=value ...] [--out DIR] [--resume]
 fedsgld benchmark CONFIG [--set key=value ...] [--out DIR]
 fedsgld sweep CONFIG --grid [METHOD.]KEY=V1,V2,... [--seeds S ...] [--recal F] [--out DIR]
+fedsgld audit CONFIG [--set key=value ...] [--canaries M] [--confidence C] [--json] [--out DIR]
 fedsgld config [--markdown]
 fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
@@ -26,6 +27,7 @@ from . import __version__
 
 COMMANDS = (
     "simulate",
+    "audit",
     "benchmark",
     "sweep",
     "config",
@@ -96,6 +98,12 @@ def _simulate(args: argparse.Namespace) -> int:
         f"pooled accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, ECE {m['ece']:.4f}"
     )
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from .audit import main_audit
+
+    return main_audit(args)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -176,6 +184,32 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=_simulate)
+
+    aud = add(
+        "audit",
+        "empirical privacy audit: a run with canaries, a lower bound on epsilon",
+        description="Run the configured federation with m gradient canaries (each included "
+        "with probability 1/2) and turn an attacker's guesses into lower bounds on epsilon "
+        "(Steinke et al. 2023; f-DP, Mahloujifar et al. 2024), next to the accountant's "
+        "epsilon. See docs/audit.md.",
+    )
+    aud.add_argument("config", help="TOML config file (see simulations/)")
+    aud.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
+    aud.add_argument(
+        "--canaries", type=int, default=1000, metavar="M", help="canaries (default 1000)"
+    )
+    aud.add_argument(
+        "--confidence", type=float, default=0.95, help="confidence of the bound (default 0.95)"
+    )
+    aud.add_argument(
+        "--site", type=int, default=0, help="the site holding the canaries (default 0)"
+    )
+    aud.add_argument("--json", action="store_true", help="print the result as JSON")
+    aud.add_argument(
+        "--out", default=None, help="keep the run here, with audit.json (default: not kept)"
+    )
+    aud.add_argument("--no-progress", action="store_true", help="no progress bar")
+    aud.set_defaults(func=_audit)
 
     bench = add("benchmark", "several methods and seeds at the same (epsilon, delta)")
     bench.add_argument("config", help="TOML config with a [benchmark] table (see simulations/)")

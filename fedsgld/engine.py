@@ -296,14 +296,18 @@ def run(
     progress: bool = True,
     log: Callable[[str], None] = print,
     config_source: str | None = None,
+    audit=None,
 ) -> dict[str, Any]:
     """Run one federation in-process and write its result directory. Returns results.json's dict
-    (plus ``out_dir`` and the in-memory evaluations under ``_eval``)."""
+    (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
+    :class:`fedsgld.audit.CanaryAudit`, which adds its canaries and sees every release."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
     server = fed.make_server(randomness=lc.server_randomness())
     lc.attach(server)
     config = lc.config
+    if audit is not None:
+        audit.attach(fed, server)
 
     def one_round():
         plan = server.plan()
@@ -325,6 +329,8 @@ def run(
                 for s in fed.sites
             ]
             server.finish_local_round(plan, thetas)
+            if audit is not None:
+                audit.released(plan, server, [th for _, th in thetas])
         else:
             sums = [
                 s.clipped_sum(
@@ -337,6 +343,8 @@ def run(
                 for s in fed.sites
             ]
             server.apply(plan, sums)
+            if audit is not None:
+                audit.released(plan, server)
         return plan
 
     def evaluate(groups: dict[str, list[torch.Tensor]]) -> dict[str, dict[str, Any]]:

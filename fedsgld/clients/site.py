@@ -26,6 +26,10 @@ LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
 
 
 class Site:
+    #: an audit's canaries (:mod:`fedsgld.audit`): ``(step, clip, sample_rate) -> sum`` of
+    #: the extra records this step, added to the clipped sum before any noise; None: none
+    extra_records = None
+
     def __init__(
         self,
         site_id: int,
@@ -97,7 +101,7 @@ class Site:
         gen = self.generator(round)
         if hasattr(self.fm, "begin_step"):  # variational models draw their eps for this step
             self.fm.begin_step(gen)
-        return site_step(
+        s = site_step(
             self.fm,
             theta,
             self.x_train,
@@ -107,7 +111,10 @@ class Site:
             prenoise=prenoise,
             generator=gen,
             chunk_size=self.chunk_size,
-        ).cpu()  # what leaves the site's device: the (P,) sum, for the server
+        )
+        if self.extra_records is not None:
+            s = s + self.extra_records(round, clip, sample_rate).to(s.device)
+        return s.cpu()  # what leaves the site's device: the (P,) sum, for the server
 
     def local_round(
         self,
@@ -144,6 +151,8 @@ class Site:
                 generator=self.generator(t),
                 chunk_size=self.chunk_size,
             )
+            if self.extra_records is not None:
+                s = s + self.extra_records(t, clip, q).to(s.device)
             std = privacy.sigma(t) * clip if clip is not None else 0.0
             noisy = s + self.randomness.gaussian(
                 s.shape,
