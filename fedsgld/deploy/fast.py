@@ -848,7 +848,11 @@ def register(sub, *, light: bool = True) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m fedsgld.deploy supernode|superlink ...``."""
     ap = argparse.ArgumentParser(
-        prog="python -m fedsgld.deploy", description=__doc__.split("\n\n")[0]
+        prog="python -m fedsgld.deploy",
+        description=__doc__.split("\n\n")[0],
+        epilog="python -m fedsgld.deploy run APP CONNECTION [flwr run options]: flwr run "
+        "whose exit status is the run's outcome (0 completed; 1 failed or stopped, with "
+        "the reason).",
     )
     register(ap.add_subparsers(dest="command", required=True), light=False)
     args = ap.parse_args(argv)
