@@ -22,13 +22,17 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               config rides in the plan rather than in a ``run`` record of its own: 3
               objects per instruction and 3 per reply instead of 7 and 6, which shortens
               every deployed round.
-``evaluate``  server -> node: ``thetas`` (ArrayRecord ``{"0": theta_0, ...}``), ``eval``
-              (ConfigRecord: site-id, groups = JSON ``{"last": [0], "posterior": [1, ...]}``),
-              ``run``. reply: ``reports`` (ConfigRecord ``json``: calibration_report of each
-              group's mean softmax on the site's test split), ``pred-<group>`` (ArrayRecord
-              ``{"probs"}``), ``labels`` (ArrayRecord ``{"labels"}``) and ``meta``.
-              The test-split predictions let the server compute pooled calibration
-              metrics and plots exactly as the in-process engine does (trusted server).
+``evaluate``  server -> node, one model per message: ``thetas`` (ArrayRecord ``{"0":
+              theta_0, ...}``: one vector, or the posterior samples one model averages),
+              ``eval`` (ConfigRecord: site-id, run-key, groups = JSON ``{"posterior": [0,
+              1, ...]}``: one group, every vector), ``run``. reply: ``reports``
+              (ConfigRecord ``json``: the site's calibration report of the group's mean
+              softmax on its test split, ``release`` "dp" or "exact"), ``stats`` (its
+              pooling statistics, noised under "dp") and ``meta``; ``pred-<group>``
+              (ArrayRecord ``{"probs"}``) and ``labels`` only where the site's policy shares
+              predictions (then the server computes pooled metrics and plots exactly as
+              the in-process engine does). What a site releases is its guard's decision
+              (:mod:`fedsgld.clients.guard`).
 
 The run config of a Flower run has the keys of ``fedsgld simulate``'s config (see
 ``fedsgld.config``) plus the Flower-only keys in :data:`FLOWER_KEYS`.

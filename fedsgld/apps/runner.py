@@ -289,20 +289,18 @@ def _evaluate(
     timeout: float,
     poll: float,
 ) -> dict[str, dict[str, Any]] | None:
-    arrays: dict[str, Array] = {}
-    keys: dict[str, list[int]] = {}
+    # one model (group) per message: a site's guard answers one evaluation per message
+    evaluation: dict[str, dict[str, Any]] = {}
     for name, thetas in groups.items():
-        keys[name] = []
-        for th in thetas:
-            i = len(arrays)
-            arrays[str(i)] = Array(th.detach().float().numpy())
-            keys[name].append(i)
-    msgs = strategy.configure_evaluate(
-        rnd, ArrayRecord(arrays), ConfigRecord({"groups": json.dumps(keys)}), grid
-    )
-    replies = exchange(grid, list(msgs), timeout=timeout, poll=poll)
-    strategy.aggregate_evaluate(rnd, replies)
-    return strategy.evaluation
+        arrays = {str(i): Array(th.detach().float().numpy()) for i, th in enumerate(thetas)}
+        keys = {name: list(range(len(thetas)))}
+        msgs = strategy.configure_evaluate(
+            rnd, ArrayRecord(arrays), ConfigRecord({"groups": json.dumps(keys)}), grid
+        )
+        replies = exchange(grid, list(msgs), timeout=timeout, poll=poll)
+        strategy.aggregate_evaluate(rnd, replies)
+        evaluation.update(strategy.evaluation or {})
+    return evaluation if "last" in evaluation else None
 
 
 def serve(

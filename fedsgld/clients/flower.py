@@ -15,10 +15,12 @@ come from, is set by the node's ``node_config``:
     ``python -m fedsgld.apps.export_sites`` writes such files from a config.
 
 ``privacy-policy``  a TOML file with this site's privacy policy
-    (:mod:`fedsgld.clients.policy`): the bounds it accepts, its own budget and ledger for
-    the ``sites`` placement, and what it shares. Without one, a simulated node
-    (``partition-id``) accepts the run's settings and a deployed node (``site-id``)
-    applies :meth:`~fedsgld.clients.policy.SitePolicy.deployment_default`.
+    (:mod:`fedsgld.clients.policy`): the bounds it accepts, its own budget and ledger,
+    and what it shares. Without one, a simulated node (``partition-id``) accepts the
+    run's settings and a deployed node (``site-id``) applies
+    :meth:`~fedsgld.clients.policy.SitePolicy.deployment_default`.
+``state-dir``  where a node without a policy file keeps its sites' ledgers (default for
+    a deployed node: ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``).
 
 A node prepares its shards once per run: in a process-level cache (simulation: the Ray
 actor lives on) and, for shards split from a dataset, in ``context.state`` (every message
@@ -33,8 +35,12 @@ Randomness: a site's Poisson samples, pre-noise and (``sites`` placement) Gaussi
 come from its own operating system's entropy (``randomness = "os"``), drawn inside the
 site process; nothing that decides them is sent or received. A run with
 ``randomness = "seeded"`` (reproducible simulations) is accepted only by sites whose
-policy allows it (simulated nodes do). Every training request passes the site's
-:class:`~fedsgld.clients.policy.SiteGuard` before anything is computed.
+policy allows it (simulated nodes do); the policy also picks the sampler
+(:meth:`~fedsgld.clients.policy.SitePolicy.randomness`).
+
+The handlers here compute exact answers and check nothing: every message reaches them
+through the site's guard (:mod:`fedsgld.clients.guard`, the ClientApp's mod), which has
+validated and charged the request, and which releases only what the policy lets out.
 """
 
 from __future__ import annotations
@@ -58,8 +64,7 @@ from ..apps.protocol import (
     unpack_vector,
 )
 from ..config import Config
-from ..privacy.noise import Randomness
-from .policy import PolicyRefused, SiteGuard, SitePolicy
+from .policy import SitePolicy
 from .site import Site
 
 log = logging.getLogger("fedsgld.site")
@@ -150,7 +155,8 @@ def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int)
 
 
 def _info(shard: Any, num_classes: int) -> dict[str, Any]:
-    """What a node may say about a site (the label histogram only where its policy shares it)."""
+    """What a node knows about a site (the guard lets the label histogram out only where
+    the site's policy shares it)."""
     return {
         "site": int(shard.site_id),
         "n_train": int(shard.x_train.shape[0]),
@@ -161,13 +167,6 @@ def _info(shard: Any, num_classes: int) -> dict[str, Any]:
     }
 
 
-def _public_info(info: dict[str, Any], policy: SitePolicy) -> dict[str, Any]:
-    out = dict(info)
-    if not policy.share_label_histogram:
-        out["label_histogram"] = None
-    return out
-
-
 def node_policy(context: Context, config: Config) -> SitePolicy:
     """This node's privacy policy (its ``privacy-policy`` file, or the default for its kind)."""
     p = config.privacy
@@ -176,7 +175,6 @@ def node_policy(context: Context, config: Config) -> SitePolicy:
     )
 
 
-GUARD_STATE = "fedsgld.guard-{}"
 # the sites' data key (data_fingerprint) whose model passed the per-record gradient
 # layer-path check in an earlier task of this run (FlatModel.accept_layers_check)
 LAYERS_STATE = "fedsgld.layers-checked"
@@ -195,31 +193,6 @@ def _layers_check_from_state(context: Context, hosted: HostedSites, site: Site) 
 def _keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None:
     if site.fm.layers_checked and not _layers_checked_before(context, hosted):
         context.state[LAYERS_STATE] = ConfigRecord({"key": hosted.key})
-
-
-def _guard(context: Context, policy: SitePolicy, site_id: int) -> SiteGuard:
-    if policy.state_dir is not None:
-        path = Path(policy.state_dir) / f"fedsgld-site-{site_id}.json"
-        return SiteGuard(site_id, policy, state_path=path)
-    guard = SiteGuard(site_id, policy)
-    rec = context.state.get(GUARD_STATE.format(site_id))
-    if isinstance(rec, ConfigRecord):
-        guard.load(json.loads(str(rec["json"])))
-    return guard
-
-
-def _keep_guard(context: Context, guard: SiteGuard) -> None:
-    if guard.state_path is None:
-        context.state[GUARD_STATE.format(guard.site_id)] = ConfigRecord(
-            {"json": json.dumps(guard.to_json())}
-        )
-
-
-def _site_randomness(config: Config, epoch: int) -> Randomness:
-    run = config.run
-    if run.randomness == "seeded":
-        return Randomness.seeded(run.seed, epoch=epoch, secure=run.secure)
-    return Randomness.system(secure=run.secure)
 
 
 def read_site_npz(path: str, site_id: int) -> SiteShard:
@@ -342,8 +315,9 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
     return hosted
 
 
-def _site(hosted: HostedSites, site_id: Any) -> Site:
-    if site_id is None:  # a train plan shared by nodes that host one site each
+def hosted_site(hosted: HostedSites, site_id: Any, *, required: bool = False) -> Site:
+    """The hosted site ``site_id`` names (None: the node's one site, unless ``required``)."""
+    if site_id is None and not required:  # a train plan shared by nodes that host one site each
         if len(hosted.sites) == 1:
             return next(iter(hosted.sites.values()))
         raise ValueError(
@@ -366,61 +340,30 @@ def _threads(config: Config) -> None:
 
 def handle_query(msg: Message, context: Context) -> Message:
     config = config_from_record(msg.content["run"])
-    policy = node_policy(context, config)
-    hosted = hosted_sites(context, config)
-    info = [_public_info(i, policy) for i in hosted.info]
+    info = hosted_sites(context, config).info
     return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(info)})}), reply_to=msg)
 
 
-def _int_field(rec: Any, key: str) -> int:
-    v = rec.get(key)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise PolicyRefused(f"plan field {key!r} is {v!r}, expected an integer")
-    return v
-
-
 def handle_train(msg: Message, context: Context) -> Message:
-    """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum,
-    after the site's guard accepted the request."""
+    """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum;
+    with noise at the sites, the site's parameters after its local steps."""
     plan = msg.content["plan"]
     config = config_from_plan(plan)
     _threads(config)
     hosted = hosted_sites(context, config)
-    site = _site(hosted, plan.get("site-id"))
+    site = hosted_site(hosted, plan.get("site-id"))
     _layers_check_from_state(context, hosted, site)
-    policy = node_policy(context, config)
-    guard = _guard(context, policy, site.site_id)
-    rnd, epoch = _int_field(plan, "round"), _int_field(plan, "epoch")
-    priv = config.privacy
-    clip = plan.get("clip")
-    clip = None if clip is None else float(clip)
-    if priv.noise_placement == "sites":
-        e = priv.local_steps
-        first = rnd * e
-        steps = [(priv.sample_rate, priv.sigma(first + i)) for i in range(e)]
-        clip = priv.clip_bound
-    else:
-        steps = [(float(plan["sample-rate"]), float(plan["sigma"]))]
-    guard.authorize(
-        run_key=str(plan.get("run-key", "")),
-        epoch=epoch,
-        round=rnd,
-        placement=priv.noise_placement,
-        seeded=config.run.randomness == "seeded",
-        steps=steps,
-        clip=clip,
-    )
-    _keep_guard(context, guard)
-    site.randomness = _site_randomness(config, epoch)
+    rnd = int(plan["round"])  # site.randomness: the sampler the guard set from the policy
     theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
-    if priv.noise_placement == "sites":
+    if config.privacy.noise_placement == "sites":
         reply = _local_round(msg, config, site, theta)
     else:
+        clip = plan.get("clip")
         total = site.clipped_sum(
             theta,
             round=rnd,
             sample_rate=float(plan["sample-rate"]),
-            clip=clip,
+            clip=None if clip is None else float(clip),
             prenoise=float(plan["prenoise"]),
         )
         rec = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
@@ -432,14 +375,8 @@ def handle_train(msg: Message, context: Context) -> Message:
 def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) -> Message:
     """Noise at the sites: this site's local DP-SGLD steps, noise added here; the reply is
     the site's parameters. Step sizes and noise come from the run config's privacy
-    settings; the plan only says which steps, and must agree with those settings."""
-    plan = msg.content["plan"]
-    rnd, e = int(plan["round"]), config.privacy.local_steps
-    if plan.get("local-steps") != e or plan.get("first-step") != rnd * e:
-        raise ValueError(
-            f"plan asks for local-steps={plan.get('local-steps')!r} first-step="
-            f"{plan.get('first-step')!r}; the run config gives {e} local steps from step {rnd * e}"
-        )
+    settings (the guard checked that the plan's steps are those)."""
+    rnd, e = int(msg.content["plan"]["round"]), config.privacy.local_steps
     new = site.local_round(
         theta,
         first_step=rnd * e,
@@ -451,36 +388,43 @@ def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) 
     return Message(RecordDict({"theta": ConfigRecord(reply)}), reply_to=msg)
 
 
-def handle_evaluate(msg: Message, context: Context) -> Message:
-    """Each group's mean softmax on the site's test split, evaluated AT the site: the reply
-    holds the site's calibration report and pooling statistics per group; test labels and
-    predictions only where the site's policy shares them."""
+def evaluation_records(
+    site_id: int, labels: np.ndarray, probs: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The records of an evaluation at a site, exact and complete (the guard decides what
+    leaves): ``meta`` (site-id), ``labels``, and per group ``pred-<group>``, the site's
+    calibration report (``reports``) and pooling statistics (``stats``)."""
     from ..calibration import calibration_report
     from ..calibration.pooling import pooling_stats
 
+    reports = {g: calibration_report(p, labels) for g, p in probs.items()}
+    stats = {g: pooling_stats(p, labels) for g, p in probs.items()}
+    records: dict[str, Any] = {
+        "meta": MetricRecord({"site-id": int(site_id)}),
+        "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),
+        "reports": ConfigRecord({"json": json.dumps(reports, default=_json_default)}),
+        "stats": ConfigRecord({"json": json.dumps(stats, default=_json_default)}),
+    }
+    for g, p in probs.items():
+        records[f"pred-{g}"] = ArrayRecord({"probs": Array(p.astype(np.float32, copy=False))})
+    return records
+
+
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """The mean softmax of the message's parameter vectors (one model: one vector, or a
+    posterior's samples) on the site's test split, evaluated AT the site."""
     config = config_from_record(msg.content["run"])
     _threads(config)
-    policy = node_policy(context, config)
     ev = msg.content["eval"]
-    site = _site(hosted_sites(context, config), ev["site-id"])
+    site = hosted_site(hosted_sites(context, config), ev["site-id"], required=True)
     thetas = msg.content["thetas"]
-    groups: dict[str, list[int]] = json.loads(str(ev["groups"]))
-    labels = site.y_test.numpy()
-    records: dict[str, Any] = {"meta": MetricRecord({"site-id": site.site_id})}
-    if policy.share_predictions:
-        records["labels"] = ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))})
-    reports, stats = {}, {}
-    for name, idx in groups.items():
-        ths = [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
-        probs = site.predict(ths).numpy()
-        reports[name] = calibration_report(probs, labels)
-        stats[name] = pooling_stats(probs, labels)
-        if policy.share_predictions:
-            records[f"pred-{name}"] = ArrayRecord(
-                {"probs": Array(probs.astype(np.float32, copy=False))}
-            )
-    records["reports"] = ConfigRecord({"json": json.dumps(reports, default=_json_default)})
-    records["stats"] = ConfigRecord({"json": json.dumps(stats, default=_json_default)})
+    probs = {
+        str(name): site.predict(
+            [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
+        ).numpy()
+        for name, idx in json.loads(str(ev["groups"])).items()
+    }
+    records = evaluation_records(site.site_id, site.y_test.numpy(), probs)
     return Message(RecordDict(records), reply_to=msg)
 
 
@@ -497,8 +441,11 @@ def _json_default(o: Any) -> Any:
 __all__ = [
     "HostedSites",
     "SiteShard",
+    "evaluation_records",
     "handle_evaluate",
     "handle_query",
     "handle_train",
+    "hosted_site",
     "hosted_sites",
+    "node_policy",
 ]

@@ -2,25 +2,13 @@
 
 The server's messages carry the round's settings, but a site does not take them on
 trust. Each site reads a :class:`SitePolicy` from its own node configuration (key
-``privacy-policy``: the path of a TOML file on the site's machine) and keeps a
-:class:`SiteGuard`, which, before the site computes anything:
-
-* refuses any request outside the policy (sampling rate above ``max_sample_rate``, noise
-  multiplier below ``min_noise_multiplier``, clip bound above ``max_clip``, more than
-  ``max_local_steps`` local steps, shared-seed randomness unless ``insecure_seeded_noise``);
-* refuses any round it has already answered: requests are numbered (run key, epoch,
-  round) and must increase; a resumed server starts a new epoch;
-* with ``noise_placement = "sites"`` (the site adds the noise), records every local step
-  (q, sigma_t) in the site's own ledger, persisted and fsynced BEFORE the noise is drawn,
-  and refuses a round that would take the site's epsilon past its own budget.
-
-A refusal raises :class:`PolicyRefused`; Flower turns it into an error reply whose reason
-the server logs. The ledger file lives next to the policy file (``state_dir`` overrides),
-so it outlives runs and resumes: the budget is the site's, for all the rounds it answers.
+``privacy-policy``: the path of a TOML file on the site's machine), and every message
+passes the site's guard (:mod:`fedsgld.clients.guard`), which checks the request against
+the policy and charges the site's :class:`SiteLedger` before the site computes anything.
 
 Policy file keys (all optional except ``epsilon`` for the ``sites`` placement)::
 
-    epsilon = 4.0                 # the site's budget (noise at the sites)
+    epsilon = 4.0                 # the site's budget for what it noises itself
     delta = 1e-5
     accountant = "pld"            # rigorous accountant of the site's ledger
     max_sample_rate = 0.1
@@ -28,27 +16,44 @@ Policy file keys (all optional except ``epsilon`` for the ``sites`` placement)::
     max_clip = 10.0
     max_local_steps = 10
     insecure_seeded_noise = false # accept a shared seed (simulations and tests only)
-    allow_non_private = false     # answer method sgd / vi (no clipping, no noise)
+    allow_non_private = false     # answer sgd / vi (no clipping, no noise), and send PATE
+                                  # vote counts without the site's own noise
     share_label_histogram = false # send the training-label histogram with the site sizes
-    share_predictions = false     # send test predictions and labels (pooled ACE/AUC, plots)
+    share_predictions = false     # send test predictions and labels (needs evaluation = "exact")
+    evaluation = "dp"             # metrics released with the site's Gaussian noise, charged
+                                  # to its ledger; "exact": exact metrics (trusts the server)
+    evaluation_noise_multiplier = 5.0  # noise std of an evaluation / its L2 sensitivity
+    max_evaluations = 20          # evaluate / evaluate.pate messages answered per run key
+    max_models_per_evaluation = 32 # parameter vectors one evaluation may average (posterior
+                                  # samples of a Bayesian model average)
+    vote_noise_multiplier = 1.0   # PATE: noise std of a vote histogram / its L2 sensitivity
+    secure_noise = true           # hardened Gaussian draws; false: the run's secure_noise decides
     state_dir = "."               # where the site's ledger file lives (relative: to this file)
     approved_apps = [...]         # bundles the site runs: {sha256, name, version} (deploy/approval.py)
 
-Nodes of Flower's simulation (node config ``partition-id``) without a policy file get
-:meth:`SitePolicy.simulation`: everything allowed and shared, the run's own budget.
-Deployed nodes (``site-id``) without one get :meth:`SitePolicy.deployment_default`: no
-shared seeds, nothing shared beyond the documented messages, and no ``sites`` placement
-(which needs the site's own budget).
+The ledger file (``fedsgld-site-<k>.json``) lives next to the policy file (``state_dir``
+overrides), so it outlives runs and resumes: the budget is the site's, for all the rounds
+it answers. Nodes of Flower's simulation (node config ``partition-id``) without a policy
+file get :meth:`SitePolicy.simulation`: everything allowed and shared exactly, the state
+kept for the run. Deployed nodes (``site-id``) without one get
+:meth:`SitePolicy.deployment_default`: no shared seeds, nothing shared beyond the
+documented messages, noised evaluation, no ``sites`` placement (which needs the site's
+own budget), and a ledger persisted in the node config's ``state-dir``, else
+``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,6 +62,17 @@ else:  # pragma: no cover
 
 from ..deploy.approval import ApprovedApp, parse_approved_apps
 from ..privacy import BudgetExhausted, PrivacyAccountant
+
+if TYPE_CHECKING:
+    from ..privacy.noise import Randomness
+
+EVALUATIONS = ("dp", "exact")
+STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
+
+
+def default_state_dir() -> str:
+    """``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``: a policy-less deployed site's ledger."""
+    return str(Path(os.environ.get(STATE_ENV) or "~/.fedsgld/sites").expanduser().resolve())
 
 
 class PolicyRefused(RuntimeError):
@@ -78,6 +94,12 @@ class SitePolicy:
     allow_non_private: bool = False
     share_label_histogram: bool = False
     share_predictions: bool = False
+    evaluation: str = "dp"
+    evaluation_noise_multiplier: float = 5.0
+    max_evaluations: int = 20
+    max_models_per_evaluation: int = 32
+    vote_noise_multiplier: float = 1.0
+    secure_noise: bool = True
     state_dir: str | None = None
     approved_apps: tuple[ApprovedApp, ...] = ()
     source: str = "default"
@@ -97,20 +119,37 @@ class SitePolicy:
         if self.max_clip != math.inf:
             _num("policy max_clip", self.max_clip, 0.0, math.inf, lo_open=True, hi_open=True)
         _int("policy max_local_steps", self.max_local_steps, 1, 10_000)
+        if self.evaluation not in EVALUATIONS:
+            raise ValueError(
+                f"policy evaluation must be one of {', '.join(EVALUATIONS)}; got {self.evaluation!r}"
+            )
+        for k in ("evaluation_noise_multiplier", "vote_noise_multiplier"):
+            _num(f"policy {k}", getattr(self, k), 0.0, 1e6, lo_open=True)
+        _int("policy max_evaluations", self.max_evaluations, 0)
+        _int("policy max_models_per_evaluation", self.max_models_per_evaluation, 1)
         for k in (
             "insecure_seeded_noise",
             "allow_non_private",
             "share_label_histogram",
             "share_predictions",
+            "secure_noise",
         ):
             if not isinstance(getattr(self, k), bool):
                 raise ValueError(f"policy {k} must be true or false, got {getattr(self, k)!r}")
         apps = parse_approved_apps(self.approved_apps, f"privacy policy {self.source}")
         object.__setattr__(self, "approved_apps", apps)
+        if self.share_predictions and self.evaluation != "exact":
+            raise ValueError(
+                "policy share_predictions = true sends every test prediction and label "
+                "exactly; it needs evaluation = 'exact'"
+            )
 
     @classmethod
-    def simulation(cls, *, epsilon: float | None, delta: float) -> SitePolicy:
-        """A simulated site (one party runs everything): accepts the run's settings."""
+    def simulation(
+        cls, *, epsilon: float | None, delta: float, state_dir: str | None = None
+    ) -> SitePolicy:
+        """A simulated site (one party runs everything): accepts the run's settings, shares
+        everything exactly, and draws its noise as the run says (as the in-process engine)."""
         return cls(
             epsilon=epsilon,
             delta=delta,
@@ -118,12 +157,20 @@ class SitePolicy:
             allow_non_private=True,
             share_label_histogram=True,
             share_predictions=True,
+            evaluation="exact",
+            max_evaluations=sys.maxsize,
+            max_models_per_evaluation=sys.maxsize,
+            secure_noise=False,
+            state_dir=state_dir,
             source="simulation",
         )
 
     @classmethod
-    def deployment_default(cls) -> SitePolicy:
-        return cls(source="deployment default (no privacy-policy file)")
+    def deployment_default(cls, *, state_dir: str | None = None) -> SitePolicy:
+        return cls(
+            state_dir=state_dir or default_state_dir(),
+            source="deployment default (no privacy-policy file)",
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> SitePolicy:
@@ -139,7 +186,7 @@ class SitePolicy:
                 f"privacy policy {str(p)!r}: unknown key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(sorted(names))}"
             )
-        floats = {"epsilon", "delta", "max_sample_rate", "min_noise_multiplier", "max_clip"}
+        floats = {f.name for f in fields(cls) if f.type in ("float", "float | None")}
         values = {
             k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
             for k, v in raw.items()
@@ -150,19 +197,48 @@ class SitePolicy:
 
     @classmethod
     def for_node(cls, node_config: dict[str, Any], *, run_epsilon: float | None, run_delta: float):
-        """The policy of a node: its file if it names one, else by the kind of node."""
+        """The policy of a node: its file if it names one, else by the kind of node. A
+        node config ``state-dir`` places the ledger of a node without a policy file."""
         if "privacy-policy" in node_config:
             return cls.from_file(str(node_config["privacy-policy"]))
+        state = node_config.get("state-dir")
+        state = str(Path(str(state)).expanduser().resolve()) if state else None
         if "partition-id" in node_config and "site-id" not in node_config:
-            return cls.simulation(epsilon=run_epsilon, delta=run_delta)
-        return cls.deployment_default()
+            return cls.simulation(epsilon=run_epsilon, delta=run_delta, state_dir=state)
+        return cls.deployment_default(state_dir=state)
+
+    def randomness(
+        self, *, seeded: bool, seed: int, epoch: int = 0, run_secure: bool = False
+    ) -> Randomness:
+        """The sampler of every noise this site draws; the policy decides it, not the server.
+
+        Hardened Gaussian draws unless the policy sets ``secure_noise = false`` (then the
+        run's ``secure_noise`` decides: a server can ask for more, never for less). Streams
+        derived from the run's seed only where the policy accepts a shared seed; otherwise
+        fresh operating-system entropy.
+        """
+        from ..privacy.noise import Randomness
+
+        secure = self.secure_noise or bool(run_secure)
+        if seeded and self.insecure_seeded_noise:
+            return Randomness.seeded(seed, epoch=epoch, secure=secure)
+        return Randomness.system(secure=secure)
 
 
-class SiteGuard:
-    """One site's request numbering and (noise at the sites) its own privacy ledger.
+STATE_VERSION = 2
 
-    ``state_path``: a JSON file persisted (fsynced) on every accepted request; None keeps
-    the state in memory (``to_json`` / ``from_json`` let a caller keep it elsewhere).
+
+class SiteLedger:
+    """One site's persistent state: which rounds it answered (request numbering: run key,
+    epoch, round, increasing), how many evaluations it released per run key, and its
+    privacy ledger: one :class:`PrivacyAccountant` for every release the site noises itself
+    (local DP-SGLD steps in the ``sites`` placement, evaluation statistics, PATE votes),
+    capped by the policy's ``epsilon`` where it has one.
+
+    ``state_path``: a JSON file persisted (temporary file, fsync, rename, fsync of the
+    directory) on every admitted request; None keeps the state in memory (``to_json`` /
+    ``load`` let a caller keep it elsewhere). :meth:`open` holds a lock on the file while
+    a request is admitted, so two messages for one site never interleave.
     """
 
     def __init__(self, site_id: int, policy: SitePolicy, *, state_path: Path | None = None) -> None:
@@ -170,21 +246,37 @@ class SiteGuard:
         self.policy = policy
         self.state_path = state_path
         self.answered: dict[str, list[int]] = {}
-        self.accountant: PrivacyAccountant | None = None
-        if policy.epsilon is not None:
-            self.accountant = PrivacyAccountant(
-                delta=policy.delta, epsilon_budget=policy.epsilon, accountant=policy.accountant
-            )
+        self.evaluations: dict[str, int] = {}
+        self.accountant = PrivacyAccountant(
+            delta=policy.delta, epsilon_budget=policy.epsilon, accountant=policy.accountant
+        )
         if state_path is not None and state_path.is_file():
-            self.load(json.loads(state_path.read_text()))
+            try:
+                state = json.loads(state_path.read_text())
+            except ValueError as err:  # a truncated ledger is an error, never an empty one
+                raise ValueError(f"site ledger {str(state_path)!r} does not parse: {err}") from None
+            self.load(state)
+
+    @classmethod
+    @contextmanager
+    def open(cls, site_id: int, policy: SitePolicy, state_path: Path) -> Iterator[SiteLedger]:
+        """The ledger in ``state_path``, locked (``fcntl.flock``) until the block ends."""
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(state_path.with_name(state_path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield cls(site_id, policy, state_path=state_path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     # -- state ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": 1,
+            "version": STATE_VERSION,
             "site": self.site_id,
             "answered": self.answered,
-            "ledger": self.accountant.state_dict() if self.accountant is not None else None,
+            "evaluations": self.evaluations,
+            "ledger": self.accountant.state_dict(),
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -193,12 +285,11 @@ class SiteGuard:
                 f"site state file is for site {state.get('site')!r}, not site {self.site_id}"
             )
         self.answered = {str(k): [int(v[0]), int(v[1])] for k, v in state["answered"].items()}
-        if state.get("ledger") is not None:
-            if self.accountant is None:
-                raise ValueError(
-                    "the site's ledger file holds a ledger but its policy has no epsilon budget"
-                )
-            self.accountant.load_state_dict(state["ledger"])
+        self.evaluations = {str(k): int(v) for k, v in state.get("evaluations", {}).items()}
+        if state.get("ledger") is not None:  # (version 1 kept none without a budget)
+            # the budget is the policy's of today (a site may raise or lower it); the steps,
+            # delta and accountant must be the file's
+            self.accountant.load_state_dict({**state["ledger"], "budget": self.policy.epsilon})
 
     def _persist(self) -> None:
         if self.state_path is None:
@@ -210,83 +301,56 @@ class SiteGuard:
 
     @property
     def spent_steps(self) -> int:
-        return self.accountant.steps if self.accountant is not None else 0
+        return self.accountant.steps
 
-    # -- the checks ----------------------------------------------------------------------
-    def authorize(
+    # -- admission -----------------------------------------------------------------------
+    def admit(
         self,
         *,
-        run_key: str,
-        epoch: int,
-        round: int,
-        placement: str,
-        seeded: bool,
-        steps: list[tuple[float, float]],
-        clip: float | None,
+        steps: Sequence[tuple[float, float]] = (),
+        round_of: tuple[str, int, int] | None = None,
+        evaluation_of: str | None = None,
     ) -> None:
-        """Accept (and record) one request, or raise :class:`PolicyRefused`.
+        """Record one request, or raise :class:`PolicyRefused` having recorded nothing.
 
-        ``steps``: the (q, sigma) of every noisy step the request asks for: one for the
-        server placement (the noise the server promises to add), ``local_steps`` for the
-        sites placement (the noise this site adds).
+        ``round_of``: the (run key, epoch, round) of a training request; refused unless it
+        comes after every round of that run key answered before (no replays).
+        ``evaluation_of``: the run key of an evaluation; refused past ``max_evaluations``.
+        ``steps``: the (q, sigma) of every release the site will noise for this request;
+        refused if they would take the ledger past the policy's ``epsilon``.
+        Everything is persisted before this returns: before any noise is drawn.
         """
-        pol = self.policy
-        if seeded and not pol.insecure_seeded_noise:
-            raise PolicyRefused(
-                f"site {self.site_id} refuses shared-seed randomness: it draws its noise and "
-                "samples from its own operating system (set randomness = 'os'; a seeded run "
-                "is for simulations, or a policy with insecure_seeded_noise = true)"
-            )
-        if not isinstance(run_key, str) or not run_key:
-            raise PolicyRefused("request has no run key")
-        last = self.answered.get(run_key)
-        if last is not None and (epoch, round) <= tuple(last):
-            raise PolicyRefused(
-                f"site {self.site_id} already answered round {last[1]} of epoch {last[0]} of "
-                f"run {run_key}; refusing the replayed request (epoch {epoch}, round {round})"
-            )
-        if len(steps) > pol.max_local_steps:
-            raise PolicyRefused(
-                f"request asks for {len(steps)} local steps; policy max_local_steps is "
-                f"{pol.max_local_steps}"
-            )
-        if clip is None or any(sigma <= 0.0 for _, sigma in steps):
-            if not pol.allow_non_private:
+        pol, acc = self.policy, self.accountant
+        if round_of is not None:
+            run_key, epoch, rnd = round_of
+            last = self.answered.get(run_key)
+            if last is not None and (epoch, rnd) <= tuple(last):
                 raise PolicyRefused(
-                    f"site {self.site_id} refuses a non-private request (no clipping or no "
-                    "noise); its policy would need allow_non_private = true"
+                    f"site {self.site_id} already answered round {last[1]} of epoch {last[0]} "
+                    f"of run {run_key}; refusing the replayed request (epoch {epoch}, round {rnd})"
                 )
-        elif clip > pol.max_clip:
-            raise PolicyRefused(f"clip {clip:g} exceeds policy max_clip {pol.max_clip:g}")
-        for q, sigma in steps:
-            if q > pol.max_sample_rate:
+        if evaluation_of is not None:
+            done = self.evaluations.get(evaluation_of, 0)
+            if done >= pol.max_evaluations:
                 raise PolicyRefused(
-                    f"sample rate {q:g} exceeds policy max_sample_rate {pol.max_sample_rate:g}"
+                    f"site {self.site_id} already answered {done} evaluations of run "
+                    f"{evaluation_of}; policy max_evaluations is {pol.max_evaluations}"
                 )
-            if sigma < pol.min_noise_multiplier:
-                raise PolicyRefused(
-                    f"noise multiplier {sigma:.6g} is below policy min_noise_multiplier "
-                    f"{pol.min_noise_multiplier:g}"
-                )
-        private = clip is not None and all(sigma > 0.0 for _, sigma in steps)
-        if placement == "sites" and private:
-            acc = self.accountant
-            if acc is None:
-                raise PolicyRefused(
-                    f"site {self.site_id} adds the noise (noise_placement = 'sites') but has no "
-                    "budget of its own: give it a privacy-policy file with epsilon"
-                )
+        if steps and pol.epsilon is not None:
             fits = acc.max_steps(lambda i: steps[i], limit=len(steps))
             if fits < len(steps):
                 raise PolicyRefused(
                     f"site {self.site_id}'s budget epsilon={pol.epsilon:g} (delta={pol.delta:g}) "
-                    f"allows {fits} of the {len(steps)} requested steps; spent "
-                    f"{acc.rigorous_epsilon():.4f} in {acc.steps} steps"
+                    f"allows {fits} of the {len(steps)} requested releases; spent "
+                    f"{acc.rigorous_epsilon():.4f} in {acc.steps} releases"
                 )
-            for q, sigma in steps:
-                try:
-                    acc.step(q, sigma)
-                except BudgetExhausted as err:  # max_steps said it fits; guard anyway
-                    raise PolicyRefused(str(err)) from None
-        self.answered[run_key] = [int(epoch), int(round)]
-        self._persist()  # before the site computes (and draws) anything
+        for q, sigma in steps:
+            try:
+                acc.step(q, sigma)
+            except BudgetExhausted as err:  # max_steps said it fits; guard anyway
+                raise PolicyRefused(str(err)) from None
+        if round_of is not None:
+            self.answered[round_of[0]] = [int(round_of[1]), int(round_of[2])]
+        if evaluation_of is not None:
+            self.evaluations[evaluation_of] = self.evaluations.get(evaluation_of, 0) + 1
+        self._persist()

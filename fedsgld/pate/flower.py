@@ -12,18 +12,23 @@ Messages (one per (node, site) pair; the node hosts sites as in
 ``query.pate``     server -> node: ``pate`` (ConfigRecord, the ``pate.*`` keys).
                    reply: ``sites`` (ConfigRecord ``json``: site, n_train, n_test,
                    num_classes, input_shape per hosted site).
-``train.pate``     server -> node: ``pate``, ``task`` (ConfigRecord ``site-id``),
-                   ``queries`` (ArrayRecord ``{"x": float32 (n_queries, ...)}``: public data).
-                   The site trains ``teachers_per_site`` teachers on disjoint subsets of its
-                   own records. reply: ``histogram`` (ArrayRecord ``{"counts": int64
-                   (n_queries, num_classes)}``: the sum of its teachers' one-hot votes, the
-                   only thing derived from patient records that leaves the site) and
-                   ``teachers`` (ConfigRecord: site-id, ``accuracy`` = JSON list of each
-                   teacher's accuracy on the site's test split, an evaluation statistic).
+``train.pate``     server -> node: ``pate``, ``task`` (ConfigRecord ``site-id``,
+                   ``run-key``), ``queries`` (ArrayRecord ``{"x": float32 (n_queries,
+                   ...)}``: public data). The site trains ``teachers_per_site`` teachers on
+                   disjoint subsets of its own records. reply: ``histogram`` (ArrayRecord
+                   ``{"counts": int64 (n_queries, num_classes)}``: the sum of its teachers'
+                   one-hot votes, with the site's own Gaussian noise unless its policy
+                   sets ``allow_non_private``, rounded to a valid histogram) and
+                   ``teachers`` (ConfigRecord: site-id, ``vote-noise-std``, ``accuracy`` =
+                   JSON list of each teacher's test accuracy where the site's policy
+                   releases exact evaluations, else ``[]``).
 ``evaluate.pate``  server -> node: ``pate``, ``task``, ``student`` (ArrayRecord: the
-                   student's state dict). reply: ``pred`` (ArrayRecord ``{"probs": float32
-                   (n_test, num_classes), "labels": int64 (n_test,)}``) on the site's test
-                   split, so the server computes per-site and pooled calibration reports.
+                   student's state dict). reply: the records of an ``evaluate`` reply for
+                   the group ``student`` (``meta``, ``reports``, ``stats``; ``labels`` and
+                   ``pred-student`` only where the site's policy shares predictions).
+
+Every message passes the site's guard first (:mod:`fedsgld.clients.guard`): the noise
+and what is shared are the site's policy's decisions, not the server's.
 
 The server's public queries come from :func:`~fedsgld.pate.train.pate_split` (the same
 seeded split as in-process). It checks every histogram (shape, dtype, counts >= 0, each
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import fields
@@ -47,6 +53,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from ..calibration import calibration_report
+from ..calibration.pooling import check_stats, report_from_stats
 from .aggregation import site_histogram
 from .train import (
     PateConfig,
@@ -64,6 +71,7 @@ PREFIX = "pate."
 QUERY = "query.pate"
 TRAIN = "train.pate"
 EVALUATE = "evaluate.pate"
+STUDENT = "student"  # the group name of a student's evaluation
 RUN_CONFIG_FIELDS = tuple(f.name for f in fields(PateConfig))
 
 
@@ -112,7 +120,7 @@ def pate_record(config: PateConfig) -> ConfigRecord:
 _SPLITS: dict[str, PateSplit] = {}
 
 
-def _site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, Any]:
+def site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, Any]:
     """The private records of the sites this node hosts (site id -> x/y train/test)."""
     from ..clients.flower import hosted_site_ids, read_site_npz
 
@@ -140,7 +148,7 @@ def _setup(msg: Message) -> PateConfig:
 
 def _shard(config: PateConfig, context: Context, msg: Message) -> tuple[int, Any]:
     sid = msg.content["task"]["site-id"]
-    shards = _site_records(config, dict(context.node_config))
+    shards = site_records(config, dict(context.node_config))
     if isinstance(sid, bool) or not isinstance(sid, int) or sid not in shards:
         raise ValueError(f"this node does not host site {sid!r} (it hosts {sorted(shards)})")
     return sid, shards[sid]
@@ -156,7 +164,7 @@ def handle_query(msg: Message, context: Context) -> Message:
             "num_classes": int(s.num_classes),
             "input_shape": [int(d) for d in s.x_train.shape[1:]],
         }
-        for k, s in _site_records(config, dict(context.node_config)).items()
+        for k, s in site_records(config, dict(context.node_config)).items()
     ]
     return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(info)})}), reply_to=msg)
 
@@ -184,7 +192,9 @@ def handle_train(msg: Message, context: Context) -> Message:
 
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
-    """The student's predictions on the site's test split."""
+    """The student's evaluation on the site's test split (group ``student``)."""
+    from ..clients.flower import evaluation_records
+
     config = _setup(msg)
     sid, s = _shard(config, context, msg)
     student = _new_model(
@@ -192,17 +202,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     )
     student.load_state_dict(msg.content["student"].to_torch_state_dict())
     probs = predict_proba(student, s.x_test).numpy().astype(np.float32)
-    return Message(
-        RecordDict(
-            {
-                "pred": ArrayRecord(
-                    {"probs": Array(probs), "labels": Array(s.y_test.numpy().astype(np.int64))}
-                ),
-                "task": ConfigRecord({"site-id": sid}),
-            }
-        ),
-        reply_to=msg,
-    )
+    records = evaluation_records(sid, s.y_test.numpy(), {STUDENT: probs})
+    return Message(RecordDict(records), reply_to=msg)
 
 
 # -- the server side ----------------------------------------------------------------------
@@ -227,9 +228,25 @@ def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers:
         )
     if counts.min(initial=0) < 0 or np.any(counts.sum(axis=1) != teachers):
         raise ValueError(f"every row must be {teachers} non-negative votes (one per teacher)")
-    if not isinstance(acc, list) or len(acc) != teachers:
-        raise ValueError(f"expected {teachers} teacher accuracies")
+    if not isinstance(acc, list) or len(acc) not in (0, teachers):
+        raise ValueError(f"expected {teachers} teacher accuracies, or none")
     return counts, [float(a) for a in acc]
+
+
+def check_student_reply(msg: Message, *, n_test: int, num_classes: int):
+    """(the site's report, its statistics, (probs, labels) or None) of an ``evaluate.pate``
+    reply; ValueError (or KeyError) naming what is wrong."""
+    c = msg.content
+    report = json.loads(str(c["reports"]["json"]))[STUDENT]
+    stats = check_stats(json.loads(str(c["stats"]["json"]))[STUDENT])
+    if stats["n"] != n_test or not isinstance(report, dict):
+        raise ValueError(f"statistics count {stats['n']} records, not n_test = {n_test}")
+    if "labels" not in c:
+        return report, stats, None
+    p, y = c[f"pred-{STUDENT}"]["probs"].numpy(), c["labels"]["labels"].numpy()
+    if p.shape != (n_test, num_classes) or y.shape != (n_test,) or not np.isfinite(p).all():
+        raise ValueError(f"predictions have shapes {p.shape}, {y.shape}")
+    return report, stats, (p, y)
 
 
 def serve_pate(
@@ -266,9 +283,14 @@ def serve_pate(
     )
     log("PATE sites: " + ", ".join(f"{s}@node {n}" for s, (n, _) in sites.items()))
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
+    run_key = secrets.token_hex(8)  # names this run to the sites (their evaluations per run)
+
+    def task(s: int) -> ConfigRecord:
+        return ConfigRecord({"site-id": s, "run-key": run_key})
+
     msgs = [
         Message(
-            RecordDict({"pate": rec, "task": ConfigRecord({"site-id": s}), "queries": queries}),
+            RecordDict({"pate": rec, "task": task(s), "queries": queries}),
             node,
             TRAIN,
             group_id="pate",
@@ -279,6 +301,7 @@ def serve_pate(
     by_id = {m.metadata.message_id: s for m, s in zip(msgs, sites)}  # ids are set at push
     got = {by_id.get(r.metadata.reply_to_message_id): r for r in replies}
     histograms, teacher_acc, dropped = [], [], []
+    vote_noise: dict[int, float] = {}  # the std of the noise each site added to its votes
     for s in sites:  # in site order
         try:
             if s not in got:
@@ -292,6 +315,7 @@ def serve_pate(
             continue
         histograms.append(counts)
         teacher_acc += acc
+        vote_noise[s] = float(got[s].content["teachers"].get("vote-noise-std", 0.0))
         log(f"site {s}: {len(acc)} teachers' histogram in ({time.perf_counter() - t0:.1f}s)")
     if not histograms:
         raise PateSitesFailed("no site returned a usable vote histogram: " + "; ".join(
@@ -303,7 +327,7 @@ def serve_pate(
         state = ArrayRecord(student.state_dict())
         ev = [
             Message(
-                RecordDict({"pate": rec, "task": ConfigRecord({"site-id": s}), "student": state}),
+                RecordDict({"pate": rec, "task": task(s), "student": state}),
                 sites[s][0],
                 EVALUATE,
                 group_id="pate",
@@ -312,25 +336,24 @@ def serve_pate(
         ]
         res = exchange(grid, ev, timeout=opts["round-timeout"], poll=opts["poll-interval"])
         ids = {m.metadata.message_id: s for m, s in zip(ev, sites)}
-        preds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        got: dict[int, tuple[dict, dict, tuple | None]] = {}
         for r in res:
             s = ids.get(r.metadata.reply_to_message_id)
-            if s is None or r.has_error():
-                log(f"site {s}: student evaluation failed")
-                continue
-            p, y = r.content["pred"]["probs"].numpy(), r.content["pred"]["labels"].numpy()
-            if p.shape != (sites[s][1]["n_test"], k) or y.shape != (p.shape[0],):
-                log(f"site {s}: student evaluation has shapes {p.shape}, {y.shape}; dropped")
-                continue
-            preds[s] = (p, y)
-        if not preds:
+            try:
+                if s is None or r.has_error():
+                    raise ValueError(str(r.error.reason or "")[-300:] if r.has_error() else "")
+                got[s] = check_student_reply(r, n_test=sites[s][1]["n_test"], num_classes=k)
+            except (KeyError, TypeError, ValueError) as err:
+                log(f"site {s}: student evaluation dropped: {err}")
+        if not got:
             raise PateSitesFailed("no site evaluated the student")
-        order = sorted(preds)
-        pooled = calibration_report(
-            np.concatenate([preds[s][0] for s in order]),
-            np.concatenate([preds[s][1] for s in order]),
-        )
-        return pooled, [{"site": s, **calibration_report(*preds[s])} for s in order]
+        order = sorted(got)
+        shared = [got[s][2] for s in order]
+        if all(p is not None for p in shared):  # every site shared its predictions
+            pooled = calibration_report(*(np.concatenate(a) for a in zip(*shared)))
+        else:
+            pooled = report_from_stats([got[s][1] for s in order])
+        return pooled, [{"site": s, **got[s][0]} for s in order]
 
     results = release_and_learn(
         config,
@@ -350,6 +373,7 @@ def serve_pate(
             "flower": {
                 "nodes": {str(s): n for s, (n, _) in sites.items()},
                 "voting_sites": voters,
+                "site_vote_noise_std": {str(s): v for s, v in vote_noise.items()},
                 "dropped_replies": dropped,
             }
         },
@@ -361,8 +385,11 @@ def serve_pate(
 __all__ = [
     "EVALUATE",
     "QUERY",
+    "STUDENT",
     "TRAIN",
     "check_histogram",
+    "check_student_reply",
+    "site_records",
     "handle_evaluate",
     "handle_query",
     "handle_train",

@@ -393,7 +393,7 @@ class LangevinStrategy(Strategy):
         self._eval_groups = json.loads(str(groups))
         msgs = []
         for sid, entry in self.directory.items():
-            rec = ConfigRecord({"site-id": sid, "groups": str(groups)})
+            rec = ConfigRecord({"site-id": sid, "groups": str(groups), "run-key": self.run_key})
             content = RecordDict({"thetas": arrays, "eval": rec, "run": self.run})
             msgs.append(Message(content, entry.node_id, EVALUATE, group_id=f"eval-{server_round}"))
         self._sent = [(m, self.directory[int(m.content["eval"]["site-id"])]) for m in msgs]

@@ -124,11 +124,16 @@ def test_bad_pate_run_config_is_named():
 
 
 def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_process):
-    """A deployment: each node hosts one site (site-id) and reads only its own .npz."""
+    """A deployment: each node hosts one site (site-id) and reads only its own .npz; their
+    policies let exact votes out (allow_non_private), so the run equals the in-process one."""
     from fedsgld.pate.train import pate_split
 
     ref, _ = in_process
     split = pate_split(pate_config_from_run_config(PATE_RC))
+    # sites that trust the server's aggregator with their exact votes and evaluations (a
+    # deployed site's default noises both: tests/privacy/test_site_guard.py)
+    policy = tmp_path / "policy.toml"
+    policy.write_text('allow_non_private = true\nevaluation = "exact"\n')
     nodes = []
     for s in split.sites:
         f = tmp_path / f"site{s.site_id}.npz"
@@ -136,7 +141,7 @@ def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_p
             f, x_train=s.x_train.numpy(), y_train=s.y_train.numpy(), x_test=s.x_test.numpy(),
             y_test=s.y_test.numpy(), num_classes=split.num_classes,
         )  # fmt: skip
-        nodes.append({"site-id": s.site_id, "site-data": str(f)})
+        nodes.append({"site-id": s.site_id, "site-data": str(f), "privacy-policy": str(policy)})
     out = tmp_path / "deployed"
     run_local({**PATE_RC, "out": str(out)}, node_configs=nodes)
     got = _results(out)

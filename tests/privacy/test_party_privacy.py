@@ -18,7 +18,8 @@ from flwr.app import ConfigRecord
 from fedsgld import engine
 from fedsgld.apps.local_grid import run_local
 from fedsgld.clients import site as site_module
-from fedsgld.clients.policy import PolicyRefused, SiteGuard, SitePolicy
+from fedsgld.clients.guard import check_training
+from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.config import load_config
 from fedsgld.lifecycle import ResumeError
 from fedsgld.privacy import PrivacyAccountant
@@ -299,42 +300,46 @@ def test_a_crash_inside_the_noise_draw_leaves_the_step_in_the_ledger(tmp_path, m
 
 def _guard(tmp_path, **policy):
     pol = SitePolicy(epsilon=4.0, delta=1e-5, state_dir=str(tmp_path), **policy)
-    return SiteGuard(0, pol, state_path=tmp_path / "site-0.json")
+    return SiteLedger(0, pol, state_path=tmp_path / "site-0.json")
+
+
+def _authorize(ledger, *, round, steps, run_key="r", epoch=0, seeded=False, clip=1.0):
+    """What the guard does with a sites-placement training request: check, then charge."""
+    steps, clip = check_training(ledger.policy, steps=steps, clip=clip, prenoise=0.0, seeded=seeded)
+    ledger.admit(steps=steps, round_of=(run_key, epoch, round))
 
 
 def test_a_site_refuses_requests_outside_its_policy(tmp_path):
     g = _guard(tmp_path, max_sample_rate=0.1, min_noise_multiplier=0.8, max_clip=2.0)
-    ok = dict(run_key="r", epoch=0, placement="sites", seeded=False, clip=1.0)
-    g.authorize(round=0, steps=[(0.05, 1.0)], **ok)
+    _authorize(g, round=0, steps=[(0.05, 1.0)])
     with pytest.raises(PolicyRefused, match="min_noise_multiplier"):
-        g.authorize(round=1, steps=[(0.05, 1e-4)], **ok)  # temperature 1e-9 -> sigma ~ 0
+        _authorize(g, round=1, steps=[(0.05, 1e-4)])  # temperature 1e-9 -> sigma ~ 0
     with pytest.raises(PolicyRefused, match="max_sample_rate"):
-        g.authorize(round=1, steps=[(0.5, 1.0)], **ok)
+        _authorize(g, round=1, steps=[(0.5, 1.0)])
     with pytest.raises(PolicyRefused, match="max_clip"):
-        g.authorize(round=1, steps=[(0.05, 1.0)], **{**ok, "clip": 5.0})
+        _authorize(g, round=1, steps=[(0.05, 1.0)], clip=5.0)
     with pytest.raises(PolicyRefused, match="shared-seed"):
-        g.authorize(round=1, steps=[(0.05, 1.0)], **{**ok, "seeded": True})
+        _authorize(g, round=1, steps=[(0.05, 1.0)], seeded=True)
     with pytest.raises(PolicyRefused, match="non-private"):
-        g.authorize(round=1, steps=[(0.05, 1.0)], **{**ok, "clip": None})
+        _authorize(g, round=1, steps=[(0.05, 1.0)], clip=None)
     with pytest.raises(PolicyRefused, match="already answered"):
-        g.authorize(round=0, steps=[(0.05, 1.0)], **ok)  # a replayed round
+        _authorize(g, round=0, steps=[(0.05, 1.0)])  # a replayed round
     # refusals spent nothing; the one accepted step is on disk, and survives a restart
     assert g.spent_steps == 1
-    again = SiteGuard(0, g.policy, state_path=tmp_path / "site-0.json")
+    again = SiteLedger(0, g.policy, state_path=tmp_path / "site-0.json")
     assert again.spent_steps == 1
     with pytest.raises(PolicyRefused, match="already answered"):
-        again.authorize(round=0, steps=[(0.05, 1.0)], **ok)
-    again.authorize(round=1, steps=[(0.05, 1.0)], **ok)
-    again.authorize(round=0, steps=[(0.05, 1.0)], **{**ok, "epoch": 1})  # a resumed server
+        _authorize(again, round=0, steps=[(0.05, 1.0)])
+    _authorize(again, round=1, steps=[(0.05, 1.0)])
+    _authorize(again, round=0, steps=[(0.05, 1.0)], epoch=1)  # a resumed server
 
 
 def test_a_site_refuses_what_would_pass_its_own_budget(tmp_path):
     g = _guard(tmp_path)
-    ok = dict(run_key="r", epoch=0, placement="sites", seeded=False, clip=1.0)
     answered = 0
     with pytest.raises(PolicyRefused, match="budget"):
         for r in range(10_000):
-            g.authorize(round=r, steps=[(0.1, 1.0)] * 4, **ok)  # 26 steps fit
+            _authorize(g, round=r, steps=[(0.1, 1.0)] * 4)  # 26 steps fit
             answered += 1
     assert answered == 6  # 24 of the 26 affordable steps; the 7th round (28) is refused
     assert g.accountant.rigorous_epsilon() <= 4.0
@@ -351,14 +356,11 @@ def _policy_file(tmp_path, k, **keys):
 
 def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_path):
     over = {**SMALL, "noise_placement": "sites", "local_steps": 2, "rounds": 3}
+    # exact evaluations: the sites' ledgers then hold the training steps alone (noised
+    # evaluations compose into them too: tests/privacy/test_site_guard.py)
+    keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact")
     ncs = [
-        {
-            "site-id": k,
-            "privacy-policy": str(
-                _policy_file(tmp_path, k, epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3)
-            ),
-        }
-        for k in range(3)
+        {"site-id": k, "privacy-policy": str(_policy_file(tmp_path, k, **keys))} for k in range(3)
     ]
     out = tmp_path / "sites"
     run_local({**over, "randomness": "os", "out": str(out)}, node_configs=ncs)
@@ -453,6 +455,8 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
         elif kind == "evaluate":
             assert sorted(c.keys()) == ["meta", "reports", "stats"]  # no labels, no predictions
             assert dict(c["meta"]) == {"site-id": int(ins.content["eval"]["site-id"])}
+            # a deployed site's default: the metrics carry the site's own noise
+            assert {r["release"] for r in json.loads(c["reports"]["json"]).values()} == {"dp"}
         else:
             raise AssertionError(f"unexpected message type {kind}")
         if kind == "train":  # one record: the round's fields and the run config (run.*)

@@ -1,0 +1,186 @@
+"""What leaves a site: the guard's release of each reply (:mod:`fedsgld.clients.guard`).
+
+The handlers compute exact answers; what the site's policy does not let out never leaves
+this module. Two releases add noise the site draws itself (Gaussian mechanism, charged to
+the site's ledger before the draw as one step (q = 1, sigma)):
+
+**Evaluation statistics** (policy ``evaluation = "dp"``). Of the mean softmax p_i of each
+test record i (label y_i, confidence c_i = max_j p_ij in bin b_i of 15 equal bins), the
+site sums the vector
+
+    v = [count per bin, sum of c_i per bin, number correct per bin,
+         sum_i min(-log p_{i,y_i}, B) / B,  sum_i ||p_i - e_{y_i}||^2 / 2]   (47 entries),
+
+B = ``NLL_BOUND`` nats. Adding or removing one record changes one entry of each of the
+three bin blocks by at most 1 each and the last two by at most 1 each: L2 sensitivity
+sqrt(5). The site releases v + N(0, (sigma_e sqrt(5))^2 I), sigma_e = the policy's
+``evaluation_noise_multiplier``, rounded into valid statistics (post-processing, free):
+bin counts the non-negative integers closest to the noisy ones that sum to the public
+n_test, correct counts in [0, count], confidence sums inside their bin, NLL and Brier sums
+in their ranges. The site's report (accuracy, NLL of the clipped terms, Brier, ECE, MCE)
+is computed from these; SCE, ACE and AUC need per-record data and are null.
+
+**PATE vote counts** (unless ``allow_non_private``). One record trains one teacher (the
+teachers' shares are disjoint), whose votes on all Q queries may change: L2 sensitivity
+sqrt(2 Q) of the (Q, K) histogram. The site releases h + N(0, (sigma_v sqrt(2 Q))^2), sigma_v
+= the policy's ``vote_noise_multiplier``, each row rounded to the closest non-negative
+integer votes summing to the number of teachers (a valid histogram: post-processing).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from .policy import SitePolicy
+
+STATS_BINS = 15
+NLL_BOUND = 10.0  # nats: a record's NLL term in a noised release is min(-log p_y, NLL_BOUND)
+STATS_SENSITIVITY = math.sqrt(5.0)
+STATS_SIZE = 3 * STATS_BINS + 2
+
+PUBLIC_SITE_KEYS = ("site", "n_train", "n_test", "num_classes", "input_shape")
+
+
+def vote_sensitivity(n_queries: int) -> float:
+    """L2 sensitivity of one site's (n_queries, K) vote histogram to one record."""
+    return math.sqrt(2.0 * n_queries)
+
+
+# -- the noised quantities ----------------------------------------------------------------
+
+
+def stats_vector(probs: Any, labels: Any) -> np.ndarray:
+    """The summed vector v of the module docstring (each record adds at most 1 to five entries)."""
+    from ..calibration.metrics import NLL_FLOOR, validate
+    from ..calibration.pooling import pooling_stats
+
+    s = pooling_stats(probs, labels, STATS_BINS)
+    p, y = validate(probs, labels)
+    nll = np.minimum(-np.log(np.maximum(p[np.arange(len(y)), y], NLL_FLOOR)), NLL_BOUND)
+    tail = [float(nll.sum()) / NLL_BOUND, s["brier_sum"] / 2.0]
+    return np.concatenate([s["bin_count"], s["bin_conf"], s["bin_correct"], tail]).astype(
+        np.float64
+    )
+
+
+def round_to_total(v: np.ndarray, total: int) -> np.ndarray:
+    """The non-negative integers closest to ``v`` (L2, then largest remainders) summing to
+    ``total``: the Euclidean projection onto {x >= 0, sum x = total}, then rounded."""
+    v = np.asarray(v, dtype=np.float64)
+    if total <= 0:
+        return np.zeros(v.shape, dtype=np.int64)
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - total
+    j = np.arange(1, len(u) + 1)
+    rho = int(np.nonzero(u - css / j > 0)[0][-1])
+    x = np.maximum(v - css[rho] / (rho + 1), 0.0)
+    out = np.floor(x).astype(np.int64)
+    short = int(total - out.sum())
+    if short > 0:
+        out[np.argsort(-(x - out), kind="stable")[:short]] += 1
+    return out
+
+
+def noisy_stats(probs: Any, labels: Any, noise: np.ndarray) -> dict[str, Any]:
+    """The statistics of :func:`fedsgld.calibration.pooling.pooling_stats`, released from
+    ``stats_vector + noise`` (noise of shape (STATS_SIZE,)) and rounded into valid ones."""
+    n = int(np.asarray(labels).shape[0])
+    v = stats_vector(probs, labels) + np.asarray(noise, dtype=np.float64)
+    k = STATS_BINS
+    counts = round_to_total(v[:k], n)
+    edges = np.arange(k + 1, dtype=np.float64) / k
+    conf = np.clip(v[k : 2 * k], edges[:-1] * counts, edges[1:] * counts)
+    hits = np.clip(np.rint(v[2 * k : 3 * k]), 0, counts).astype(np.int64)
+    return {
+        "n": n,
+        "correct": int(hits.sum()),
+        "nll_sum": float(np.clip(v[3 * k] * NLL_BOUND, 0.0, n * NLL_BOUND)),
+        "brier_sum": float(np.clip(v[3 * k + 1] * 2.0, 0.0, 2.0 * n)),
+        "bin_count": [int(c) for c in counts],
+        "bin_conf": [float(c) for c in conf],
+        "bin_correct": [int(h) for h in hits],
+    }
+
+
+def noisy_votes(counts: np.ndarray, noise: np.ndarray, teachers: int) -> np.ndarray:
+    """``counts + noise``, each row rounded to non-negative votes summing to ``teachers``."""
+    v = np.asarray(counts, dtype=np.float64) + np.asarray(noise, dtype=np.float64)
+    return np.stack([round_to_total(row, teachers) for row in v]).astype(np.int64)
+
+
+# -- the releases (the guard calls these with the instruction, the reply and its noise) ---
+
+
+def sites_info(
+    msg: Message, reply: Message, noise: None, *, label_histogram: bool | None
+) -> Message:
+    """A node's ``sites`` list: the public sizes; the training-label histogram only where
+    ``label_histogram`` is True (None: the message type has no such field)."""
+    out = []
+    for entry in json.loads(str(reply.content["sites"]["json"])):
+        public = {k: entry[k] for k in PUBLIC_SITE_KEYS}
+        if label_histogram is not None:
+            public["label_histogram"] = entry["label_histogram"] if label_histogram else None
+        out.append(public)
+    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(out)})}), reply_to=msg)
+
+
+def evaluation(
+    msg: Message, reply: Message, noise: np.ndarray | None, *, policy: SitePolicy, group: str
+) -> Message:
+    """An evaluation of one model: the site's report and statistics, exact or noised as the
+    policy says (each report's ``release`` field says which); test labels and predictions
+    only where the policy shares them."""
+    c = reply.content
+    if policy.evaluation == "exact":
+        reports = {g: {**r, "release": "exact"} for g, r in _json(c, "reports").items()}
+        stats = _json(c, "stats")
+    else:
+        probs, labels = c[f"pred-{group}"]["probs"].numpy(), c["labels"]["labels"].numpy()
+        s = noisy_stats(probs, labels, noise)
+        from ..calibration.pooling import report_from_stats
+
+        reports = {group: {**report_from_stats([s]), "release": "dp"}}
+        stats = {group: s}
+    out: dict[str, Any] = {
+        "meta": c["meta"],
+        "reports": ConfigRecord({"json": json.dumps(reports)}),
+        "stats": ConfigRecord({"json": json.dumps(stats)}),
+    }
+    if policy.share_predictions:
+        out["labels"] = c["labels"]
+        out[f"pred-{group}"] = c[f"pred-{group}"]
+    return Message(RecordDict(out), reply_to=msg)
+
+
+def votes(
+    msg: Message,
+    reply: Message,
+    noise: np.ndarray | None,
+    *,
+    teachers: int,
+    noise_std: float,
+    share_accuracy: bool,
+) -> Message:
+    """A PATE site's vote histogram (noised unless ``noise`` is None) and, where the policy
+    releases exact evaluations, its teachers' test accuracies (else an empty list)."""
+    c = reply.content
+    counts = c["histogram"]["counts"].numpy()
+    if noise is not None:
+        counts = noisy_votes(counts, noise, teachers)
+    acc = str(c["teachers"]["accuracy"]) if share_accuracy else "[]"
+    rec = {"site-id": c["teachers"]["site-id"], "accuracy": acc, "vote-noise-std": noise_std}
+    out = {
+        "histogram": ArrayRecord({"counts": Array(np.ascontiguousarray(counts, dtype=np.int64))}),
+        "teachers": ConfigRecord(rec),
+    }
+    return Message(RecordDict(out), reply_to=msg)
+
+
+def _json(content: RecordDict, name: str) -> dict[str, Any]:
+    return json.loads(str(content[name]["json"]))

@@ -1,0 +1,88 @@
+"""The site's guard in a real Flower deployment on loopback (issue 25).
+
+One SuperLink, two SuperNodes each reading its own ``.npz``, ``flwr run``: the guard mod
+runs in Flower's own ClientApp processes. Site 0 has no policy file (the deployment
+default: noised evaluation, its ledger persisted in its ``state-dir``); site 1's policy
+answers no evaluation at all (``max_evaluations = 0``), and the server's log names why.
+The attacks themselves, message by message: tests/privacy/test_site_guard.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg
+
+from fedsgld.apps.export_sites import export_sites
+from fedsgld.config import load_config
+
+pytestmark = pytest.mark.deploy
+
+RUN = {
+    **SMALL,
+    "sites": 2,
+    "rounds": 2,
+    "eval_every": 0,
+    "checkpoint_every": 0,
+    "burn_in": 1,
+    "thin": 1,
+    "max_samples": 2,
+    "poll-interval": 0.1,
+    "wait-for-sites": 120.0,
+    "round-timeout": 120.0,
+    "threads": 1,
+}
+
+
+def test_a_deployed_sites_guard_noises_charges_and_refuses(flower_tmp):
+    root, procs = flower_tmp
+    files = export_sites(
+        load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data"
+    )
+    (root / "policy1.toml").write_text("max_evaluations = 0\n")
+    nodes = [
+        f"site-id=0 site-data='{files[0]}' state-dir='{root / 'state0'}'",
+        f"site-id=1 site-data='{files[1]}' privacy-policy='{root / 'policy1.toml'}'",
+    ]
+    port = free_port()
+    link = ["--insecure", "--host", "127.0.0.1", "--port", str(port)]
+    link += ["--disable-runtime-dependency-installation"]
+    procs.start("superlink", [str(BIN / "flower-superlink"), *link], flower_env(root / "hl"))
+    procs.wait_listening("superlink", port)
+    for k, nc in enumerate(nodes):
+        args = ["--insecure", "--superlink", f"127.0.0.1:{port}", "--port", str(free_port())]
+        procs.start(
+            f"supernode-{k}",
+            [str(BIN / "flower-supernode"), *args, "--node-config", nc],
+            flower_env(root / f"hn{k}"),
+        )
+    cli = root / "hc"
+    cli.mkdir()
+    (cli / "config.toml").write_text(
+        f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n"
+    )
+    out = root / "out"
+    res = flwr(
+        ["run", ".", "loop", "--stream", "--run-config", run_config_arg({**RUN, "out": str(out)})],
+        flower_env(cli),
+        timeout=600,
+    )
+    log = res.stdout + res.stderr
+    assert (out / "results.json").is_file(), log[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    assert r["privacy"]["steps"] == 2  # both sites trained
+    # site 0 released noised metrics of each model (last iterate, posterior average) ...
+    assert r["metrics"]["sites"]["0"]["release"] == "dp"
+    assert r["metrics"]["posterior"]["sites"]["0"]["release"] == "dp"
+    state = json.loads((Path(root / "state0") / "fedsgld-site-0.json").read_text())
+    assert state["ledger"]["ledger"] == [[1.0, 5.0, 2]]  # ... each charged to its ledger
+    assert list(state["evaluations"].values()) == [2]
+    assert list(state["answered"].values()) == [[0, 1]]  # rounds 0 and 1, numbered, persisted
+    # site 1 refused every evaluation, and said why
+    dropped = [d for d in r["flower"]["dropped_replies"] if d["kind"] == "evaluate"]
+    assert {d["site"] for d in dropped} == {1}
+    assert all("policy max_evaluations is 0" in d["reason"] for d in dropped), dropped
+    assert "1" not in r["metrics"]["sites"]
