@@ -342,8 +342,16 @@ def _pate():
     return config, pate_record(config), pate_split(config)
 
 
-def test_a_single_teacher_site_sends_only_noised_votes(tmp_path):
+def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
     config, rec, split = _pate()
+    draws = []
+    real = noise_module.gaussian_noise
+
+    def spy(shape, **kw):
+        draws.append((tuple(shape), kw["std"], kw["secure"]))
+        return real(shape, **kw)
+
+    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
     task = ConfigRecord({"site-id": 0, "run-key": "attacker"})
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
     trusting = policy_file(tmp_path, allow_non_private=True, evaluation="exact")
@@ -362,6 +370,8 @@ def test_a_single_teacher_site_sends_only_noised_votes(tmp_path):
     teachers = reply.content["teachers"]
     assert json.loads(teachers["accuracy"]) == []  # an exact test statistic: not released
     assert teachers["vote-noise-std"] == pytest.approx(vote_sensitivity(60))
+    # the deployed default's votes: one hardened draw at that std over the whole histogram
+    assert draws == [(counts.shape, pytest.approx(vote_sensitivity(60)), True)]
     state = os.environ["FEDSGLD_STATE_DIR"]
     led = json.loads(open(os.path.join(state, "fedsgld-site-0.json")).read())["ledger"]
     assert [1.0, 1.0, 1] in led["ledger"]
