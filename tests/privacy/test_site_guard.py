@@ -196,6 +196,19 @@ def test_out_of_range_or_malformed_training_settings_are_refused_and_cost_nothin
     assert np.isfinite(s).all() and np.linalg.norm(s) <= 160 * 1.0 * (1 + 1e-3)
 
 
+def test_a_seeded_run_is_refused_unless_the_sites_policy_accepts_it(tmp_path):
+    """A shared seed lets whoever knows it regenerate the site's noise: a deployed site
+    refuses it (the deployment default, and a policy that does not say otherwise)."""
+    seeded = Config.from_flat({**SMALL, "randomness": "seeded"})
+    for node_config in (
+        {"site-id": 0},
+        {"site-id": 0, "privacy-policy": policy_file(tmp_path, "plain", **LIMITS)},
+    ):
+        refused(Node(node_config).send("train", plan=plan(seeded)), "shared-seed randomness")
+    tests_only = policy_file(tmp_path, "tests", insecure_seeded_noise=True)
+    answered(Node({"site-id": 0, "privacy-policy": tests_only}).send("train", plan=plan(seeded)))
+
+
 # -- 5: validate, then charge; a refused request costs nothing -------------------------------------
 
 
