@@ -127,6 +127,12 @@ class PateConfig:
         return self.sites * self.teachers_per_site
 
 
+def _mean(values: list[float]) -> float:
+    """The mean, NaN for none (deployed sites release their teachers' accuracies only when
+    their policy says ``evaluation = "exact"``)."""
+    return float(np.mean(values)) if values else math.nan
+
+
 def load_pate_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PateConfig:
     """Read a TOML file of :class:`PateConfig` keys (unknown keys raise ``ValueError``)."""
     with open(path, "rb") as fh:
@@ -390,7 +396,7 @@ def release_and_learn(
     n_teachers = int(counts[0].sum()) if len(counts) else 0
     log(
         f"{n_teachers} teachers' votes ({time.perf_counter() - t0:.1f}s); mean teacher test "
-        f"accuracy {np.mean(teacher_acc):.4f}, plurality vote accuracy "
+        f"accuracy {_mean(teacher_acc):.4f}, plurality vote accuracy "
         f"{float((plurality == y_q).float().mean()):.4f}"
     )
     out = Path(out_dir) if out_dir is not None else None
@@ -416,7 +422,7 @@ def release_and_learn(
         ),
         "teachers": {
             "count": n_teachers,
-            "mean_test_accuracy": float(np.mean(teacher_acc)),
+            "mean_test_accuracy": _mean(teacher_acc),
             "test_accuracy": teacher_acc,
             "test_accuracy_on": "each teacher's own site's test split",
             "plurality_label_accuracy": float((plurality == y_q).float().mean()),
