@@ -164,6 +164,7 @@ BAD_TRAINING = [
     ("sigma", -1.0, "policy min_noise_multiplier 0.5"),
     ("sigma", 0.1, "policy min_noise_multiplier 0.5"),
     ("clip", math.nan, "clip nan refused"),
+    ("clip", 0.0, "clip 0.0 refused"),
     ("clip", -1e6, "policy max_clip 10"),
     ("clip", math.inf, "policy max_clip 10"),
     ("clip", 100.0, "policy max_clip 10"),
@@ -207,6 +208,14 @@ def test_a_seeded_run_is_refused_unless_the_sites_policy_accepts_it(tmp_path):
         refused(Node(node_config).send("train", plan=plan(seeded)), "shared-seed randomness")
     tests_only = policy_file(tmp_path, "tests", insecure_seeded_noise=True)
     answered(Node({"site-id": 0, "privacy-policy": tests_only}).send("train", plan=plan(seeded)))
+
+
+def test_a_site_answers_up_to_max_local_steps_and_no_more(tmp_path):
+    pol = policy_file(tmp_path, epsilon=50.0, max_local_steps=2)
+    node = Node({"site-id": 0, "privacy-policy": pol})
+    three = Config.from_flat({**SMALL, "noise_placement": "sites", "local_steps": 3})
+    refused(node.send("train", plan=plan(three)), "3 local steps; policy max_local_steps is 2")
+    answered(node.send("train", plan=plan(LOCAL)))  # 2 local steps: at the limit
 
 
 # -- 5: validate, then charge; a refused request costs nothing -------------------------------------
