@@ -279,6 +279,31 @@ def _predict_class(fm, c: int) -> np.ndarray:
     return theta
 
 
+def test_the_release_noise_is_fresh_entropy_the_server_cannot_predict(tmp_path, monkeypatch):
+    """The same evaluation asked of two fresh sites (nothing differs but the sites' own
+    entropy) is released with different noise: nothing the server sends, and no fixed
+    seed, decides it."""
+    drawn = []
+    real = noise_module.gaussian_noise
+
+    def spy(shape, **kw):
+        z = real(shape, **kw)
+        drawn.append(z.clone())
+        return z
+
+    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
+    z = np.zeros(54595, np.float32)
+    for k in range(2):
+        monkeypatch.setenv("FEDSGLD_STATE_DIR", str(tmp_path / f"site-{k}"))
+        answered(Node({"site-id": 0}).send("evaluate", **evaluation([z])))
+    # even where the policy accepts a seeded run (tests only), a release is never seeded
+    for k in range(2):
+        pol = policy_file(tmp_path, f"seeded-{k}", insecure_seeded_noise=True)
+        answered(Node({"site-id": 0, "privacy-policy": pol}).send("evaluate", **evaluation([z])))
+    assert len(drawn) == 4
+    assert not torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[2], drawn[3])
+
+
 def test_crafted_models_no_longer_read_out_the_test_label_histogram(tmp_path, monkeypatch):
     """The attack of issue 25: for each class c, a model that predicts c everywhere; its
     accuracy is the number of test records of class c. Against a site that releases exact
