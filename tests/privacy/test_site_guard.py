@@ -102,6 +102,20 @@ def policy_file(tmp_path, name="policy", **keys) -> str:
     return str(d / "policy.toml")
 
 
+def spy_on_noise(monkeypatch) -> list[tuple[tuple[int, ...], float, bool, torch.Tensor]]:
+    """Every Gaussian draw from now on, as (shape, std, secure, the values drawn)."""
+    draws = []
+    real = noise_module.gaussian_noise
+
+    def spy(shape, **kw):
+        z = real(shape, **kw)
+        draws.append((tuple(shape), kw["std"], kw["secure"], z.clone()))
+        return z
+
+    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
+    return draws
+
+
 def site0(node: Node, config: Config = CONFIG):
     """Site 0 as the test (not the server) sees it: its model layout and true labels."""
     return hosted_sites(node.context, config).sites[0]
@@ -283,15 +297,7 @@ def test_the_release_noise_is_fresh_entropy_the_server_cannot_predict(tmp_path, 
     """The same evaluation asked of two fresh sites (nothing differs but the sites' own
     entropy) is released with different noise: nothing the server sends, and no fixed
     seed, decides it."""
-    drawn = []
-    real = noise_module.gaussian_noise
-
-    def spy(shape, **kw):
-        z = real(shape, **kw)
-        drawn.append(z.clone())
-        return z
-
-    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
+    draws = spy_on_noise(monkeypatch)
     z = np.zeros(54595, np.float32)
     for k in range(2):
         monkeypatch.setenv("FEDSGLD_STATE_DIR", str(tmp_path / f"site-{k}"))
@@ -300,6 +306,7 @@ def test_the_release_noise_is_fresh_entropy_the_server_cannot_predict(tmp_path, 
     for k in range(2):
         pol = policy_file(tmp_path, f"seeded-{k}", insecure_seeded_noise=True)
         answered(Node({"site-id": 0, "privacy-policy": pol}).send("evaluate", **evaluation([z])))
+    drawn = [d[3] for d in draws]
     assert len(drawn) == 4
     assert not torch.equal(drawn[0], drawn[1]) and not torch.equal(drawn[2], drawn[3])
 
@@ -309,14 +316,7 @@ def test_crafted_models_no_longer_read_out_the_test_label_histogram(tmp_path, mo
     accuracy is the number of test records of class c. Against a site that releases exact
     metrics it recovers the histogram exactly; against a deployed site's default it is off
     by the noise the site draws (hardened, std 5 sqrt(5)), and every answer is charged."""
-    draws = []
-    real = noise_module.gaussian_noise
-
-    def spy(shape, **kw):
-        draws.append((tuple(shape), kw["std"], kw["secure"]))
-        return real(shape, **kw)
-
-    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
+    draws = spy_on_noise(monkeypatch)
     exact = Node({"site-id": 0, "privacy-policy": policy_file(tmp_path, evaluation="exact")})
     default = Node({"site-id": 0})  # no policy file: the deployment default
     site = site0(default)
@@ -336,7 +336,7 @@ def test_crafted_models_no_longer_read_out_the_test_label_histogram(tmp_path, mo
             assert json.loads(reply.content["reports"]["json"])["model"]["release"] == "dp"
             errors.append(got - truth[c])
     std = 5.0 * STATS_SENSITIVITY
-    assert draws and all(d == ((47,), pytest.approx(std), True) for d in draws)
+    assert draws and all(d[:3] == ((47,), pytest.approx(std), True) for d in draws)
     assert len(draws) == 18
     # the released count carries noise of about that size (clipped into [0, n_test]: less)
     assert 0.3 * std <= float(np.std(errors)) <= 1.6 * std
@@ -391,14 +391,7 @@ def _pate():
 
 def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
     config, rec, split = _pate()
-    draws = []
-    real = noise_module.gaussian_noise
-
-    def spy(shape, **kw):
-        draws.append((tuple(shape), kw["std"], kw["secure"]))
-        return real(shape, **kw)
-
-    monkeypatch.setattr(noise_module, "gaussian_noise", spy)
+    draws = spy_on_noise(monkeypatch)
     task = ConfigRecord({"site-id": 0, "run-key": "attacker"})
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
     trusting = policy_file(tmp_path, allow_non_private=True, evaluation="exact")
@@ -418,7 +411,7 @@ def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
     assert json.loads(teachers["accuracy"]) == []  # an exact test statistic: not released
     assert teachers["vote-noise-std"] == pytest.approx(vote_sensitivity(60))
     # the deployed default's votes: one hardened draw at that std over the whole histogram
-    assert draws == [(counts.shape, pytest.approx(vote_sensitivity(60)), True)]
+    assert [d[:3] for d in draws] == [(counts.shape, pytest.approx(vote_sensitivity(60)), True)]
     state = os.environ["FEDSGLD_STATE_DIR"]
     led = json.loads(open(os.path.join(state, "fedsgld-site-0.json")).read())["ledger"]
     assert [1.0, 1.0, 1] in led["ledger"]
