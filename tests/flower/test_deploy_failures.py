@@ -166,6 +166,7 @@ def test_the_deploy_command_exits_with_the_runs_outcome(
 
 
 @pytest.mark.deploy
+@pytest.mark.slow  # ~100 s; the stand-in tests above cover every exit status
 def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     """A resume of a directory that holds no run fails in the ServerApp: ``flwr run
     --stream`` exits 0 anyway; ``python -m fedsgld.deploy run`` exits 1 with the reason,

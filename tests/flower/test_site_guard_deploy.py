@@ -18,7 +18,7 @@ from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_a
 from fedsgld.apps.export_sites import export_sites
 from fedsgld.config import load_config
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]  # ~80 s; LocalGrid tests cover the guard
 
 RUN = {
     **SMALL,
