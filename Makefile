@@ -21,7 +21,7 @@ $(BIN)/.installed: pyproject.toml
 setup: $(BIN)/.installed
 
 # The demo replaces its own output each time (and nothing else under runs/). Two threads
-# on every machine: the README's numbers are those of this run (fedsgld/tools/readme_numbers.py).
+# on every machine: the README's numbers are those of this run (fedsgld/studies/readme_numbers.py).
 demo: setup
 	rm -rf runs/demo-dpsgld runs/demo-dpsgd runs/demo-compare.png
 	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgld --set threads=2 --out runs/demo-dpsgld
@@ -30,7 +30,7 @@ demo: setup
 
 # Rewrite the README's demo numbers from a fresh demo run (`--check` only compares).
 readme-numbers: demo
-	$(BIN)/python -m fedsgld.tools.readme_numbers runs/demo-dpsgld runs/demo-dpsgd
+	$(BIN)/python -m fedsgld.studies.readme_numbers runs/demo-dpsgld runs/demo-dpsgd
 
 # The CI test command: everything except tests marked slow, then a representative slow one
 # (the full-size demo run against the README's numbers). `make test-all` runs every test.

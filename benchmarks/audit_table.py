@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsgld.audit import run_audit  # noqa: E402
 from fedsgld.config import load_config  # noqa: E402
 from fedsgld.privacy import PrivacyAccountant  # noqa: E402
+from fedsgld.studies.audit import run_audit  # noqa: E402
 
 
 def dpsgd_sigma(epsilon: float, *, q: float, steps: int, delta: float) -> float:

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run trials in this process (a finished table: read back)",
     )
     args = ap.parse_args(argv)
-    from fedsgld.sweep import run_sweep, verdict
+    from fedsgld.studies.sweep import run_sweep, verdict
 
     out = Path(args.out)
     tables: dict[str, dict[str, dict]] = {}

@@ -4,7 +4,7 @@ Times, interleaved in one run, ways to draw the (B, P) = (256, 26,010) block of 
 CNN's pre-noise (6.66 million normals) and prints nanoseconds per normal:
 
   torch_randn_f32     torch.randn(B, P) from an explicit CPU generator (what
-                      fedsgld.privacy.noise.gaussian_noise does)
+                      fedsgld.core.noise.gaussian_noise does)
   torch_normal_f32_buffer   Tensor.normal_ into a preallocated buffer (no fresh memory)
   torch_randn_f32_rows16    the same block drawn 16 rows at a time (cache-sized pieces)
   torch_randn_f64     float64 draws (twice the bytes, same Mersenne Twister)

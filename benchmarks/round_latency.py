@@ -104,7 +104,7 @@ def import_cost(tmp: Path, repeats: int = 3) -> float:
     for _ in range(repeats):
         t0 = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.clients.flower, "
+            [sys.executable, "-c", "import fedsgld.apps.client_app, fedsgld.flower.sites, "
              "flwr.supernode.runtime.run_clientapp, torch.func, torch._dynamo"],
             check=True, env=_env(tmp / "import-home"),
         )  # fmt: skip
@@ -239,7 +239,7 @@ def engine_round(sites: int, rounds: int, tmp: Path, **_) -> float:
 
 
 def local_grid_round(sites: int, rounds: int, tmp: Path, **_) -> float:
-    from fedsgld.apps.local_grid import run_local
+    from fedsgld.flower.local_grid import run_local
 
     out = tmp / f"local-{sites}"
     run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
@@ -267,9 +267,9 @@ def deploy(
 ) -> tuple[dict, float]:
     """A loopback deployment of run config ``cfg`` (one SuperNode per site); the run's
     results.json and the wall time of ``flwr run``."""
-    from fedsgld.apps.export_sites import export_sites
+    from fedsgld.clients.approval import approve
     from fedsgld.config import load_config
-    from fedsgld.deploy.approval import approve
+    from fedsgld.deploy.export_sites import export_sites
     from fedsgld.deploy.shim import install_shim
 
     root = tmp / name

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from fedsgld.core import mechanism
 from fedsgld.core.device import resolve_device
 from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum, langevin_update
+from fedsgld.core.noise import seeded_generator
 from fedsgld.models import PaperCNN, build_model
-from fedsgld.privacy.noise import seeded_generator
 
 PRENOISE = 0.01  # the paper's rho (simulations/*.toml)
 MAIN_STEPS = ("sgd", "dpsgld", "dpsgld_noprenoise", "opacus", "opacus_ghost")

@@ -1,3 +1,3 @@
-from .cli import main
+from fedsgld.cli.commands import main
 
 raise SystemExit(main())

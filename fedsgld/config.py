@@ -30,7 +30,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from .core.schedules import CyclicalSchedule, StepSchedule
+    from fedsgld.privacy.schedules import CyclicalSchedule, StepSchedule
 
 PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
@@ -209,7 +209,7 @@ class PrivacySettings:
     def schedule(self) -> StepSchedule | CyclicalSchedule:
         """DP-SGD (and DPVI) keep their step size constant; SGD and DP-SGLD follow
         ``lr_schedule`` (the polynomial decay, or cosine cycles)."""
-        from .core.schedules import CyclicalSchedule, StepSchedule
+        from fedsgld.privacy.schedules import CyclicalSchedule, StepSchedule
 
         if self.method not in ("sgd", "dpsgld"):
             return StepSchedule(self.lr, 0.0, self.decay_t0)
@@ -231,7 +231,7 @@ class PrivacySettings:
             return 0.0
         if self.method in ("dpsgd", "dpvi"):
             return self.noise_multiplier
-        from .core.schedules import sgld_noise_multiplier
+        from fedsgld.privacy.schedules import sgld_noise_multiplier
 
         return sgld_noise_multiplier(self.step_size(t), self.temperature)
 
@@ -261,7 +261,7 @@ class PerfSettings:
 
     def torch_device(self):
         """The torch.device to run on; ValueError for ``cuda`` on a machine without a GPU."""
-        from .core.device import resolve_device
+        from fedsgld.core.device import resolve_device
 
         return resolve_device(self.device)
 

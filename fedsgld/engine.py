@@ -5,7 +5,7 @@
 until the round limit or the privacy budget stops it. Everything around the maths (the
 result directory, the ledger written before each step's noise is drawn, checkpoints,
 resume with fresh noise, the evaluation schedule, results.json) is
-:class:`fedsgld.lifecycle.RunLifecycle`, which the Flower ServerApp drives too.
+:class:`fedsgld.run.lifecycle.RunLifecycle`, which the Flower ServerApp drives too.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 
-from .calibration import calibration_report
-from .clients import Site
-from .config import Config
-from .data import describe_sites, load_dataset, make_sites
-from .data.datasets import subsample
-from .lifecycle import (  # noqa: F401 - re-exported for older imports
+from fedsgld.calibration import calibration_report
+from fedsgld.clients.site import Site
+from fedsgld.config import Config
+from fedsgld.core.noise import Randomness, os_seed
+from fedsgld.data import describe_sites, load_dataset, make_sites
+from fedsgld.data.datasets import subsample
+from fedsgld.models import build_model
+from fedsgld.run.lifecycle import (  # noqa: F401 - re-exported for older imports
     CHECKPOINT,
     LEDGER,
     RESULTS,
@@ -32,9 +34,7 @@ from .lifecycle import (  # noqa: F401 - re-exported for older imports
     round_time_summary,
     write_json,
 )
-from .models import build_model
-from .privacy.noise import Randomness, os_seed
-from .strategies import LangevinServer, PosteriorSamples
+from fedsgld.strategies import LangevinServer, PosteriorSamples
 
 
 def variational_view(config: Config, model: torch.nn.Module):
@@ -42,7 +42,7 @@ def variational_view(config: Config, model: torch.nn.Module):
     (the plain view theta). The engine and the Flower apps both build sites with it."""
     if not config.privacy.variational:
         return None
-    from .vi import VariationalModel
+    from fedsgld.vi import VariationalModel
 
     run = config.run
     return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
@@ -106,7 +106,7 @@ class Federation:
         # held out of each site's training split: a validation split for hyper-parameter
         # selection (carved first, so a run with and without recalibration validates alike),
         # then a calibration split for private recalibration
-        from .calibration.recal import RECAL_STREAM
+        from fedsgld.calibration.recal import RECAL_STREAM
 
         self.val_data = self._hold_out("validation_fraction", VALIDATION_STREAM, "validation", log)
         self.cal_data = self._hold_out("recal_fraction", RECAL_STREAM, "calibration", log)
@@ -141,7 +141,7 @@ class Federation:
         splits' (records, labels), [] when the fraction is 0."""
         from dataclasses import replace
 
-        from .calibration.recal import carve_split
+        from fedsgld.calibration.recal import carve_split
 
         fraction = getattr(self.config.run, setting)
         if fraction == 0:
@@ -214,7 +214,7 @@ class Federation:
         """Replace a site's images by frozen-backbone features (computed once, cached on disk)."""
         from dataclasses import replace
 
-        from .models.backbone import cached_features
+        from fedsgld.models.backbone import cached_features
 
         run = self.config.run
         kw = dict(
@@ -265,7 +265,7 @@ class Federation:
 def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> None:
     """Private temperature scaling of the last iterate over the sites' calibration splits
     (:mod:`fedsgld.calibration.recal`); the lifecycle keeps the ledger and draws the noise."""
-    from .calibration.recal import RECAL_STREAM, RecalPlan, site_temperature_sum
+    from fedsgld.calibration.recal import RECAL_STREAM, RecalPlan, site_temperature_sum
 
     plan = RecalPlan.from_config(lc.config)
     logits: list[torch.Tensor] = []
@@ -300,7 +300,7 @@ def run(
 ) -> dict[str, Any]:
     """Run one federation in-process and write its result directory. Returns results.json's dict
     (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
-    :class:`fedsgld.audit.CanaryAudit`, which adds its canaries and sees every release."""
+    :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries and sees every release."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
     server = fed.make_server(randomness=lc.server_randomness())

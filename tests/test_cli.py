@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fedsgld
-from fedsgld.cli import COMMANDS, build_parser, main
+from fedsgld.cli.commands import COMMANDS, build_parser, main
 from fedsgld.config import Config, settings_markdown, settings_reference, settings_text, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_version(capsys):
 def test_help_imports_no_torch(argv):
     code = (
         "import sys\n"
-        "from fedsgld.cli import main\n"
+        "from fedsgld.cli.commands import main\n"
         "try:\n"
         f"    main({argv!r})\n"
         "except SystemExit:\n"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsgld import cli
-from fedsgld.cli import main
+from fedsgld.cli import commands as cli
+from fedsgld.cli.commands import main
 from fedsgld.config import Config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,7 +177,7 @@ def test_an_unsupported_flower_release_is_a_users_error_not_a_bug(monkeypatch, c
 
 
 def test_a_long_message_is_cut_to_two_lines_and_an_os_error_names_its_file():
-    from fedsgld.cli import _error_lines
+    from fedsgld.cli.commands import _error_lines
 
     assert _error_lines(ValueError("first\nsecond\n  third\n")) == "first\nsecond third"
     assert _error_lines(ValueError("one line")) == "one line"

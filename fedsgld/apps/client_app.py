@@ -8,7 +8,7 @@ is refused. The handlers behind it:
 ``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
 the site's calibration report and statistics of one model on its test split. See
-:mod:`fedsgld.clients.flower`. ``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE
+:mod:`fedsgld.flower.sites`. ``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE
 teachers at the site, their vote histogram, the student's evaluation
 (:mod:`fedsgld.pate.flower`).
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from ..clients.flower import handle_evaluate, handle_query, handle_train
-from ..clients.guard import site_guard
+from fedsgld.clients.guard import site_guard
+from fedsgld.flower.sites import handle_evaluate, handle_query, handle_train
 
 
 def _register(app: ClientApp) -> ClientApp:
@@ -39,19 +39,21 @@ def _register(app: ClientApp) -> ClientApp:
 
     @app.query("pate")
     def pate_query(msg: Message, context: Context) -> Message:
-        from ..pate import flower as pate  # imported when asked: a site process starts lighter
+        from fedsgld.pate import (
+            flower as pate,  # imported when asked: a site process starts lighter
+        )
 
         return pate.handle_query(msg, context)
 
     @app.train("pate")
     def pate_train(msg: Message, context: Context) -> Message:
-        from ..pate import flower as pate
+        from fedsgld.pate import flower as pate
 
         return pate.handle_train(msg, context)
 
     @app.evaluate("pate")
     def pate_evaluate(msg: Message, context: Context) -> Message:
-        from ..pate import flower as pate
+        from fedsgld.pate import flower as pate
 
         return pate.handle_evaluate(msg, context)
 

@@ -2,7 +2,7 @@
 
 The run config (``[tool.flwr.app.config]`` in pyproject.toml, ``--run-config`` overrides)
 has the keys of ``fedsgld simulate``'s config plus ``out``, ``resume``,
-``round-timeout`` and ``wait-for-sites`` (see :mod:`fedsgld.apps.protocol`).
+``round-timeout`` and ``wait-for-sites`` (see :mod:`fedsgld.flower.protocol`).
 ``task = "pate"`` runs PATE instead (:mod:`fedsgld.pate.flower`, keys ``pate.*``).
 """
 
@@ -13,7 +13,7 @@ import logging
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from .runner import serve
+from fedsgld.flower.runner import serve
 
 app = ServerApp()
 
@@ -27,7 +27,7 @@ def main(grid: Grid, context: Context) -> None:
 
     run_config = dict(context.run_config)
     if run_config.get("task", "train") == "pate":
-        from ..pate.flower import serve_pate
+        from fedsgld.pate.flower import serve_pate
 
         res = serve_pate(grid, run_config, log=log)
         for mech, e in res["mechanisms"].items():

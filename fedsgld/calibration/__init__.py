@@ -1,6 +1,6 @@
 """Calibration metrics (ECE, MCE, SCE, ACE, Brier, NLL, AUC) and reliability plots."""
 
-from .metrics import (
+from fedsgld.calibration.metrics import (
     ace,
     auc,
     bin_index,

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from .metrics import reliability_bins  # noqa: E402
+from fedsgld.calibration.metrics import reliability_bins  # noqa: E402
 
 Bins = dict[str, np.ndarray]
 

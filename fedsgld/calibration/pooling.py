@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import NLL_FLOOR, _binned_gaps, _check_bins, bin_edges, validate
+from fedsgld.calibration.metrics import NLL_FLOOR, _binned_gaps, _check_bins, bin_edges, validate
 
 STATS_KEYS = ("n", "correct", "nll_sum", "brier_sum", "bin_count", "bin_conf", "bin_correct")
 

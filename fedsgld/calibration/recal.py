@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from ..core.mechanism import poisson_sample
-from ..privacy.clipping import clip_and_sum
+from fedsgld.core.clipping import clip_and_sum
+from fedsgld.core.mechanism import poisson_sample
 
 #: key part of the recalibration streams, at a position where the training streams hold a
 #: round or step index: site k samples from generator(1 + k, RECAL_STREAM, j, 0), the

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
-from ..apps.protocol import config_from_plan, config_from_record, unpack_vector
-from ..privacy.noise import Randomness
-from . import release
-from .flower import hosted_site, hosted_sites, node_policy
-from .policy import PolicyRefused, SiteLedger, SitePolicy
-from .site import Site
+from fedsgld.clients import release
+from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.site import Site
+from fedsgld.core.noise import Randomness
+from fedsgld.flower.protocol import config_from_plan, config_from_record, unpack_vector
+from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 
 Handler = Callable[[Message, Context], Message]
 LEDGER_STATE = "fedsgld.ledger-{}"  # a site's ledger in context.state (policy without state_dir)
@@ -314,7 +314,7 @@ def _evaluate(msg: Message, context: Context) -> Admission:
 
 def _pate(msg: Message, context: Context, *, shard: bool = True):
     """(config, policy, site id, the site's records) of a PATE message."""
-    from ..pate.flower import pate_config_from_run_config, site_records
+    from fedsgld.pate.flower import pate_config_from_run_config, site_records
 
     config = pate_config_from_run_config(dict(_record(msg, "pate", ConfigRecord).items()))
     policy = SitePolicy.for_node(
@@ -361,7 +361,7 @@ def _train_pate(msg: Message, context: Context) -> Admission:
 
 
 def _evaluate_pate(msg: Message, context: Context) -> Admission:
-    from ..pate.train import _new_model
+    from fedsgld.pate.train import _new_model
 
     config, policy, sid, s = _pate(msg, context)
     run_key = _run_key(_record(msg, "task", ConfigRecord))

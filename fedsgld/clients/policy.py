@@ -60,11 +60,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ..deploy.approval import ApprovedApp, parse_approved_apps
-from ..privacy import BudgetExhausted, PrivacyAccountant
+from fedsgld.clients.approval import ApprovedApp, parse_approved_apps
+from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
 
 if TYPE_CHECKING:
-    from ..privacy.noise import Randomness
+    from fedsgld.core.noise import Randomness
 
 EVALUATIONS = ("dp", "exact")
 STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
@@ -105,7 +105,7 @@ class SitePolicy:
     source: str = "default"
 
     def __post_init__(self) -> None:
-        from ..config import ACCOUNTANTS, _int, _num
+        from fedsgld.config import ACCOUNTANTS, _int, _num
 
         if self.epsilon is not None:
             _num("policy epsilon", self.epsilon, 0.0, math.inf, lo_open=True, hi_open=True)
@@ -217,7 +217,7 @@ class SitePolicy:
         derived from the run's seed only where the policy accepts a shared seed; otherwise
         fresh operating-system entropy.
         """
-        from ..privacy.noise import Randomness
+        from fedsgld.core.noise import Randomness
 
         secure = self.secure_noise or bool(run_secure)
         if seeded and self.insecure_seeded_noise:
@@ -294,7 +294,7 @@ class SiteLedger:
     def _persist(self) -> None:
         if self.state_path is None:
             return
-        from ..lifecycle import write_json
+        from fedsgld.run.lifecycle import write_json
 
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(self.state_path, self.to_json())

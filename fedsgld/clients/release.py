@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from .policy import SitePolicy
+from fedsgld.clients.policy import SitePolicy
 
 STATS_BINS = 15
 NLL_BOUND = 10.0  # nats: a record's NLL term in a noised release is min(-log p_y, NLL_BOUND)
@@ -56,8 +56,8 @@ def vote_sensitivity(n_queries: int) -> float:
 
 def stats_vector(probs: Any, labels: Any) -> np.ndarray:
     """The summed vector v of the module docstring (each record adds at most 1 to five entries)."""
-    from ..calibration.metrics import NLL_FLOOR, validate
-    from ..calibration.pooling import pooling_stats
+    from fedsgld.calibration.metrics import NLL_FLOOR, validate
+    from fedsgld.calibration.pooling import pooling_stats
 
     s = pooling_stats(probs, labels, STATS_BINS)
     p, y = validate(probs, labels)
@@ -143,7 +143,7 @@ def evaluation(
     else:
         probs, labels = c[f"pred-{group}"]["probs"].numpy(), c["labels"]["labels"].numpy()
         s = noisy_stats(probs, labels, noise)
-        from ..calibration.pooling import report_from_stats
+        from fedsgld.calibration.pooling import report_from_stats
 
         reports = {group: {**report_from_stats([s]), "release": "dp"}}
         stats = {group: s}

@@ -2,7 +2,7 @@
 
 A site returns only S_k = sum over its Poisson-sampled records of clip_C(g_i + rho z_i);
 never the number of records it sampled. Its randomness (sampling and pre-noise) comes
-from its own :class:`~fedsgld.privacy.noise.Randomness`: in a simulation a generator
+from its own :class:`~fedsgld.core.noise.Randomness`: in a simulation a generator
 derived from (seed, 1 + site_id, round), so runs are reproducible whatever order the
 sites are called in; in a deployment fresh operating-system entropy that never leaves
 the site.
@@ -19,14 +19,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..core.mechanism import FlatModel, langevin_update, site_step
-from ..privacy.noise import Randomness
+from fedsgld.core.mechanism import FlatModel, langevin_update, site_step
+from fedsgld.core.noise import Randomness
 
 LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
 
 
 class Site:
-    #: an audit's canaries (:mod:`fedsgld.audit`): ``(step, clip, sample_rate) -> sum`` of
+    #: an audit's canaries (:mod:`fedsgld.studies.audit`): ``(step, clip, sample_rate) -> sum`` of
     #: the extra records this step, added to the clipped sum before any noise; None: none
     extra_records = None
 

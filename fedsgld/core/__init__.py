@@ -1,7 +1,7 @@
 """Pure functions of DP-SGLD: per-record gradients, pre-noise, clipping, the Langevin step."""
 
-from .device import DEVICES, resolve_device
-from .mechanism import (
+from fedsgld.core.device import DEVICES, resolve_device
+from fedsgld.core.mechanism import (
     GRAD_PATHS,
     FlatModel,
     clipped_gradient_sum,
@@ -9,7 +9,7 @@ from .mechanism import (
     poisson_sample,
     site_step,
 )
-from .schedules import CyclicalSchedule, StepSchedule, sgld_noise_multiplier
+from fedsgld.privacy.schedules import CyclicalSchedule, StepSchedule, sgld_noise_multiplier
 
 __all__ = [
     "CyclicalSchedule",

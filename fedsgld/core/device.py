@@ -2,7 +2,7 @@
 
 The device is a performance setting: it changes speed, never the method or its privacy.
 Every random draw that matters keeps its explicit generator, made on the same device
-(``fedsgld.privacy.noise.seeded_generator(..., device=...)``); a CUDA generator is a
+(``fedsgld.core.noise.seeded_generator(..., device=...)``); a CUDA generator is a
 different algorithm from the CPU's, so a seed gives different (equally reproducible)
 numbers on a GPU than on the CPU.
 """

@@ -43,11 +43,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from ..privacy.clipping import clip_and_sum
-from ..privacy.noise import gaussian_noise
-from .device import check_generator, resolve_device
-from .per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
-from .prenoise import PrenoiseRows, draw_in_background, sharing_threads
+from fedsgld.core.clipping import clip_and_sum
+from fedsgld.core.device import check_generator, resolve_device
+from fedsgld.core.noise import gaussian_noise
+from fedsgld.core.per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
+from fedsgld.core.prenoise import PrenoiseRows, draw_in_background, sharing_threads
 
 GRAD_PATHS = ("auto", "layers", "func")
 

@@ -343,7 +343,7 @@ def param_blocks(flat: torch.Tensor, rows: int, numels: list[int]) -> list[torch
 def clip_blocks_and_sum(blocks: list[torch.Tensor], clip: float | None) -> torch.Tensor:
     """sum_i min(1, C / ||v_i||) v_i for the records' vectors v_i = row i of cat(blocks, 1).
 
-    The same as ``fedsgld.privacy.clipping.clip_and_sum`` on the concatenated matrix (with
+    The same as ``fedsgld.core.clipping.clip_and_sum`` on the concatenated matrix (with
     no pre-noise: any is already in the blocks), without forming it. ``clip=None``: the
     plain sum."""
     if clip is None:

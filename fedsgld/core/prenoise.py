@@ -11,7 +11,7 @@ and the two meet before clipping, which uses all n threads again.
 The generator is the caller's explicit one and is used by one thread at a time (the caller
 waits for the draw before touching it again), in a fixed order: a seed gives the same
 numbers whether the draw runs in the background or not, namely one
-``fedsgld.privacy.noise.gaussian_noise((B * P,), ...)`` per chunk. On a GPU the draw is
+``fedsgld.core.noise.gaussian_noise((B * P,), ...)`` per chunk. On a GPU the draw is
 queued on the device like any other kernel; no thread is needed.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..privacy.noise import gaussian_noise
+from fedsgld.core.noise import gaussian_noise
 
 
 def draw_in_background(generator: torch.Generator) -> bool:

@@ -5,8 +5,8 @@
 >>> print(describe_sites(sites))                       # doctest: +SKIP
 """
 
-from .datasets import DATASETS, IMAGE_STATS, ArrayDataset, load_dataset, read_idx
-from .partition import SCHEMES, SiteData, describe_sites, make_sites, partition_indices
+from fedsgld.data.datasets import DATASETS, IMAGE_STATS, ArrayDataset, load_dataset, read_idx
+from fedsgld.data.partition import SCHEMES, SiteData, describe_sites, make_sites, partition_indices
 
 __all__ = [
     "DATASETS",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .datasets import ArrayDataset
+from fedsgld.data.datasets import ArrayDataset
 
 __all__ = ["SCHEMES", "SiteData", "describe_sites", "make_sites", "partition_indices"]
 

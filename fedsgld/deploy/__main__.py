@@ -6,8 +6,8 @@ the run's outcome (:mod:`fedsgld.deploy.run`)."""
 import sys
 
 if sys.argv[1:2] == ["run"]:
-    from .run import main
+    from fedsgld.deploy.run import main
 else:
-    from .fast import main
+    from fedsgld.deploy.fast import main
 
 raise SystemExit(main())

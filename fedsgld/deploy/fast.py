@@ -30,7 +30,7 @@ process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes
   * unless ``--no-warm``, **warm sites** (:mod:`fedsgld.deploy.warm`), started now; the
     SuperExec hands each task straight to the fork server (on the flwr releases in
     :data:`DIRECT_LAUNCH`; elsewhere through the ``flwr-clientapp`` shim).
-  * **approved bundles only** (:mod:`fedsgld.deploy.approval`): it refuses to start
+  * **approved bundles only** (:mod:`fedsgld.clients.approval`): it refuses to start
     without a ``privacy-policy`` in the node config unless ``--no-policy``, and every
     ClientApp (forked warm, or cold through the shim) checks the app bundle's digest
     against the policy's ``approved_apps`` before Flower installs it.
@@ -472,7 +472,7 @@ def hand_to_fork_server(args: list[str], *, quiet: bool = False) -> _Handed | No
     waits for the task's exit status, as the shim would."""
     import threading
 
-    from . import shim
+    from fedsgld.deploy import shim
 
     if shim.why_cold(args) is not None or not os.environ.get(shim.ENV_SOCKET):
         return None
@@ -732,7 +732,8 @@ def run_supernode(args: argparse.Namespace) -> int:
     """``fedsgld supernode``."""
     if not _checked("supernode"):
         return 2
-    from . import approval, shim
+    from fedsgld.clients import approval
+    from fedsgld.deploy import shim
 
     try:  # a deployed site runs only the app bundles its policy approves
         print(

@@ -15,7 +15,7 @@ packages) so that it starts in milliseconds. ``FEDSGLD_WARM=off`` in the SuperNo
 environment makes it run Flower's own ``flwr-clientapp`` every time.
 
 Either way the task's app bundle is checked against the site's policy before Flower installs
-it (:mod:`fedsgld.deploy.approval`): in the forked child, or in the cold process, which runs
+it (:mod:`fedsgld.clients.approval`): in the forked child, or in the cold process, which runs
 Flower's ``flwr-clientapp`` entry point through :func:`checked_clientapp`.
 """
 
@@ -214,10 +214,11 @@ def hand_over(conn: socket.socket, args: list[str], fds: list[int], via: str = "
 
 def checked_clientapp(args: list[str]) -> list[str]:
     """The command line of Flower's ``flwr-clientapp ARGS`` with the site's check of the app
-    bundle first (:func:`fedsgld.deploy.approval.checked_clientapp`): this interpreter runs
+    bundle first (:func:`fedsgld.clients.approval.checked_clientapp`): this interpreter runs
     ``approval.py``, loaded by its path so that no ``fedsgld`` module is imported (the
     bundle's must be the one that loads), and ``-P`` puts no directory before the bundle's."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "approval.py")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.join(package, "clients", "approval.py")
     code = (
         "import importlib.util as u, sys; "
         f"s = u.spec_from_file_location('_fedsgld_site_approval', {here!r}); "

@@ -59,9 +59,9 @@ import threading
 import time
 import traceback
 
-from .approval import LOG as APPROVAL_LOG
-from .approval import guard_clientapp
-from .shim import (
+from fedsgld.clients.approval import LOG as APPROVAL_LOG
+from fedsgld.clients.approval import guard_clientapp
+from fedsgld.deploy.shim import (
     ENV_MODE,
     ENV_SOCKET,
     SHIM_NAME,
@@ -132,7 +132,7 @@ def _app_modules() -> list[str]:
 def _recv_request(conn: socket.socket, maxfds: int = 3) -> tuple[dict, list[int]]:
     import json
 
-    from .shim import HEADER
+    from fedsgld.deploy.shim import HEADER
 
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, maxfds)
     fds = list(fds)
@@ -310,7 +310,7 @@ class _Spare:
 
     def take(self, conn: socket.socket, req: dict, fds: list[int]) -> bool:
         """Hand the task to this spare; False if it is gone (the task is then forked)."""
-        from .shim import send_json
+        from fedsgld.deploy.shim import send_json
 
         try:
             send_json(self.sock, req, [conn.fileno(), *fds])
@@ -338,7 +338,12 @@ def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
     leaked = sorted(set(_app_modules()) - server_modules)
     if leaked:
         raise RuntimeError(f"preloading imported app modules {leaked}; refusing to serve")
-    from .fast import adjust_pull_backoff, backoff_from_env, check_flower, reuse_installed_bundle
+    from fedsgld.deploy.fast import (
+        adjust_pull_backoff,
+        backoff_from_env,
+        check_flower,
+        reuse_installed_bundle,
+    )
 
     backoff = backoff_from_env()  # set by `fedsgld supernode`: its children pull the same way
     if backoff is not None:

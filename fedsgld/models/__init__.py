@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .cnn import PaperCNN
+from fedsgld.models.cnn import PaperCNN
 
 
 class LogisticRegression(nn.Module):
@@ -59,7 +59,7 @@ def build_model(
     if name == "mlp":
         return MLP(in_features, num_classes, hidden=hidden)
     if name == "timm_head":
-        from .backbone import DenseHead
+        from fedsgld.models.backbone import DenseHead
 
         return DenseHead(in_features, num_classes, hidden=hidden)
     if name == "logreg":

@@ -10,7 +10,7 @@ sites' histograms, adds noise and releases the argmax:
   GNMax(sigma_2); unanswered queries are released as -1.
 
 All noise is drawn from an explicit ``torch.Generator`` (Gaussian through
-:func:`fedsgld.privacy.noise.gaussian_noise`, Laplace through :func:`laplace_noise`), in
+:func:`fedsgld.core.noise.gaussian_noise`, Laplace through :func:`laplace_noise`), in
 float64 so that integer counts are not rounded. Privacy caveat: the server is trusted to
 add the noise (central model), and the histograms it receives are not private.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..privacy.noise import gaussian_noise
+from fedsgld.core.noise import gaussian_noise
 
 
 def laplace_noise(

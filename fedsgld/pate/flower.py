@@ -6,7 +6,7 @@ comma-separated string, e.g. ``"lnmax,gnmax"``; ``pate.dataset_options`` a JSON 
 ``round-timeout`` and ``poll-interval`` mean what they mean for DP-SGLD.
 
 Messages (one per (node, site) pair; the node hosts sites as in
-:mod:`fedsgld.clients.flower`: ``partition-id``/``num-partitions`` in simulation, or
+:mod:`fedsgld.flower.sites`: ``partition-id``/``num-partitions`` in simulation, or
 ``site-id`` with ``site-data`` (its own ``.npz``) in a deployment):
 
 ``query.pate``     server -> node: ``pate`` (ConfigRecord, the ``pate.*`` keys).
@@ -52,10 +52,10 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from ..calibration import calibration_report
-from ..calibration.pooling import check_stats, report_from_stats
-from .aggregation import site_histogram
-from .train import (
+from fedsgld.calibration import calibration_report
+from fedsgld.calibration.pooling import check_stats, report_from_stats
+from fedsgld.pate.aggregation import site_histogram
+from fedsgld.pate.train import (
     PateConfig,
     PateSplit,
     _new_model,
@@ -122,7 +122,7 @@ _SPLITS: dict[str, PateSplit] = {}
 
 def site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, Any]:
     """The private records of the sites this node hosts (site id -> x/y train/test)."""
-    from ..clients.flower import hosted_site_ids, read_site_npz
+    from fedsgld.flower.sites import hosted_site_ids, read_site_npz
 
     ids = hosted_site_ids(config.sites, node_config)
     if "site-data" in node_config:
@@ -193,7 +193,7 @@ def handle_train(msg: Message, context: Context) -> Message:
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """The student's evaluation on the site's test split (group ``student``)."""
-    from ..clients.flower import evaluation_records
+    from fedsgld.flower.sites import evaluation_records
 
     config = _setup(msg)
     sid, s = _shard(config, context, msg)
@@ -253,9 +253,9 @@ def serve_pate(
     grid: Any, run_config: dict[str, Any], *, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Run PATE over ``grid``: teachers at the sites, noisy labels, students, analysis."""
-    from ..apps.protocol import split_flower_options
-    from ..apps.runner import discover, exchange
-    from ..engine import new_run_dir
+    from fedsgld.engine import new_run_dir
+    from fedsgld.flower.protocol import split_flower_options
+    from fedsgld.flower.runner import discover, exchange
 
     log = log or _log.info
     t0 = time.perf_counter()

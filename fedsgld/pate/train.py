@@ -8,7 +8,7 @@ per teacher (non-private training); each site's test split evaluates the student
 
 Per query only the per-site vote histograms leave the sites; the server adds noise
 (:mod:`fedsgld.pate.aggregation`) and releases labels. The student trains on the answered
-queries with those labels. Privacy (:mod:`fedsgld.pate.analysis`) is per patient record:
+queries with those labels. Privacy (:mod:`fedsgld.privacy.pate_analysis`) is per patient record:
 one record changes one teacher's vote. The data-dependent epsilon is itself data-dependent
 and is reported for comparison only; it is not private to release.
 
@@ -19,7 +19,7 @@ The vote files ``votes_<mechanism>.npz`` hold the summed vote histogram per quer
 (:mod:`fedsgld.pate.flower`) only per-site histograms leave the sites, so the server's
 vote files hold ``counts`` only. Noise is drawn from generators seeded by ``seed`` (a
 simulation); a deployment would seed them from the operating system
-(:func:`fedsgld.privacy.noise.os_seed`).
+(:func:`fedsgld.core.noise.os_seed`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..calibration import calibration_report
-from ..data import ArrayDataset, SiteData, load_dataset, make_sites
-from ..models import build_model
-from ..privacy.noise import Randomness, seeded_generator
-from .aggregation import combine_histograms, confident_gnmax, gnmax, lnmax, site_histogram
-from .analysis import gnmax_epsilon_from_counts, lnmax_epsilon_from_counts, vote_counts
+from fedsgld.calibration import calibration_report
+from fedsgld.core.noise import Randomness, seeded_generator
+from fedsgld.data import ArrayDataset, SiteData, load_dataset, make_sites
+from fedsgld.models import build_model
+from fedsgld.pate.aggregation import (
+    combine_histograms,
+    confident_gnmax,
+    gnmax,
+    lnmax,
+    site_histogram,
+)
+from fedsgld.privacy.pate_analysis import (
+    gnmax_epsilon_from_counts,
+    lnmax_epsilon_from_counts,
+    vote_counts,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -504,7 +514,7 @@ def release_and_learn(
         }
     results["seconds"] = time.perf_counter() - t0
     if out is not None:
-        from ..lifecycle import write_json
+        from fedsgld.run.lifecycle import write_json
 
         write_json(out / "results.json", results)
         (out / "report.md").write_text(report_markdown(results))

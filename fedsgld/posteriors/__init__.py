@@ -1,5 +1,5 @@
 """What a run reports besides its last iterate: honest names, and SWAG."""
 
-from .naming import RECAL, SWAG, iterate_average
+from fedsgld.posteriors.naming import RECAL, SWAG, iterate_average
 
 __all__ = ["RECAL", "SWAG", "iterate_average"]

@@ -1,46 +1,13 @@
-"""Privacy: the accountant (GDP CLT and rigorous cross-checks), noise and clipping.
+"""Privacy accounting, free of torch: accountants, the GDP CLT and rigorous cross-checks,
+noise schedules, the PATE analysis, audit bounds and the server's ledger chain.
 
-The noise and clipping helpers need torch; they are imported on first use, so that the
-accountant (``fedsgld privacy``) starts without loading torch.
+Nothing here imports torch, so the accountant (``fedsgld privacy``) starts fast; the noise
+and clipping that the accounting describes are torch maths and live in :mod:`fedsgld.core`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from fedsgld.privacy.accountant import BudgetExhausted, PrivacyAccountant
+from fedsgld.privacy.gdp import gdp_delta, gdp_epsilon, gdp_mu
 
-from .accountant import BudgetExhausted, PrivacyAccountant
-from .gdp import gdp_delta, gdp_epsilon, gdp_mu
-
-__all__ = [
-    "BudgetExhausted",
-    "PrivacyAccountant",
-    "clip_and_sum",
-    "gaussian_noise",
-    "gdp_delta",
-    "gdp_epsilon",
-    "gdp_mu",
-    "os_seed",
-    "seeded_generator",
-]
-
-_LAZY = {
-    "clip_and_sum": "clipping",
-    "gaussian_noise": "noise",
-    "os_seed": "noise",
-    "seeded_generator": "noise",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = ["BudgetExhausted", "PrivacyAccountant", "gdp_delta", "gdp_epsilon", "gdp_mu"]

@@ -65,9 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from . import pld_fft
-from .gdp import gdp_epsilon, gdp_mu
-from .rdp import ledger_rdp_epsilon
+from fedsgld.privacy import pld_fft
+from fedsgld.privacy.gdp import gdp_epsilon, gdp_mu
+from fedsgld.privacy.rdp import ledger_rdp_epsilon
 
 __all__ = ["ACCOUNTANTS", "BudgetExhausted", "PrivacyAccountant"]
 

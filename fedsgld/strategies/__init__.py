@@ -1,5 +1,5 @@
 """The server side of fedsgld."""
 
-from .server import LangevinServer, PosteriorSamples, RoundPlan
+from fedsgld.strategies.server import LangevinServer, PosteriorSamples, RoundPlan
 
 __all__ = ["LangevinServer", "PosteriorSamples", "RoundPlan"]

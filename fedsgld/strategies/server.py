@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from ..config import PrivacySettings
-from ..core.mechanism import langevin_update
-from ..posteriors.swag import SwagMoments
-from ..privacy import BudgetExhausted, PrivacyAccountant
-from ..privacy.noise import Randomness
+from fedsgld.config import PrivacySettings
+from fedsgld.core.mechanism import langevin_update
+from fedsgld.core.noise import Randomness
+from fedsgld.posteriors.swag import SwagMoments
+from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
 
 SERVER_STREAM = 0  # generator key part for the server; sites use 1 + site_id
 
@@ -150,7 +150,7 @@ class LangevinServer:
         self.optimizer = optimizer
         self.adam = None
         if privacy.variational and optimizer == "adam":
-            from ..vi import Adam
+            from fedsgld.vi import Adam
 
             self.adam = Adam(self.theta.shape[0])
         # noise_placement "sites": round r runs local steps r E .. r E + E - 1 at every site
@@ -320,7 +320,7 @@ class LangevinServer:
         """DPVI: g = (sum_k S_k + N(0, (sigma C)^2 I)) / L + grad KL(q || prior) / sum_k N_k,
         then an SGD or Adam step on phi = [mu, rho]. ``noisy`` already holds the noise. The
         KL gradient is added after the noise and is not clipped: it touches no record."""
-        from ..vi import kl_gradient
+        from fedsgld.vi import kl_gradient
 
         g = noisy / self.expected_batch + kl_gradient(self.theta, prior_std=self.prior_std) / sum(
             self.site_sizes

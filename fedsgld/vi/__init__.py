@@ -1,5 +1,5 @@
 """Differentially private variational inference (DPVI, Jälkö et al. 2017) on fedsgld's sites."""
 
-from .model import Adam, VariationalModel, kl_divergence, kl_gradient
+from fedsgld.vi.model import Adam, VariationalModel, kl_divergence, kl_gradient
 
 __all__ = ["Adam", "VariationalModel", "kl_divergence", "kl_gradient"]

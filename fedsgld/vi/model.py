@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad, vmap
 
-from ..core.mechanism import FlatModel
+from fedsgld.core.mechanism import FlatModel
 
 
 def inverse_softplus(x: float) -> float:

@@ -113,7 +113,7 @@ def test_mean_confidence_is_drawn_above_the_accuracy():
 
 
 def test_report_names_the_transport_and_titles_name_method_and_epsilon():
-    from fedsgld.results import report_markdown, run_title
+    from fedsgld.run.results import report_markdown, run_title
 
     pooled = dict.fromkeys(("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc"), 0.5)
     results = {

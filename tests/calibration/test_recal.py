@@ -16,7 +16,7 @@ from fedsgld.calibration.recal import (
     temperature_nll,
 )
 from fedsgld.config import load_config
-from fedsgld.lifecycle import RunLifecycle
+from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.strategies import LangevinServer
 
 
@@ -142,7 +142,7 @@ def test_recalibration_lowers_the_nll_of_a_miscalibrated_model(tmp_path, scale, 
 
 
 def test_noise_is_drawn_by_the_server_after_the_ledger_holds_the_step(tmp_path, monkeypatch):
-    from fedsgld.privacy.noise import Randomness
+    from fedsgld.core.noise import Randomness
 
     z, y = _data(300, 2)
     real = Randomness.gaussian

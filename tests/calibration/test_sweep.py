@@ -11,7 +11,7 @@ import torch
 
 from fedsgld.config import Config
 from fedsgld.engine import Federation
-from fedsgld.sweep import method_points, parse_grid, run_sweep, select_rows, verdict
+from fedsgld.studies.sweep import method_points, parse_grid, run_sweep, select_rows, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "simulations" / "calibration_breast_cancer.toml"
@@ -164,7 +164,7 @@ def test_tiny_sweep_on_ray_selects_on_validation_and_resumes(tmp_path):
 
 @pytest.mark.parametrize("key", ["validation_fraction", "recal_fraction"])
 def test_flower_runs_refuse_held_out_splits(key):
-    from fedsgld.apps.runner import serve
+    from fedsgld.flower.runner import serve
 
     with pytest.raises(ValueError, match=f"{key} > 0.*in-process engine"):
         serve(None, {"dataset": "breast_cancer", "model": "logreg", key: 0.2})

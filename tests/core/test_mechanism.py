@@ -10,15 +10,15 @@ import torch
 from scipy import stats
 from scipy.linalg import solve_discrete_lyapunov
 
+from fedsgld.core.clipping import clip_and_sum
 from fedsgld.core.mechanism import (
     FlatModel,
     clipped_gradient_sum,
     langevin_update,
     poisson_sample,
 )
+from fedsgld.core.noise import gaussian_noise, seeded_generator
 from fedsgld.models import MLP, PaperCNN
-from fedsgld.privacy.clipping import clip_and_sum
-from fedsgld.privacy.noise import gaussian_noise, seeded_generator
 
 
 @pytest.fixture(scope="module")

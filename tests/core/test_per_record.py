@@ -25,10 +25,10 @@ from fedsgld.core.mechanism import (
     langevin_update,
     site_step,
 )
+from fedsgld.core.noise import gaussian_noise, seeded_generator
 from fedsgld.core.per_record import unfold_patches
 from fedsgld.core.prenoise import PrenoiseRows
 from fedsgld.models import build_model
-from fedsgld.privacy.noise import gaussian_noise, seeded_generator
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no GPU"))]

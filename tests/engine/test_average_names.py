@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from fedsgld import engine, results
-from fedsgld.benchmark import benchmark_markdown, derived_rows
+from fedsgld import engine
 from fedsgld.config import load_config
 from fedsgld.posteriors import SWAG, iterate_average
+from fedsgld.run import results
+from fedsgld.studies.benchmark import benchmark_markdown, derived_rows
 
 TINY = {
     "dataset": "synthetic",

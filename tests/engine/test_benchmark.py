@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from dp_reference import pld_epsilon
 
-from fedsgld.benchmark import calibrate_noise_multiplier, load_benchmark, run_benchmark
-from fedsgld.cli import main
+from fedsgld.cli.commands import main
+from fedsgld.studies.benchmark import calibrate_noise_multiplier, load_benchmark, run_benchmark
 
 BENCH_TOML = """
 dataset = "synthetic"
@@ -165,7 +165,7 @@ def test_bad_overrides_are_named(tmp_path, extra, match):
 
 
 def test_the_finding_needs_similar_accuracy_too():
-    from fedsgld.benchmark import paper_finding
+    from fedsgld.studies.benchmark import paper_finding
 
     def row(acc, ece):
         return {"pooled": {"accuracy": {"mean": acc}, "ece": {"mean": ece}}}

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from fedsgld import engine
-from fedsgld.benchmark import derived_rows
 from fedsgld.config import PrivacySettings, load_config
-from fedsgld.core.schedules import CyclicalSchedule
 from fedsgld.privacy import PrivacyAccountant
+from fedsgld.privacy.schedules import CyclicalSchedule
+from fedsgld.studies.benchmark import derived_rows
 
 RUN = {
     "dataset": "synthetic",

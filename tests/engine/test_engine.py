@@ -9,7 +9,7 @@ import torch
 from dp_reference import dpsgld_sigma, pld_epsilon
 
 from fedsgld import engine
-from fedsgld.clients import Site
+from fedsgld.clients.site import Site
 from fedsgld.config import load_config
 
 SMALL = {
@@ -163,7 +163,7 @@ def test_bad_settings_are_rejected_with_the_setting_named(key, value, match):
 
 
 def test_cli_simulate_reports_bad_settings(tmp_path, capsys):
-    from fedsgld.cli import main
+    from fedsgld.cli.commands import main
 
     assert (
         main(

@@ -5,7 +5,7 @@ per-method runs; about a minute each on 2 cores) and compare every number of the
 demo table, and the placement table's ``server`` row: step counts and epsilons at the
 printed precision, accuracy, NLL and ECE within ``readme_numbers.TOLERANCE`` (their last
 digits depend on the processor; the tolerance is a multiple of their spread across seeds,
-measured by ``python -m fedsgld.tools.readme_numbers --spread``). When the code changes
+measured by ``python -m fedsgld.studies.readme_numbers --spread``). When the code changes
 those numbers, refresh the README with ``make readme-numbers`` (which compares every digit
 with ``--check``). The fast tests check the checker.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsgld.tools import readme_numbers as rn
+from fedsgld.studies import readme_numbers as rn
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

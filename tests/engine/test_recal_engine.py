@@ -181,7 +181,7 @@ seeds = [0]
 
 
 def test_benchmark_rows_and_dpsgd_calibrated_with_the_recalibration(tmp_path):
-    from fedsgld.benchmark import load_benchmark, run_benchmark
+    from fedsgld.studies.benchmark import load_benchmark, run_benchmark
 
     (tmp_path / "b.toml").write_text(BENCH_TOML)
     config, bench = load_benchmark(tmp_path / "b.toml")
@@ -204,7 +204,7 @@ def test_a_crash_inside_a_recalibration_noise_draw_keeps_the_step_spent(tmp_path
     import torch
 
     from fedsgld.calibration.recal import RECAL_STREAM
-    from fedsgld.privacy.noise import Randomness
+    from fedsgld.core.noise import Randomness
 
     out = tmp_path / "crash"
     real = Randomness.gaussian

@@ -16,8 +16,8 @@ import pytest
 from fedsgld import engine
 from fedsgld.clients import site as site_module
 from fedsgld.config import load_config
-from fedsgld.ledger_chain import CHAIN
-from fedsgld.lifecycle import ResumeError
+from fedsgld.privacy.ledger_chain import CHAIN
+from fedsgld.run.lifecycle import ResumeError
 
 CFG = {
     "dataset": "synthetic",

@@ -1,4 +1,4 @@
-"""A site's approved app bundles (``fedsgld.deploy.approval``), without deployments: the
+"""A site's approved app bundles (``fedsgld.clients.approval``), without deployments: the
 digest (stable across ``flwr build`` runs of the same tree), the policy's
 ``approved_apps``, the check a ClientApp process makes before Flower installs a bundle,
 ``fedsgld site approve`` and the fast path's refusal to start without a policy."""
@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 from flower_support import BIN, ROOT, flower_env
 
-from fedsgld.clients.policy import SitePolicy
-from fedsgld.deploy import approval, shim
-from fedsgld.deploy.approval import (
+from fedsgld.clients import approval
+from fedsgld.clients.approval import (
     ApprovedApp,
     NotApproved,
     approve,
@@ -29,6 +28,8 @@ from fedsgld.deploy.approval import (
     check_bundle,
     parse_approved_apps,
 )
+from fedsgld.clients.policy import SitePolicy
+from fedsgld.deploy import shim
 
 DIGEST = "ab" * 32
 

@@ -21,9 +21,9 @@ import pytest
 from flower_support import BIN, ROOT, SMALL, flower_env, flwr, free_port, run_config_arg
 from flwr.app import Error, Message
 
-from fedsgld.apps.local_grid import run_local
 from fedsgld.config import load_config
-from fedsgld.strategies.flower import AllSitesFailed, TooFewSites
+from fedsgld.flower.local_grid import run_local
+from fedsgld.flower.strategy import AllSitesFailed, TooFewSites
 
 
 def _round(msg: Message) -> int:
@@ -171,7 +171,7 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     """A resume of a directory that holds no run fails in the ServerApp: ``flwr run
     --stream`` exits 0 anyway; ``python -m fedsgld.deploy run`` exits 1 with the reason,
     and 0 for a run that completes."""
-    from fedsgld.apps.export_sites import export_sites
+    from fedsgld.deploy.export_sites import export_sites
 
     root, procs = flower_tmp
     run = {**SMALL, "rounds": 2, "eval_every": 0, "checkpoint_every": 0, "threads": 1}

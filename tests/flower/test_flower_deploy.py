@@ -2,7 +2,7 @@
 
 ``pytest -k deploy`` selects these. Each SuperNode reads only its own site's ``.npz``
 (``--node-config "site-id=K site-data='...'"``, files written by
-``python -m fedsgld.apps.export_sites``), as a hospital would. The second test runs the
+``python -m fedsgld.deploy.export_sites``), as a hospital would. The second test runs the
 same federation over TLS with SuperNode authentication (certificates and keys generated
 here) and checks that an unregistered SuperNode is refused. Every process has its own
 FLWR_HOME under the test's tmp directory and is stopped at teardown. Rounds in a
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg
 
-from fedsgld.apps.export_sites import export_sites
 from fedsgld.config import load_config
+from fedsgld.deploy.export_sites import export_sites
 
 pytestmark = pytest.mark.deploy
 

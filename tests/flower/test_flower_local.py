@@ -1,7 +1,7 @@
 """The ServerApp and ClientApp over an in-process Grid: equivalence, reply checks, failures, resume.
 
 These drive the very code Flower runs (``fedsgld.apps.server_app:app`` and
-``fedsgld.apps.client_app:app``) through :class:`fedsgld.apps.local_grid.LocalGrid`, so
+``fedsgld.apps.client_app:app``) through :class:`fedsgld.flower.local_grid.LocalGrid`, so
 they take seconds; ``test_flower_simulation.py`` and ``test_flower_deploy.py`` run the
 same apps under Flower's simulation and a real deployment.
 """
@@ -18,13 +18,13 @@ from flower_support import ROOT, SMALL
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedsgld import engine
-from fedsgld.apps.local_grid import run_local
-from fedsgld.apps.protocol import FLOWER_KEYS, split_run_config
-from fedsgld.apps.runner import SitesUnavailable
 from fedsgld.config import Config, load_config
+from fedsgld.flower.local_grid import run_local
+from fedsgld.flower.protocol import FLOWER_KEYS, split_run_config
+from fedsgld.flower.runner import SitesUnavailable
+from fedsgld.flower.strategy import AllSitesFailed
 from fedsgld.pate.flower import RUN_CONFIG_FIELDS, pate_config_from_run_config
 from fedsgld.pate.train import load_pate_config
-from fedsgld.strategies.flower import AllSitesFailed
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -178,7 +178,7 @@ class _Pairs:
 
 def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
     """The deployment path: each node reads its own .npz (written by export_sites)."""
-    from fedsgld.apps.export_sites import export_sites
+    from fedsgld.deploy.export_sites import export_sites
 
     paths = export_sites(load_config(None, SMALL), tmp_path / "data")
     # a deployed site accepts a shared seed only if its own policy says so (tests only)
@@ -197,10 +197,10 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
 
 def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
     """Deployment starts a new process per message: the node's shards come from context.state."""
-    from fedsgld.apps.local_grid import LocalGrid
-    from fedsgld.apps.protocol import run_record
-    from fedsgld.clients import flower as site_side
     from fedsgld.engine import Federation
+    from fedsgld.flower import sites as site_side
+    from fedsgld.flower.local_grid import LocalGrid
+    from fedsgld.flower.protocol import run_record
 
     config = Config.from_flat(SMALL)
     grid = LocalGrid.partitions(__import__("fedsgld.apps.client_app", fromlist=["app"]).app, 2)
@@ -229,8 +229,8 @@ def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passe
     """Each deployed round runs in a new process; the layer path's check against torch.func
     runs in the run's first train task, and later tasks read that it passed from
     context.state (for the same sites' data key only)."""
-    from fedsgld.clients import flower as site_side
     from fedsgld.core.mechanism import FlatModel
+    from fedsgld.flower import sites as site_side
 
     checks = []
     real = FlatModel._layers_ready
@@ -265,8 +265,8 @@ def test_a_site_data_node_reads_its_file_and_keeps_no_records_in_node_state(tmp_
     computes the same sum."""
     from flwr.app import Context, RecordDict
 
-    from fedsgld.apps.export_sites import export_sites
-    from fedsgld.clients import flower as site_side
+    from fedsgld.deploy.export_sites import export_sites
+    from fedsgld.flower import sites as site_side
 
     config = Config.from_flat(SMALL)
     paths = export_sites(load_config(None, SMALL), tmp_path / "data")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
-from fedsgld.apps.local_grid import run_local
+from fedsgld.flower.local_grid import run_local
 from fedsgld.pate.flower import PateSitesFailed, pate_config_from_run_config
 from fedsgld.pate.train import analyse_vote_file, run_pate
 

@@ -25,8 +25,8 @@ from test_approval import app_copy
 from test_fast_deploy import _wait_serving
 from test_flower_deploy import RUN, SITES, _connection, _site_files
 
+from fedsgld.clients.approval import build_bundle
 from fedsgld.deploy import fast, shim
-from fedsgld.deploy.approval import build_bundle
 
 # one line of the ClientApp's module: it marks every process that imports the bundle
 # (named: bundle, node's FLWR_HOME, the fork server's pid or "cold", the process's pid)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg
 
-from fedsgld.apps.export_sites import export_sites
 from fedsgld.config import load_config
+from fedsgld.deploy.export_sites import export_sites
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]  # ~80 s; LocalGrid tests cover the guard
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsgld.core.noise import seeded_generator
 from fedsgld.pate.aggregation import (
     combine_histograms,
     confident_gnmax,
@@ -17,7 +18,6 @@ from fedsgld.pate.aggregation import (
     lnmax_noisy_counts,
     site_histogram,
 )
-from fedsgld.privacy.noise import seeded_generator
 
 
 def test_site_histograms_sum_one_hot_votes():

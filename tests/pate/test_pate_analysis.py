@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedsgld.pate import gnmax_epsilon, lnmax_epsilon
-from fedsgld.pate.analysis import lnmax_log_moments, vote_counts
+from fedsgld.privacy.pate_analysis import lnmax_log_moments, vote_counts
 
 # ----------------------------------------------------------------------------- LNMax
 
@@ -275,7 +275,7 @@ def test_bad_inputs_raise_naming_the_setting(fn):
 def test_the_analysis_needs_only_the_vote_histogram():
     """A server that sees summed per-site histograms gets the same epsilons as one that
     sees every teacher's vote; bad histograms are refused."""
-    from fedsgld.pate.analysis import (
+    from fedsgld.privacy.pate_analysis import (
         gnmax_epsilon_from_counts,
         lnmax_epsilon_from_counts,
         vote_counts,

@@ -2,7 +2,7 @@
 at vote gaps where the scale changes the outcome, and the Confident-GNMax threshold cost
 against an independent computation of the paper's bound.
 
-The analysis (:mod:`fedsgld.pate.analysis`) assumes that one record changes at most one
+The analysis (:mod:`fedsgld.privacy.pate_analysis`) assumes that one record changes at most one
 teacher, hence one vote per query; the label mechanisms are (Papernot et al. 2017, 2018):
 
     LNMax:           argmax_j (n_j + Lap(1 / gamma))
@@ -26,10 +26,10 @@ import torch
 from scipy import stats
 
 import fedsgld.pate.train as pate_train
+from fedsgld.core.noise import seeded_generator
 from fedsgld.pate.aggregation import confident_gnmax, gnmax, lnmax, site_histogram
-from fedsgld.pate.analysis import gnmax_epsilon_from_counts
 from fedsgld.pate.train import PateConfig, train_site_teachers
-from fedsgld.privacy.noise import seeded_generator
+from fedsgld.privacy.pate_analysis import gnmax_epsilon_from_counts
 
 # -- teachers on disjoint records -------------------------------------------------------
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fedsgld.cli import main
+from fedsgld.cli.commands import main
 from fedsgld.pate import lnmax_epsilon
 from fedsgld.pate.train import PateConfig, analyse_vote_file, load_pate_config
 

@@ -18,9 +18,9 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from fedsgld.core.schedules import StepSchedule, sgld_noise_multiplier
 from fedsgld.privacy.accountant import BudgetExhausted, PrivacyAccountant, dominates
 from fedsgld.privacy.gdp import gdp_epsilon, gdp_mu
+from fedsgld.privacy.schedules import StepSchedule, sgld_noise_multiplier
 
 DELTA = 1e-5
 

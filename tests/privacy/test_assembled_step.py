@@ -29,7 +29,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fedsgld.clients import Site
+from fedsgld.clients.site import Site
 from fedsgld.config import PrivacySettings
 from fedsgld.models import LogisticRegression
 from fedsgld.strategies import LangevinServer

@@ -154,11 +154,11 @@ def test_audit_scores_reports_counts_and_tries():
 
 # -- the audit, as an attacker ------------------------------------------------------------------
 
-from fedsgld.audit import run_audit  # noqa: E402
-from fedsgld.clients import Site  # noqa: E402
+from fedsgld.clients.site import Site  # noqa: E402
 from fedsgld.config import load_config  # noqa: E402
-from fedsgld.privacy.noise import Randomness  # noqa: E402
+from fedsgld.core.noise import Randomness  # noqa: E402
 from fedsgld.strategies.server import SERVER_STREAM  # noqa: E402
+from fedsgld.studies.audit import run_audit  # noqa: E402
 
 #: the demo's privacy settings (DP-SGLD, q 0.064, C 1, its step-size schedule and pre-noise)
 #: on a small synthetic federation, for 40 rounds
@@ -303,7 +303,7 @@ def test_the_audit_command_prints_and_writes_the_keys(tmp_path, capsys):
     import json
     from pathlib import Path
 
-    from fedsgld.cli import main
+    from fedsgld.cli.commands import main
 
     demo = str(Path(__file__).resolve().parents[2] / "simulations" / "demo.toml")
     sets = [f"--set={k}={v}" for k, v in {**ONE_STEP, "seed": -1}.items()]

@@ -18,10 +18,10 @@ import pytest
 import torch
 from scipy import stats
 
-from fedsgld.apps.local_grid import run_local
 from fedsgld.config import load_config
-from fedsgld.privacy import noise
-from fedsgld.privacy.noise import Randomness, gaussian_noise, seeded_generator
+from fedsgld.core import noise
+from fedsgld.core.noise import Randomness, gaussian_noise, seeded_generator
+from fedsgld.flower.local_grid import run_local
 
 N = 20_000
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

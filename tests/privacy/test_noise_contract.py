@@ -10,9 +10,9 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsgld.core.clipping import clip_and_sum
 from fedsgld.core.mechanism import langevin_update
-from fedsgld.privacy.clipping import clip_and_sum
-from fedsgld.privacy.noise import gaussian_noise, os_seed, seeded_generator
+from fedsgld.core.noise import gaussian_noise, os_seed, seeded_generator
 
 
 @pytest.mark.parametrize("std", [1.0, 0.5, 3.0])

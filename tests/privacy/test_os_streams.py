@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsgld.privacy import noise
-from fedsgld.privacy.noise import MT19937_WORDS, Randomness, os_seed
+from fedsgld.core import noise
+from fedsgld.core.noise import MT19937_WORDS, Randomness, os_seed
 
 
 def _first_outputs(make, n: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Privacy against each party of a deployment, tested as that party would attack.
 
 Each attack gets exactly what one party receives (the messages of the real ServerApp and
-ClientApp over :class:`~fedsgld.apps.local_grid.LocalGrid`) and tries to undo the noise.
+ClientApp over :class:`~fedsgld.flower.local_grid.LocalGrid`) and tries to undo the noise.
 With ``randomness = "seeded"`` (simulations) every attack succeeds, which shows the attack
 is real; with ``randomness = "os"`` (deployments) each fails by the size of the noise.
 """
@@ -16,14 +16,14 @@ import torch
 from flwr.app import ConfigRecord
 
 from fedsgld import engine
-from fedsgld.apps.local_grid import run_local
 from fedsgld.clients import site as site_module
 from fedsgld.clients.guard import check_training
 from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.config import load_config
-from fedsgld.lifecycle import ResumeError
+from fedsgld.core.noise import Randomness, seeded_generator
+from fedsgld.flower.local_grid import run_local
 from fedsgld.privacy import PrivacyAccountant
-from fedsgld.privacy.noise import Randomness, seeded_generator
+from fedsgld.run.lifecycle import ResumeError
 from fedsgld.strategies import server as server_module
 
 SMALL = {
@@ -377,7 +377,7 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
         assert site_on_grid == server_ledger["ledger"]
     # a server that asks for less noise (temperature 0.1: sigma_0 = 0.2 < 0.3) is refused by
     # every site before it computes anything
-    from fedsgld.strategies.flower import AllSitesFailed
+    from fedsgld.flower.strategy import AllSitesFailed
 
     with pytest.raises(AllSitesFailed, match="min_noise_multiplier"):
         run_local(
@@ -391,7 +391,7 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
 
 def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     from fedsgld.apps.client_app import app as client_app
-    from fedsgld.strategies.flower import AllSitesFailed
+    from fedsgld.flower.strategy import AllSitesFailed
 
     over = {**SMALL, "rounds": 2}
     ncs = [{"site-id": k} for k in range(3)]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from fedsgld.privacy import cli
+from fedsgld.cli import privacy as cli
 
 Q_MNIST = str(256 / 60000)
 
@@ -201,7 +201,7 @@ def test_the_reference_accountant_is_available(capsys):
 
 
 def test_the_schedule_formula_is_fedsgld_core_schedules():
-    from fedsgld.core.schedules import StepSchedule, sgld_noise_multiplier
+    from fedsgld.privacy.schedules import StepSchedule, sgld_noise_multiplier
 
     for a0, g, t0, tau in [(0.1, 0.55, 100.0, 10.0), (0.05, 0.0, 1.0, 2.0), (1e-3, 1.0, 7.0, 0.5)]:
         sched = StepSchedule(a0, g, t0)

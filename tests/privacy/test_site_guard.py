@@ -1,6 +1,6 @@
 """Attacks on a deployed site through its one door (issue 25), as a curious or malicious
 server would make them: real Flower messages, the real ClientApp and its guard mod, called
-as Flower's runtime calls it (:class:`~fedsgld.apps.local_grid.LocalGrid`), nothing mocked.
+as Flower's runtime calls it (:class:`~fedsgld.flower.local_grid.LocalGrid`), nothing mocked.
 
 Each test shows one attack failing. Run with ``FEDSGLD_UNGUARDED=1`` the same tests talk
 to the same handlers without the guard (``ClientApp()`` instead of
@@ -21,14 +21,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fedsgld.apps import client_app
-from fedsgld.apps.local_grid import LocalGrid
-from fedsgld.apps.protocol import pack_vector, plan_record, run_record
-from fedsgld.clients.flower import hosted_sites
 from fedsgld.clients.guard import site_guard
 from fedsgld.clients.release import STATS_SENSITIVITY, vote_sensitivity
 from fedsgld.config import Config
+from fedsgld.core import noise as noise_module
+from fedsgld.flower.local_grid import LocalGrid
+from fedsgld.flower.protocol import pack_vector, plan_record, run_record
+from fedsgld.flower.sites import hosted_sites
 from fedsgld.privacy import PrivacyAccountant
-from fedsgld.privacy import noise as noise_module
 
 UNGUARDED = os.environ.get("FEDSGLD_UNGUARDED") == "1"
 

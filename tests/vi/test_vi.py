@@ -73,7 +73,7 @@ def _vi_run(x, y, *, steps, lr, method="vi", clip=1.0, noise=1.0, epsilon=10.0, 
         },
     )
     vm = VariationalModel(LogisticRegression(2, 2), init_std=0.1)
-    from fedsgld.clients import Site
+    from fedsgld.clients.site import Site
 
     site = Site(0, x, y, x[:5], y[:5], vm.module, seed=seed, flat_model=vm)
     phi0 = torch.cat(

@@ -42,9 +42,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..apps.protocol import EVALUATE, TRAIN, pack_vector, plan_record, unpack_vector
-from ..calibration.pooling import check_stats
-from .server import LangevinServer, RoundPlan
+from fedsgld.calibration.pooling import check_stats
+from fedsgld.flower.protocol import EVALUATE, TRAIN, pack_vector, plan_record, unpack_vector
+from fedsgld.strategies.server import LangevinServer, RoundPlan
 
 NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
 
@@ -471,8 +471,8 @@ class LangevinStrategy(Strategy):
         (:mod:`fedsgld.calibration.pooling`: exact accuracy, NLL, Brier, ECE, MCE; no
         pooled SCE, ACE or AUC). The full result is kept in ``self.evaluation``; the first
         group's pooled scalars are returned."""
-        from ..calibration import calibration_report
-        from ..calibration.pooling import reliability_from_stats, report_from_stats
+        from fedsgld.calibration import calibration_report
+        from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
 
         good: dict[int, dict[str, Any]] = self._match(
             replies, server_round, "evaluate", self._check_eval_reply

@@ -16,14 +16,14 @@ def add_pate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_sets(items: list[str] | None) -> dict:
-    from ..config import parse_overrides
+    from fedsgld.config import parse_overrides
 
     return parse_overrides(items)
 
 
 def run_pate_command(args: argparse.Namespace) -> int:
-    from ..engine import new_run_dir
-    from .train import load_pate_config, run_pate
+    from fedsgld.engine import new_run_dir
+    from fedsgld.pate.train import load_pate_config, run_pate
 
     try:
         config = load_pate_config(args.config, _parse_sets(args.set))
@@ -46,7 +46,7 @@ def add_analysis_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_analysis_command(args: argparse.Namespace) -> int:
-    from .train import analyse_vote_file
+    from fedsgld.pate.train import analyse_vote_file
 
     try:
         r = analyse_vote_file(args.votes, delta=args.delta, moments=args.moments)

@@ -2,7 +2,7 @@
 
 CONFIG is a benchmark config (run settings plus an optional ``[benchmark]`` table with
 ``methods``, ``seeds``, per-method ``overrides`` and ``calibrate_dpsgd``: see
-:mod:`fedsgld.benchmark`). Every ``--grid`` adds one axis; ``--grid dpsgld.temperature=..``
+:mod:`fedsgld.studies.benchmark`). Every ``--grid`` adds one axis; ``--grid dpsgld.temperature=..``
 adds it for that method only. Each method runs every point of its own grid with every
 seed, as an independent trial on Ray (a local Ray instance by default, an existing cluster
 with ``--address``), one result directory per trial under ``OUT/trials/``.
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import METHODS, Config, parse_overrides, parse_value
+from fedsgld.config import METHODS, Config, parse_overrides, parse_value
 
 #: validation metrics a sweep can select on, and whether larger is better
 SELECT = {"nll": False, "accuracy": True, "ece": False, "brier": False, "ace": False}
@@ -105,7 +105,7 @@ def trial_name(method: str, point: dict[str, Any], seed: int, phase: str = "grid
 @functools.lru_cache(maxsize=256)
 def _dpsgd_sigma(q: float, steps: int, eps: float, delta: float, acc: str, grid: float,
                  extra: tuple) -> float:  # fmt: skip
-    from .benchmark import calibrate_noise_multiplier
+    from fedsgld.studies.benchmark import calibrate_noise_multiplier
 
     return calibrate_noise_multiplier(
         sample_rate=q, steps=steps, epsilon=eps, delta=delta, accountant=acc,
@@ -121,8 +121,8 @@ def trial_config(
     seed, the validation split, one thread (trials run side by side) unless set, and for
     DP-SGD with ``calibrate_dpsgd`` the noise multiplier that spends the budget in
     ``rounds`` steps (recalibration steps included)."""
-    from .benchmark import method_settings
-    from .calibration.recal import RecalPlan
+    from fedsgld.calibration.recal import RecalPlan
+    from fedsgld.studies.benchmark import method_settings
 
     flat = {**base, **method_settings(method, bench, None), **point, "seed": seed}
     flat["validation_fraction"] = validation_fraction
@@ -145,7 +145,7 @@ def trial_config(
 def rows_of(method: str, block: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, str]:
     """{row name: key in ``block``} for one trial's result blocks (``metrics`` names the
     averaged model honestly: ``+bma`` or ``+avg``)."""
-    from .posteriors import iterate_average
+    from fedsgld.posteriors import iterate_average
 
     out = {}
     for key in block:
@@ -185,7 +185,7 @@ def run_trial(flat: dict[str, Any], out_dir: str) -> dict[str, Any]:
     """One trial (in this process): resumes from its directory when a run started there."""
     import json
 
-    from . import engine
+    from fedsgld import engine
 
     out = Path(out_dir)
     done = out / "results.json"
@@ -270,7 +270,7 @@ def select_rows(trials: list[dict[str, Any]], select: str) -> dict[str, dict[str
 
     Rows of recalibration trials (phase ``recal``) are only their ``+recal`` rows; the
     other rows of those runs trained on a smaller split and budget and are not compared."""
-    from .benchmark import _mean_std
+    from fedsgld.studies.benchmark import _mean_std
 
     higher = SELECT[select]
     by_row: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -482,8 +482,8 @@ def run_sweep(
     progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
-    from .benchmark import load_benchmark
-    from .engine import new_run_dir, write_json
+    from fedsgld.engine import new_run_dir, write_json
+    from fedsgld.studies.benchmark import load_benchmark
 
     if select not in SELECT:
         raise ValueError(f"--select must be one of {', '.join(SELECT)}; got {select!r}")

@@ -11,8 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .calibration.metrics import reliability_bins  # noqa: E402
-from .calibration.plots import (  # noqa: E402
+from fedsgld.calibration.metrics import reliability_bins  # noqa: E402
+from fedsgld.calibration.plots import (  # noqa: E402
     bins_from_json,
     bins_to_json,
     plot_comparison,
@@ -189,7 +189,7 @@ def write_outputs(
     ``extra``: further evaluations (name -> evaluation) drawn on the reliability plot. When
     the sites kept their predictions (Flower, sites that do not share them), the pooled
     reliability bins come from their statistics and only history.png is drawn."""
-    from .lifecycle import RESULTS, write_json
+    from fedsgld.run.lifecycle import RESULTS, write_json
 
     if last.get("_probs") is None:
         results["reliability"] = {
@@ -257,7 +257,7 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path, *, posterior: bool
     """
     import json
 
-    from .lifecycle import RESULTS
+    from fedsgld.run.lifecycle import RESULTS
 
     runs: dict[str, Any] = {}
     for d in run_dirs:

@@ -1,11 +1,11 @@
 """The README's demo numbers, written from (or checked against) the demo's results.json files.
 
     make demo                                        # runs/demo-dpsgld, runs/demo-dpsgd
-    python -m fedsgld.tools.readme_numbers           # rewrite the README's demo numbers
-    python -m fedsgld.tools.readme_numbers --check   # exit 1 where they differ
-    python -m fedsgld.tools.readme_numbers --check --tolerant   # as the tests compare
-    python -m fedsgld.tools.readme_numbers --spread 0 1 2 3 4 5   # the demo over seeds
-    python -m fedsgld.tools.readme_numbers --orders   # other summation orders, same seed
+    python -m fedsgld.studies.readme_numbers           # rewrite the README's demo numbers
+    python -m fedsgld.studies.readme_numbers --check   # exit 1 where they differ
+    python -m fedsgld.studies.readme_numbers --check --tolerant   # as the tests compare
+    python -m fedsgld.studies.readme_numbers --spread 0 1 2 3 4 5   # the demo over seeds
+    python -m fedsgld.studies.readme_numbers --orders   # other summation orders, same seed
 
 Two places hold demo numbers: the demo table between the ``demo-table`` comment markers
 (one row per method, and the sentence on where DP-SGLD halted), and the ``server`` row of
@@ -37,7 +37,7 @@ DEMO_CONFIG = "simulations/demo.toml"
 DEMO_OVERRIDES: dict[str, Any] = {"threads": 2}
 DEMO_RUNS = {"dpsgld": "runs/demo-dpsgld", "dpsgd": "runs/demo-dpsgd"}
 
-BEGIN = "<!-- demo-table: written by `python -m fedsgld.tools.readme_numbers` -->"
+BEGIN = "<!-- demo-table: written by `python -m fedsgld.studies.readme_numbers` -->"
 END = "<!-- /demo-table -->"
 HEADER = (
     "| method | steps | epsilon (pld / rdp / gdp) | pooled accuracy | NLL | ECE |\n"
@@ -48,7 +48,7 @@ SERVER_ROW = re.compile(r"^\| server \|.*\|$", re.M)
 #: Largest difference from the README's value that the tests accept, per metric: SPREAD_K
 #: times the largest standard deviation across the demo's seeds (both methods, last iterate
 #: and posterior average), rounded up to the printed digit, from ``python -m
-#: fedsgld.tools.readme_numbers --spread 0 1 2 3 4 5`` (docs/development.md shows the run).
+#: fedsgld.studies.readme_numbers --spread 0 1 2 3 4 5`` (docs/development.md shows the run).
 #: A processor changes only the rounding, which ``--orders`` imitates (other summation
 #: orders, same seed): in that run it moved accuracy by at most 0.004, NLL by 0.0045 and ECE
 #: by 0.006, half of these tolerances; another processor moved accuracy by 0.002 and ECE by
@@ -224,8 +224,8 @@ def run_demo(
     """One demo run as ``make demo`` runs it (``seed`` overrides the config's, ``perf`` its
     threads or chunk_size; ``root``: the repository, where the demo's config lives); its
     results.json."""
-    from .. import engine  # the training engine (torch): only for the runs themselves
-    from ..config import load_config
+    from fedsgld import engine  # the training engine (torch): only for the runs themselves
+    from fedsgld.config import load_config
 
     overrides = {**DEMO_OVERRIDES, **perf, "method": method}
     if seed is not None:
@@ -305,7 +305,7 @@ def spread_report(values: Mapping[str, Mapping[str, list[float]]]) -> tuple[str,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m fedsgld.tools.readme_numbers",
+        prog="python -m fedsgld.studies.readme_numbers",
         description="Write the README's demo numbers from the demo's results.json files, or "
         "check them (--check).",
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .noise import gaussian_noise
+from fedsgld.core.noise import gaussian_noise
 
 
 def clip_and_sum(

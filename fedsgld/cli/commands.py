@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import __version__
+from fedsgld import __version__
 
 COMMANDS = (
     "simulate",
@@ -71,15 +71,15 @@ def _version_text() -> str:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from .config import load_config, parse_overrides
+    from fedsgld.config import load_config, parse_overrides
 
     overrides = parse_overrides(args.set)
     if args.out is None and args.resume:
         raise UserError("--resume needs --out DIR (the run directory to resume)")
     config = load_config(args.config, overrides)  # every setting checked before any work
 
-    from .engine import run
-    from .lifecycle import new_run_dir
+    from fedsgld.engine import run
+    from fedsgld.run.lifecycle import new_run_dir
 
     out = Path(args.out) if args.out else new_run_dir(tag=config.privacy.method)
     with _removed_on_failure(out):
@@ -101,13 +101,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from .audit import main_audit
+    from fedsgld.studies.audit import main_audit
 
     return main_audit(args)
 
 
 def _config(args: argparse.Namespace) -> int:
-    from .config import settings_markdown, settings_text
+    from fedsgld.config import settings_markdown, settings_text
 
     sys.stdout.write(settings_markdown() if args.markdown else settings_text())
     return 0
@@ -115,7 +115,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     try:
-        from .results import compare_runs
+        from fedsgld.run.results import compare_runs
 
         path = compare_runs(args.runs, args.out, posterior=args.posterior)
     except ValueError as err:
@@ -126,7 +126,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _benchmark(args: argparse.Namespace) -> int:
-    from .benchmark import main_benchmark
+    from fedsgld.studies.benchmark import main_benchmark
 
     return main_benchmark(args)
 
@@ -138,7 +138,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     its options, so that the modules of the others (which import torch) are not imported;
     ``None`` builds every subcommand in full.
     """
-    from .config import settings_text
+    from fedsgld.config import settings_text
 
     def wanted(name: str) -> bool:
         return command is None or command == name
@@ -226,7 +226,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description=None,
     )
     if wanted("sweep"):
-        from . import sweep as sweep_mod
+        from fedsgld.studies import sweep as sweep_mod
 
         sweep.description = (
             sweep_mod.__doc__.split("\n\n")[0]
@@ -255,7 +255,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     priv = add("privacy", "epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows")
     if wanted("privacy"):
-        from .privacy import cli as privacy_cli
+        from fedsgld.cli import privacy as privacy_cli
 
         privacy_cli.add_arguments(priv)
         priv.set_defaults(func=privacy_cli.run)
@@ -263,17 +263,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pate = add("pate", "PATE: teachers per site, noisy votes, a student")
     pate_an = add("pate-analysis", "epsilons of a saved PATE vote file")
     if wanted("pate") or wanted("pate-analysis"):
-        from .pate import cli as pate_cli
+        from fedsgld.cli import pate as pate_cli
 
         pate_cli.add_pate_arguments(pate)
         pate.set_defaults(func=pate_cli.run_pate_command)
         pate_cli.add_analysis_arguments(pate_an)
         pate_an.set_defaults(func=pate_cli.run_analysis_command)
 
-    from .deploy import fast as deploy_fast
+    from fedsgld.deploy import fast as deploy_fast
 
     deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
-    from .deploy import approval
+    from fedsgld.clients import approval
 
     approval.add_site_arguments(add("site", "a deployed site: approve the app bundles it runs"))
     return parser
@@ -336,7 +336,7 @@ _RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
 def _user_errors() -> tuple[type[BaseException], ...]:
     """:data:`USER_ERRORS`, and a flwr release the fast deployment path does not support
     (its message says which releases it does, and what to use instead)."""
-    from .deploy.fast import UnsupportedFlower  # imported by build_parser already
+    from fedsgld.deploy.fast import UnsupportedFlower  # imported by build_parser already
 
     return (*USER_ERRORS, UnsupportedFlower)
 

@@ -152,8 +152,8 @@ def run_local(
 ) -> LocalGrid:
     """Run the ServerApp over a :class:`LocalGrid` (default: one node per site, as in
     Flower's simulation with ``num-supernodes = sites``). Returns the grid."""
-    from .client_app import app as default_client
-    from .server_app import app as default_server
+    from fedsgld.apps.client_app import app as default_client
+    from fedsgld.apps.server_app import app as default_server
 
     if node_configs is None:
         n = num_nodes if num_nodes is not None else int(run_config.get("sites", 4))

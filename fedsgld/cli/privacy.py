@@ -26,8 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .accountant import ACCOUNTANTS, REFERENCE_PLD, PrivacyAccountant
-from .gdp import gdp_delta, gdp_epsilon, gdp_mu
+from fedsgld.privacy.accountant import ACCOUNTANTS, REFERENCE_PLD, PrivacyAccountant
+from fedsgld.privacy.gdp import gdp_delta, gdp_epsilon, gdp_mu
 
 #: default --sigma-grid of a DP-SGLD schedule under the dp_accounting_pld reference (one
 #: PLD per distinct sigma); the other accountants take the exact schedule
@@ -38,7 +38,7 @@ DEFAULT_LIMIT = 1_000_000
 
 def _sgld_sigma(lr: float, gamma: float, t0: float, tau: float, t: int) -> float:
     """sigma_t = sqrt(2 alpha_t tau), alpha_t = lr (1 + t / t0)^-gamma: the formulas of
-    :mod:`fedsgld.core.schedules` (StepSchedule, sgld_noise_multiplier), repeated here so
+    :mod:`fedsgld.privacy.schedules` (StepSchedule, sgld_noise_multiplier), repeated here so
     that ``fedsgld privacy`` starts without torch (a test checks they agree)."""
     alpha = lr if gamma == 0.0 else lr * (1.0 + t / t0) ** (-gamma)
     return math.sqrt(2.0 * alpha * tau)

@@ -1,16 +1,16 @@
 """The ServerApp's round loop: discovery, DP-SGLD rounds, checkpoints, resume, results.
 
 ``serve(grid, run_config)`` is what ``@app.main()`` runs. It works on any Flower ``Grid``
-(Flower's simulation, a real SuperLink, or :class:`fedsgld.apps.local_grid.LocalGrid`):
+(Flower's simulation, a real SuperLink, or :class:`fedsgld.flower.local_grid.LocalGrid`):
 
 1. Discovery: waits until every site 0..K-1 has a connected node (``wait-for-sites``
    seconds), asks each node which sites it hosts and their public sizes N_k.
 2. The server: the model is built exactly as the engine builds it (same seed), and
    :class:`~fedsgld.strategies.LangevinServer` gets the same arguments as
    ``Federation.make_server`` gives it.
-3. Rounds (:class:`~fedsgld.strategies.flower.LangevinStrategy`): plan (budget check),
+3. Rounds (:class:`~fedsgld.flower.strategy.LangevinStrategy`): plan (budget check),
    train messages, checked replies ordered by site id (fewer than ``min_sites`` good
-   replies fail the run: :class:`~fedsgld.strategies.flower.TooFewSites`),
+   replies fail the run: :class:`~fedsgld.flower.strategy.TooFewSites`),
    ``LangevinServer.apply``; the
    ledger is written to ``ledger.json`` BEFORE each step's noise is drawn; evaluation
    every ``eval_every`` rounds; ``checkpoint.pt`` every ``checkpoint_every`` rounds.
@@ -19,7 +19,7 @@
 
 Everything around the rounds (the ledger before the noise, checkpoints, resume with a
 new epoch and fresh noise, the evaluation schedule, results.json) is
-:class:`fedsgld.lifecycle.RunLifecycle`, exactly as in the in-process engine. The
+:class:`fedsgld.run.lifecycle.RunLifecycle`, exactly as in the in-process engine. The
 server's noise comes from its own randomness (``randomness = "os"`` in deployments);
 nothing that decides it is in any message.
 """
@@ -37,12 +37,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..config import Config
-from ..core.mechanism import FlatModel
-from ..lifecycle import RunLifecycle
-from ..strategies import LangevinServer
-from ..strategies.flower import LangevinStrategy, SiteEntry, TooFewSites
-from .protocol import QUERY, run_record, split_run_config
+from fedsgld.config import Config
+from fedsgld.core.mechanism import FlatModel
+from fedsgld.flower.protocol import QUERY, run_record, split_run_config
+from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
+from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.strategies import LangevinServer
 
 _log = logging.getLogger("fedsgld")
 
@@ -266,7 +266,7 @@ def discover_sites(
 
 def initial_theta(config: Config, entry: SiteEntry) -> torch.Tensor:
     """theta_0: the model the engine builds (``torch.manual_seed(seed)`` then build_model)."""
-    from ..models import build_model
+    from fedsgld.models import build_model
 
     with torch.random.fork_rng():
         torch.manual_seed(config.run.seed)
@@ -276,7 +276,7 @@ def initial_theta(config: Config, entry: SiteEntry) -> torch.Tensor:
             num_classes=entry.num_classes,
             hidden=config.run.hidden,
         )
-    from ..engine import variational_view
+    from fedsgld.engine import variational_view
 
     return (variational_view(config, model) or FlatModel(model)).flatten()
 
@@ -332,7 +332,7 @@ def serve(
         log=log,
     )
     config = lc.config  # seed resolved
-    from ..engine import posterior_samples
+    from fedsgld.engine import posterior_samples
 
     poll = opts["poll-interval"]
     directory = discover_sites(grid, config, timeout=opts["wait-for-sites"], log=log, poll=poll)

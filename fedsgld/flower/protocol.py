@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord
 
-from ..config import Config
+from fedsgld.config import Config
 
 QUERY = "query"
 TRAIN = "train"

@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .calibration.recal import RecalPlan
-from .config import METHODS, Config, parse_overrides
-from .engine import new_run_dir, write_json
-from .posteriors import iterate_average
-from .privacy import PrivacyAccountant
+from fedsgld.calibration.recal import RecalPlan
+from fedsgld.config import METHODS, Config, parse_overrides
+from fedsgld.engine import new_run_dir, write_json
+from fedsgld.posteriors import iterate_average
+from fedsgld.privacy import PrivacyAccountant
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -172,8 +172,8 @@ def run_benchmark(
     progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
-    from . import engine
-    from .calibration.plots import plot_reliability_overlay
+    from fedsgld import engine
+    from fedsgld.calibration.plots import plot_reliability_overlay
 
     out = Path(out_dir) if out_dir else new_run_dir(tag="benchmark")
     out.mkdir(parents=True, exist_ok=True)

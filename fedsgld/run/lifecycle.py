@@ -15,7 +15,7 @@ here, once:
   and refuses, naming both files, when neither can be read. A run that crashed before its
   first checkpoint resumes from theta_0 with its ledger: the spent budget stays spent.
 * **A ledger that cannot be shortened unseen.** Every write of ``ledger.json`` is also a
-  line of the append-only, hash-chained ``ledger.chain`` (:mod:`fedsgld.ledger_chain`).
+  line of the append-only, hash-chained ``ledger.chain`` (:mod:`fedsgld.privacy.ledger_chain`).
   A resume refuses (:class:`ResumeError`) a ``ledger.json`` that is unreadable,
   truncated, edited or older than the chain's last line, a missing or broken chain, and
   a ledger rebuilt from the checkpoint that counts fewer steps than the chain.
@@ -43,10 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import __version__, ledger_chain
-from .config import Config
-from .posteriors import RECAL, SWAG, iterate_average
-from .privacy.noise import Randomness, os_seed
+from fedsgld import __version__
+from fedsgld.config import Config
+from fedsgld.core.noise import Randomness, os_seed
+from fedsgld.posteriors import RECAL, SWAG, iterate_average
+from fedsgld.privacy import ledger_chain
 
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.json"
@@ -715,7 +716,7 @@ class RunLifecycle:
         becomes T (training halts there, saying why). Returns the reserved (q, sigma, R)
         when it cut the rounds, else None.
         """
-        from .calibration.recal import RecalPlan
+        from fedsgld.calibration.recal import RecalPlan
 
         server, acc = self.server, self.server.accountant
         plan = RecalPlan.from_config(self.config)
@@ -767,8 +768,13 @@ class RunLifecycle:
         whose recalibration finished reuses its temperature.
         Returns the recalibration's state (None when ``recal_fraction`` is 0).
         """
-        from .calibration.recal import RECAL_STREAM, RecalPlan, tail_average, temperature_step
-        from .strategies.server import SERVER_STREAM
+        from fedsgld.calibration.recal import (
+            RECAL_STREAM,
+            RecalPlan,
+            tail_average,
+            temperature_step,
+        )
+        from fedsgld.strategies.server import SERVER_STREAM
 
         plan = RecalPlan.from_config(self.config)
         if plan is None:
@@ -903,7 +909,7 @@ class RunLifecycle:
         ``transport_info()`` (called after the final evaluation) gives the transport's own
         block of results.json (e.g. ``flower``: nodes, dropped replies). Returns (results.json's dict, the last iterate's evaluation, the posterior's or None).
         """
-        from .results import write_outputs
+        from fedsgld.run.results import write_outputs
 
         server = self.server
         groups = {"last": [server.theta]}

@@ -1,6 +1,6 @@
 """Write each site's shard of a config's dataset to its own ``.npz`` file.
 
-    python -m fedsgld.apps.export_sites CONFIG [--set key=value ...] --out DIR
+    python -m fedsgld.deploy.export_sites CONFIG [--set key=value ...] --out DIR
 
 writes ``DIR/site-<k>.npz`` (``x_train``, ``y_train``, ``x_test``, ``y_test``,
 ``num_classes``) for every site k: the engine's split (same dataset, partition and
@@ -20,8 +20,8 @@ import numpy as np
 
 def export_sites(config, out: str | Path) -> list[Path]:
     """The engine's shards of ``config`` as raw records (before any backbone features)."""
-    from ..config import Config
-    from ..engine import Federation
+    from fedsgld.config import Config
+    from fedsgld.engine import Federation
 
     # the engine's own data split; a plain model so that no backbone features are computed
     raw = Config.from_flat({**config.flat(), "model": "logreg"})
@@ -44,10 +44,10 @@ def export_sites(config, out: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..config import load_config, parse_overrides
+    from fedsgld.config import load_config, parse_overrides
 
     ap = argparse.ArgumentParser(
-        prog="python -m fedsgld.apps.export_sites", description=__doc__.split("\n\n")[0]
+        prog="python -m fedsgld.deploy.export_sites", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument(
         "config", nargs="?", default=None, help="TOML config (default: built-in defaults)"

@@ -12,7 +12,7 @@ come from, is set by the node's ``node_config``:
     ``data_path``); the shard is still the engine's split of that dataset.
 ``site-data``  an ``.npz`` file holding this site's own records (``x_train``, ``y_train``,
     ``x_test``, ``y_test``, optionally ``num_classes``); needs ``site-id``; no split.
-    ``python -m fedsgld.apps.export_sites`` writes such files from a config.
+    ``python -m fedsgld.deploy.export_sites`` writes such files from a config.
 
 ``privacy-policy``  a TOML file with this site's privacy policy
     (:mod:`fedsgld.clients.policy`): the bounds it accepts, its own budget and ledger,
@@ -56,16 +56,16 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from ..apps.protocol import (
+from fedsgld.clients.policy import SitePolicy
+from fedsgld.clients.site import Site
+from fedsgld.config import Config
+from fedsgld.flower.protocol import (
     config_from_plan,
     config_from_record,
     data_fingerprint,
     pack_vector,
     unpack_vector,
 )
-from ..config import Config
-from .policy import SitePolicy
-from .site import Site
 
 log = logging.getLogger("fedsgld.site")
 
@@ -126,7 +126,7 @@ def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
     view = None
     if config.privacy.variational:  # the engine's import is a share of every task's start
-        from ..engine import variational_view
+        from fedsgld.engine import variational_view
 
         view = variational_view(config, model)
     return Site.from_site_data(
@@ -140,7 +140,7 @@ def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site
 
 
 def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
-    from ..models import build_model
+    from fedsgld.models import build_model
 
     # the CPU generator only, as torch.manual_seed seeds it: seeding every accelerator
     # generator too costs a share of each task's start, and the model is built on the CPU
@@ -224,7 +224,7 @@ def read_site_npz(path: str, site_id: int) -> SiteShard:
 def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
     shard = read_site_npz(path, site_id)
     if config.run.model == "timm_head":
-        from ..engine import Federation
+        from fedsgld.engine import Federation
 
         # the engine's own feature step (frozen backbone, cached on disk)
         shard = Federation._backbone_features(SimpleNamespace(config=config), shard)
@@ -240,7 +240,7 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
         model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
         sites = {ids[0]: _site_from_shard(config, shard, model)}
         return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
-    from ..engine import Federation
+    from fedsgld.engine import Federation
 
     if "data-path" in node_config:
         config = Config.from_flat({**config.flat(), "data_path": str(node_config["data-path"])})
@@ -394,8 +394,8 @@ def evaluation_records(
     """The records of an evaluation at a site, exact and complete (the guard decides what
     leaves): ``meta`` (site-id), ``labels``, and per group ``pred-<group>``, the site's
     calibration report (``reports``) and pooling statistics (``stats``)."""
-    from ..calibration import calibration_report
-    from ..calibration.pooling import pooling_stats
+    from fedsgld.calibration import calibration_report
+    from fedsgld.calibration.pooling import pooling_stats
 
     reports = {g: calibration_report(p, labels) for g, p in probs.items()}
     stats = {g: pooling_stats(p, labels) for g, p in probs.items()}

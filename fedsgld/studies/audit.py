@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config
-from .privacy import audit_bounds as ab
-from .privacy.noise import seeded_generator
+from fedsgld.config import Config
+from fedsgld.core.noise import seeded_generator
+from fedsgld.privacy import audit_bounds as ab
 
 #: key parts of the audit's generators (beside the sites' 1 + site_id and the server's 0)
 DIRECTION_STREAM = 0xA0D1
@@ -240,7 +240,7 @@ def run_audit(
     operating system; a test may fix it)."""
     import tempfile
 
-    from .engine import run
+    from fedsgld.engine import run
 
     if config.privacy.method not in AUDITABLE:
         raise ValueError(
@@ -295,7 +295,7 @@ def main_audit(args) -> int:
     import json
     import sys
 
-    from .config import load_config, parse_overrides
+    from fedsgld.config import load_config, parse_overrides
 
     config = load_config(args.config, parse_overrides(args.set))
     if not (isinstance(args.canaries, int) and args.canaries >= 2):

@@ -1,0 +1,1 @@
+from fedsgld.engine import Federation  # noqa: F401

@@ -1,0 +1,2 @@
+"""The Flower transport: the message protocol, the server's round loop (runner and
+strategy) and the site handlers. Importing it imports Flower."""

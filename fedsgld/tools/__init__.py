@@ -1,1 +1,0 @@
-"""Maintenance commands (``python -m fedsgld.tools.NAME``)."""
