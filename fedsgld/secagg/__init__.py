@@ -1,0 +1,34 @@
+"""Secure aggregation with distributed discrete Gaussian noise (docs/secure_aggregation.md).
+
+* :mod:`.protocol` / :mod:`.server`: the pairwise-masking protocol with dropout recovery
+  (Bonawitz et al. 2017) as explicit parties exchanging plain messages;
+* :mod:`.ddg`: the distributed discrete Gaussian mechanism (Kairouz, Liu & Steinke 2021):
+  rotation, scaling, randomised rounding, each site's exact discrete Gaussian share,
+  modular arithmetic, and the server's decoding;
+* :mod:`.driver`: one whole round in one process (what a transport will call);
+* accounting: :mod:`fedsgld.privacy.distributed`.
+"""
+
+from __future__ import annotations
+
+from ..privacy.distributed import DDGParameters, choose_ddg, ddg_epsilon
+from .ddg import decode, encode
+from .driver import RoundResult, check_site_plan, message_bytes, run_round
+from .protocol import RoundAborted, SecAggPlan, SiteParty
+from .server import ServerParty
+
+__all__ = [
+    "DDGParameters",
+    "RoundAborted",
+    "RoundResult",
+    "SecAggPlan",
+    "ServerParty",
+    "SiteParty",
+    "check_site_plan",
+    "choose_ddg",
+    "ddg_epsilon",
+    "decode",
+    "encode",
+    "message_bytes",
+    "run_round",
+]

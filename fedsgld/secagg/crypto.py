@@ -1,0 +1,89 @@
+"""The cryptographic primitives of secure aggregation, all from the ``cryptography`` library.
+
+* Key agreement: X25519 (private keys are 32 bytes from :func:`os.urandom`).
+* Key derivation: HKDF-SHA256 of the X25519 shared secret, bound to the round's context
+  and to a purpose label, so that a key is never used for two purposes or two rounds.
+* Share transport: ChaCha20-Poly1305 (authenticated encryption) with a random 96-bit
+  nonce and the (context, sender, receiver) as associated data, so the server that relays
+  a ciphertext can neither read it nor redirect it unnoticed.
+* Masks: the ChaCha20 keystream of a 256-bit seed, read as little-endian 64-bit words and
+  reduced modulo 2^bits (2^bits divides 2^64, so the words stay uniform).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+_RAW = (serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+
+
+def new_private_key() -> X25519PrivateKey:
+    """A fresh X25519 key from the operating system's randomness."""
+    return X25519PrivateKey.from_private_bytes(os.urandom(KEY_BYTES))
+
+
+def private_bytes(key: X25519PrivateKey) -> bytes:
+    return key.private_bytes(*_RAW)
+
+
+def public_bytes(key: X25519PrivateKey) -> bytes:
+    return key.public_key().public_bytes_raw()
+
+
+def agree(own: X25519PrivateKey, peer_public: bytes, *, context: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key shared by the two holders of (own, peer): HKDF-SHA256 of X25519."""
+    if len(peer_public) != KEY_BYTES:
+        raise ValueError(f"an X25519 public key is {KEY_BYTES} bytes, got {len(peer_public)}")
+    shared = own.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=context, info=purpose).derive(
+        shared
+    )
+
+
+def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
+    """nonce || ChaCha20-Poly1305(key, nonce, plaintext, aad), nonce from os.urandom."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + ChaCha20Poly1305(key).encrypt(nonce, plaintext, aad)
+
+
+def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
+    """The plaintext of :func:`seal`; raises ``cryptography.exceptions.InvalidTag`` when the
+    ciphertext, its associated data or the key is not the one sealed."""
+    return ChaCha20Poly1305(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
+
+
+def mask(seed: bytes, length: int, bits: int) -> np.ndarray:
+    """``length`` words uniform modulo 2^bits: the ChaCha20 keystream of ``seed`` (32 bytes)."""
+    if len(seed) != KEY_BYTES:
+        raise ValueError(f"a mask seed is {KEY_BYTES} bytes, got {len(seed)}")
+    encryptor = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
+    words = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
+    return words & modulus_mask(bits)
+
+
+def modulus_mask(bits: int) -> np.uint64:
+    return np.uint64((1 << bits) - 1)
+
+
+def public_key_stream(label: bytes, length: int) -> bytes:
+    """``length`` public pseudo-random bytes named by ``label`` (ChaCha20 keyed by
+    SHA-256(label)): for public choices everyone must make alike (the rotation)."""
+    seed = hashlib.sha256(label).digest()
+    return (
+        Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor().update(bytes(length))
+    )
+
+
+def os_secret() -> bytes:
+    """32 bytes from the operating system's randomness (a self-mask seed)."""
+    return os.urandom(KEY_BYTES)

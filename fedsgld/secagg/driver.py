@@ -1,0 +1,167 @@
+"""One whole round of secure aggregation with distributed noise, in one process.
+
+:func:`run_round` is what a transport will do over the network: it plays the K
+:class:`~fedsgld.secagg.protocol.SiteParty` objects and the
+:class:`~fedsgld.secagg.server.ServerParty`, passing each step's messages along, and lets
+sites drop at a chosen step (to test dropout recovery and the abort rule). It returns the
+server's dequantised sum and the round's cost: the bytes each party sent and received
+(:func:`message_bytes`) and the wall and CPU time of each step, summed over the parties (a deployment
+runs the sites in parallel: divide the sites' share by K for its wall time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..privacy.distributed import DDGParameters
+from .ddg import decode, encode
+from .protocol import SecAggPlan, SiteParty
+from .server import ServerParty
+
+STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
+
+
+def message_bytes(message: object) -> int:
+    """Wire size of a message: its bytes payloads, plus 8 bytes for every int and dict key."""
+    if isinstance(message, bytes | bytearray):
+        return len(message)
+    if isinstance(message, Mapping):
+        return sum(8 + message_bytes(v) for v in message.values())
+    if isinstance(message, list | tuple):
+        return sum(message_bytes(v) for v in message)
+    return 8
+
+
+@dataclass
+class RoundResult:
+    """The server's output and the round's cost."""
+
+    total: np.ndarray  # dequantised sum of the surviving sites' vectors, noise included
+    survivors: tuple[int, ...]  # the sites whose input is in the sum (U3)
+    sent: dict[int, int] = field(default_factory=dict)  # bytes sent by each site
+    received: dict[int, int] = field(default_factory=dict)  # bytes received by each site
+    seconds: dict[str, float] = field(default_factory=dict)  # per step, sites and server
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # the same in CPU time
+    server: ServerParty | None = None  # its transcript: everything the server received
+
+    @property
+    def server_received(self) -> int:
+        """Bytes the server received: everything the sites sent."""
+        return sum(self.sent.values())
+
+    @property
+    def server_sent(self) -> int:
+        """Bytes the server sent: everything the sites received."""
+        return sum(self.received.values())
+
+
+def check_site_plan(
+    plan: SecAggPlan,
+    params: DDGParameters,
+    *,
+    clip: float,
+    noise_multiplier: float,
+    max_dropouts: int,
+    max_colluders: int,
+) -> None:
+    """What a site checks before it takes part (its guard, with its policy's values):
+    the round plans for at least the dropouts and colluders its policy assumes, the
+    parameters match the plan, account for the clip it applies, and count on no more
+    honest shares than the plan leaves, whose noise is at least ``noise_multiplier``.
+    Raises ``ValueError`` naming the first mismatch."""
+    k = len(plan.sites)
+    checks = [
+        (plan.max_dropouts >= max_dropouts, f"max_dropouts {plan.max_dropouts} < the policy's {max_dropouts}"),
+        (plan.max_colluders >= max_colluders, f"max_colluders {plan.max_colluders} < the policy's {max_colluders}"),
+        ((params.sites, params.dim, params.bits) == (k, plan.length, plan.bits),
+         "the mechanism's sites, dimension or bits differ from the plan's"),
+        (params.clip == clip, f"the mechanism's clip {params.clip} is not the clip applied, {clip}"),
+        (params.honest <= k - plan.max_dropouts - plan.max_colluders,
+         f"the mechanism counts on {params.honest} honest shares, more than the plan leaves"),
+        (params.noise_multiplier >= noise_multiplier,
+         f"the honest noise multiplier {params.noise_multiplier:.6g} < {noise_multiplier:.6g}"),
+    ]  # fmt: skip
+    for ok, why in checks:
+        if not ok:
+            raise ValueError(f"secure aggregation plan refused: {why}")
+
+
+def run_round(
+    vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray],
+    params: DDGParameters,
+    *,
+    round_label: bytes,
+    max_dropouts: int = 0,
+    max_colluders: int = 0,
+    drop: Mapping[int, str] | None = None,
+) -> RoundResult:
+    """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
+    noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
+    ``drop``: {site: step} makes a site fall silent from that step of :data:`STEPS` on.
+    Raises :class:`~fedsgld.secagg.protocol.RoundAborted` when more sites drop than planned.
+    """
+    if not isinstance(vectors, Mapping):
+        vectors = dict(enumerate(vectors))
+    length = {np.asarray(v).shape[0] for v in vectors.values()}
+    if len(length) != 1:
+        raise ValueError("all sites' vectors must have one length")
+    (length,) = length
+    if len(vectors) != params.sites:
+        raise ValueError(f"{len(vectors)} vectors for parameters planned for {params.sites} sites")
+    drop = dict(drop or {})
+    for when in drop.values():
+        if when not in STEPS:
+            raise ValueError(f"drop step must be one of {STEPS}, got {when!r}")
+    plan = SecAggPlan(
+        round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
+        max_dropouts=max_dropouts, max_colluders=max_colluders,
+    )  # fmt: skip
+    sites = {v: SiteParty(v, plan) for v in plan.sites}
+    server = ServerParty(plan)
+    res = RoundResult(total=np.empty(0), survivors=(), server=server)
+    res.sent = dict.fromkeys(plan.sites, 0)
+    res.received = dict.fromkeys(plan.sites, 0)
+
+    def live(name: str) -> list[int]:
+        """The sites still answering at step ``name``."""
+        return [v for v in plan.sites if v not in drop or STEPS.index(drop[v]) > STEPS.index(name)]
+
+    def timed(name: str, fn, *args) -> object:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn(*args)
+        res.seconds[name] = time.perf_counter() - t0
+        res.cpu_seconds[name] = time.process_time() - c0
+        return out
+
+    def step(name: str, call, deliver) -> object:
+        def ask() -> list:
+            msgs = []
+            for v in live(name):
+                msgs.append(call(v))
+                res.sent[v] += message_bytes(msgs[-1])
+            return msgs
+
+        return timed(name + " (server)", deliver, timed(name, ask))
+
+    roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
+    for v in live("share_keys"):
+        res.received[v] += message_bytes(roster)
+    inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
+    for v in live("masked_input"):
+        res.received[v] += message_bytes(inbox.get(v, {}))
+
+    def masked(v: int) -> dict:
+        encoded = encode(np.asarray(vectors[v], dtype=np.float64), params, round_label)
+        return sites[v].masked_input(inbox[v], encoded)
+
+    announcement = step("masked_input", masked, server.collect_masked)
+    for v in live("unmask"):
+        res.received[v] += message_bytes(announcement)
+    modular = step("unmask", lambda v: sites[v].unmask(announcement), server.finish)
+    res.total = timed("decode (server)", decode, modular, params, round_label, length)
+    res.survivors = tuple(announcement["survivors"])
+    return res

@@ -1,0 +1,259 @@
+"""Secure aggregation with dropout recovery: the parties and their messages.
+
+The protocol of Bonawitz et al. (CCS 2017, "Practical secure aggregation for privacy-
+preserving machine learning"), semi-honest variant, on modular vectors of ``length``
+words modulo 2^bits. Every message is a plain dict of ints, bytes and lists/dicts of
+them, so that a transport can carry it; the server object only ever holds what it
+received (its ``transcript``).
+
+1. advertise keys: site u sends two fresh X25519 public keys, c_u (for encrypting shares)
+   and s_u (for agreeing pairwise masks). The server broadcasts the roster U1.
+2. share keys: u draws a self-mask seed b_u (32 bytes, os.urandom) and splits b_u and
+   its mask private key s_u^SK into Shamir shares (threshold t) for every v in U1, each
+   pair of shares encrypted under HKDF(X25519(c_u, c_v)) with ChaCha20-Poly1305. The
+   server relays the ciphertexts; U2 = the sites whose ciphertexts arrived.
+3. masked input: u sends y_u = x_u + PRG(b_u) + sum_{v in U2, v > u} PRG(s_uv)
+   - sum_{v in U2, v < u} PRG(s_uv)  (mod 2^bits), s_uv = HKDF(X25519(s_u, s_v)).
+   U3 = the sites whose y arrived; the server announces U3.
+4. unmask: u checks U3 (a subset of U2, at least ``min_inputs`` sites: else it refuses),
+   decrypts the shares it holds and returns, for every v in U3, its share of b_v and,
+   for every v in U2 \\ U3, its share of s_v^SK; never both for one v, and only once per
+   round. With t such answers the server rebuilds every b_v (v in U3) and every dropped
+   s_v^SK, removes the self masks and the dropped sites' pairwise masks, and holds
+   sum_{u in U3} x_u mod 2^bits, and nothing else.
+
+Thresholds: with K sites, ``max_dropouts`` and ``max_colluders``, t = K - max_dropouts
+(enough sites remain to unmask whenever no more than ``max_dropouts`` drop) and t >
+max_colluders (the colluding sites' shares, with the server's, never rebuild a surviving
+site's s^SK). A round in which more than ``max_dropouts`` sites are missing ABORTS with
+:class:`RoundAborted` at the server and is refused by every honest site: its noise share
+was sized for K - max_dropouts - max_colluders honest contributions, and the sum is never
+released with fewer.
+
+Not covered (documented in docs/secure_aggregation.md): an actively malicious server
+(which could, e.g., announce different U3 to different sites; Bonawitz et al.'s
+consistency round with signatures closes that), and authenticating the sites' public
+keys (a PKI or keys pinned in the sites' policies).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from . import crypto, shamir
+
+Message = dict  # plain dicts of ints, bytes, and lists / dicts of them
+
+
+class RoundAborted(RuntimeError):
+    """A secure-aggregation round stopped before anything was released; says why."""
+
+
+@dataclass(frozen=True)
+class SecAggPlan:
+    """The public parameters of one round, the same at every party.
+
+    ``round_label``: bytes naming the round uniquely (run key and round number); every
+    key and mask is bound to it. ``sites``: the site ids (distinct ints >= 0).
+    """
+
+    round_label: bytes
+    sites: tuple[int, ...]
+    length: int
+    bits: int
+    max_dropouts: int = 0
+    max_colluders: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sites", tuple(sorted(int(s) for s in self.sites)))
+        if len(set(self.sites)) != len(self.sites) or any(s < 0 for s in self.sites):
+            raise ValueError(f"sites must be distinct integers >= 0, got {self.sites}")
+        if not (1 <= self.bits <= 64):
+            raise ValueError(f"bits must be in [1, 64], got {self.bits}")
+        if self.length < 1:
+            raise ValueError(f"length must be >= 1, got {self.length}")
+        if self.max_dropouts < 0 or self.max_colluders < 0:
+            raise ValueError("max_dropouts and max_colluders must be >= 0")
+        if self.threshold <= self.max_colluders:
+            raise ValueError(
+                f"sites ({len(self.sites)}) - max_dropouts ({self.max_dropouts}) must exceed "
+                f"max_colluders ({self.max_colluders}): the colluders' shares must never "
+                "reach the reconstruction threshold"
+            )
+
+    @property
+    def threshold(self) -> int:
+        """t = K - max_dropouts: shares needed to rebuild a secret."""
+        return len(self.sites) - self.max_dropouts
+
+    @property
+    def min_inputs(self) -> int:
+        """The fewest masked inputs a released sum may hold (K - max_dropouts)."""
+        return len(self.sites) - self.max_dropouts
+
+    @property
+    def context(self) -> bytes:
+        ids = b"".join(struct.pack(">I", s) for s in self.sites)
+        head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
+                           self.max_dropouts, self.max_colluders)  # fmt: skip
+        return b"fedsgld-secagg-v1|" + head + self.round_label + b"|" + ids
+
+    def point(self, site: int) -> int:
+        """The Shamir evaluation point of ``site`` (its id + 1)."""
+        return site + 1
+
+
+def _aad(plan: SecAggPlan, sender: int, receiver: int) -> bytes:
+    return plan.context + struct.pack(">II", sender, receiver)
+
+
+def _pair_seed(own: X25519PrivateKey, peer_public: bytes, plan: SecAggPlan) -> bytes:
+    return crypto.agree(own, peer_public, context=plan.context, purpose=b"pairwise mask")
+
+
+def pack_words(words: np.ndarray, bits: int) -> bytes:
+    """Words modulo 2^bits on the wire: 4 bytes each up to 32 bits, else 8 (little-endian)."""
+    return words.astype("<u4" if bits <= 32 else "<u8").tobytes()
+
+
+def unpack_words(data: bytes, plan: SecAggPlan) -> np.ndarray:
+    """The inverse of :func:`pack_words`, checked against the plan's length (uint64)."""
+    dtype = "<u4" if plan.bits <= 32 else "<u8"
+    words = np.frombuffer(data, dtype=dtype)
+    if words.shape[0] != plan.length:
+        raise ValueError(f"a masked input has {words.shape[0]} words, expected {plan.length}")
+    return words.astype(np.uint64)
+
+
+def pairwise_masks(
+    plan: SecAggPlan, own_site: int, own_key: X25519PrivateKey, peers: Mapping[int, bytes]
+) -> np.ndarray:
+    """sum over peers v (id -> mask public key) of +PRG(s_uv) (v > u) or -PRG(s_uv)
+    (v < u), mod 2^bits, u = ``own_site``: the masks cancel in the sum over all sites."""
+    total = np.zeros(plan.length, dtype=np.uint64)
+    for v, pk in peers.items():
+        m = crypto.mask(_pair_seed(own_key, pk, plan), plan.length, plan.bits)
+        total = total + m if v > own_site else total - m
+    return total & crypto.modulus_mask(plan.bits)
+
+
+class SiteParty:
+    """One site's side of one round. Its secrets (two X25519 keys, b_u) come from
+    :func:`os.urandom` and never leave it except as encrypted Shamir shares."""
+
+    def __init__(self, site: int, plan: SecAggPlan) -> None:
+        if site not in plan.sites:
+            raise ValueError(f"site {site} is not in the round's sites {plan.sites}")
+        self.site, self.plan = site, plan
+        self._enc_key = crypto.new_private_key()
+        self._mask_key = crypto.new_private_key()
+        self._self_seed = crypto.os_secret()
+        self._roster: dict[int, tuple[bytes, bytes]] = {}
+        self._inbox: dict[int, bytes] = {}
+        self._stage = 0
+
+    def _advance(self, expected: int) -> None:
+        if self._stage != expected:
+            raise RoundAborted(f"site {self.site}: protocol step out of order")
+        self._stage += 1
+
+    def advertise_keys(self) -> Message:
+        self._advance(0)
+        return {
+            "site": self.site,
+            "enc_pk": crypto.public_bytes(self._enc_key),
+            "mask_pk": crypto.public_bytes(self._mask_key),
+        }
+
+    def share_keys(self, roster: Message) -> Message:
+        """``roster``: {"keys": {v: {"enc_pk": ..., "mask_pk": ...}}} (U1)."""
+        self._advance(1)
+        keys = {int(v): (k["enc_pk"], k["mask_pk"]) for v, k in roster["keys"].items()}
+        own = (crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key))
+        if keys.get(self.site) != own or not set(keys) <= set(self.plan.sites):
+            raise RoundAborted(f"site {self.site}: the roster does not hold this site's keys")
+        if len(keys) < self.plan.min_inputs:
+            raise RoundAborted(f"site {self.site}: {len(keys)} sites advertised keys, "
+                               f"fewer than {self.plan.min_inputs}")  # fmt: skip
+        self._roster = keys
+        points = [self.plan.point(v) for v in sorted(keys)]
+        t = self.plan.threshold
+        s_shares = shamir.split(crypto.private_bytes(self._mask_key), points, t)
+        b_shares = shamir.split(self._self_seed, points, t)
+        out = {}
+        for v in sorted(keys):
+            p = self.plan.point(v)
+            plaintext = struct.pack(">II", self.site, v) + s_shares[p] + b_shares[p]
+            if v == self.site:
+                self._inbox[v] = plaintext  # its own shares stay here, unencrypted
+                continue
+            key = crypto.agree(self._enc_key, keys[v][0], context=self.plan.context,
+                               purpose=b"share transport")  # fmt: skip
+            out[v] = crypto.seal(key, plaintext, _aad(self.plan, self.site, v))
+        return {"site": self.site, "shares": out}
+
+    def masked_input(self, inbox: Message, encoded: np.ndarray) -> Message:
+        """``inbox``: {"shares": {v: ciphertext from v for this site}} (defines U2);
+        ``encoded``: this site's vector modulo 2^bits (e.g. :func:`fedsgld.secagg.ddg.encode`)."""
+        self._advance(2)
+        senders = {int(v) for v in inbox["shares"]} | {self.site}
+        if not senders <= set(self._roster) or len(senders) < self.plan.min_inputs:
+            raise RoundAborted(f"site {self.site}: shares from {sorted(senders)} do not allow "
+                               f"{self.plan.min_inputs} inputs")  # fmt: skip
+        for v, ct in inbox["shares"].items():
+            self._inbox[int(v)] = ct
+        self._u2 = senders
+        x = np.asarray(encoded, dtype=np.uint64)
+        if x.shape != (self.plan.length,) or np.any(x > crypto.modulus_mask(self.plan.bits)):
+            raise ValueError(
+                f"the encoded input must be {self.plan.length} words < 2^{self.plan.bits}"
+            )
+        peers = {v: self._roster[v][1] for v in senders if v != self.site}
+        y = x + crypto.mask(self._self_seed, self.plan.length, self.plan.bits)
+        pair = pairwise_masks(self.plan, self.site, self._mask_key, peers)
+        y = (y + pair) & crypto.modulus_mask(self.plan.bits)
+        return {"site": self.site, "y": pack_words(y, self.plan.bits)}
+
+    def _open(self, v: int) -> tuple[bytes, bytes]:
+        """(share of s_v^SK, share of b_v) that v sent this site."""
+        if v == self.site:
+            plaintext = self._inbox[v]
+        else:
+            key = crypto.agree(self._enc_key, self._roster[v][0], context=self.plan.context,
+                               purpose=b"share transport")  # fmt: skip
+            try:
+                plaintext = crypto.open_sealed(key, self._inbox[v], _aad(self.plan, v, self.site))
+            except InvalidTag:
+                raise RoundAborted(f"site {self.site}: the shares relayed from site {v} "
+                                   "do not authenticate") from None  # fmt: skip
+        if struct.unpack(">II", plaintext[:8]) != (v, self.site):
+            raise RoundAborted(f"site {self.site}: shares from site {v} are mislabelled")
+        n = shamir.SHARE_BYTES
+        return plaintext[8 : 8 + n], plaintext[8 + n : 8 + 2 * n]
+
+    def unmask(self, announcement: Message) -> Message:
+        """``announcement``: {"survivors": [sites whose masked input the server holds]} (U3)."""
+        self._advance(3)
+        u3 = {int(v) for v in announcement["survivors"]}
+        if not u3 <= self._u2 or self.site not in u3:
+            raise RoundAborted(f"site {self.site}: the announced survivors are inconsistent")
+        if len(u3) < self.plan.min_inputs:
+            raise RoundAborted(
+                f"site {self.site} refuses to unmask: {len(u3)} inputs < {self.plan.min_inputs} "
+                f"(more than max_dropouts={self.plan.max_dropouts} sites missing: the sum "
+                "would carry too little noise)"
+            )
+        self_shares, key_shares = {}, {}
+        for v in sorted(self._u2):
+            s_share, b_share = self._open(v)
+            if v in u3:
+                self_shares[v] = b_share
+            else:
+                key_shares[v] = s_share
+        return {"site": self.site, "self_mask_shares": self_shares, "mask_key_shares": key_shares}
