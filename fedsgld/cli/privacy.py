@@ -23,11 +23,10 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from fedsgld.privacy.accountant import ACCOUNTANTS, REFERENCE_PLD, PrivacyAccountant
-from fedsgld.privacy.gdp import gdp_delta, gdp_epsilon, gdp_mu
+from fedsgld.privacy.gdp import gdp_epsilon, gdp_max_steps, gdp_mu
 
 #: default --sigma-grid of a DP-SGLD schedule under the dp_accounting_pld reference (one
 #: PLD per distinct sigma); the other accountants take the exact schedule
@@ -51,6 +50,14 @@ class _UsageError(ValueError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``fedsgld privacy`` options to ``parser``."""
     parser.description = __doc__.split("\n\n")[0]
+    _add_length_arguments(parser)
+    _add_noise_arguments(parser)
+    _add_accountant_arguments(parser)
+    parser.set_defaults(_privacy_parser=parser)
+
+
+def _add_length_arguments(parser: argparse.ArgumentParser) -> None:
+    """--sample-rate, --steps | --epsilon, --delta."""
     parser.add_argument(
         "--sample-rate",
         type=float,
@@ -71,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--delta", type=float, required=True, metavar="D", help="target delta, in (0, 1)"
     )
+
+
+def _add_noise_arguments(parser: argparse.ArgumentParser) -> None:
+    """The noise: --noise-multiplier (DP-SGD), or the DP-SGLD schedule's options."""
     parser.add_argument(
         "--noise-multiplier",
         type=float,
@@ -98,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="T0",
         help=f"decay time scale T0 > 0 (default {DEFAULT_DECAY_T0:g})",
     )
+
+
+def _add_accountant_arguments(parser: argparse.ArgumentParser) -> None:
+    """The accountant, its grid and discretisation, the search limit, the output."""
     parser.add_argument(
         "--accountant",
         choices=ACCOUNTANTS,
@@ -139,7 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print one JSON object (non-finite numbers are written as null)",
     )
-    parser.set_defaults(_privacy_parser=parser)
 
 
 def _number(args: argparse.Namespace, attr: str) -> float | None:
@@ -149,16 +163,10 @@ def _number(args: argparse.Namespace, attr: str) -> float | None:
     return float(value)
 
 
-def _in_range(
-    option: str,
-    value: float | None,
-    lo: float,
-    hi: float,
-    *,
-    lo_open: bool,
-    hi_open: bool,
-    text: str,
-) -> float:
+def _in_range(option: str, value: float | None, lo: float, hi: float, text: str) -> float:
+    """``value`` of ``option`` inside the interval ``text`` from ``lo`` to ``hi``, its
+    brackets saying which ends are open: "(0, 1]" is 0 < value <= 1."""
+    lo_open, hi_open = text.startswith("("), text.endswith(")")
     if value is None:
         raise _UsageError(f"{option} is required")
     ok = (
@@ -172,23 +180,41 @@ def _in_range(
 
 
 def _positive(option: str, value: float | None) -> float:
-    return _in_range(option, value, 0.0, math.inf, lo_open=True, hi_open=True, text="(0, inf)")
+    return _in_range(option, value, 0.0, math.inf, "(0, inf)")
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Validate the options; return the settings, or raise _UsageError naming the option."""
-    q = _in_range(
-        "--sample-rate",
-        _number(args, "sample_rate"),
-        0.0,
-        1.0,
-        lo_open=True,
-        hi_open=False,
-        text="(0, 1]",
-    )
-    delta = _in_range(
-        "--delta", _number(args, "delta"), 0.0, 1.0, lo_open=True, hi_open=True, text="(0, 1)"
-    )
+    q = _in_range("--sample-rate", _number(args, "sample_rate"), 0.0, 1.0, "(0, 1]")
+    delta = _in_range("--delta", _number(args, "delta"), 0.0, 1.0, "(0, 1)")
+    steps, budget, limit = _length_settings(args)
+    noise = _noise_settings(args)
+    constant = noise["sigma"] is not None
+    accountant, grid, h = _accountant_settings(args, dp_sgld=not constant)
+    sigma, lr, gamma, t0, tau = (noise[k] for k in ("sigma", "lr", "gamma", "t0", "tau"))
+
+    def point(t: int) -> tuple[float, float]:
+        if constant:
+            return q, sigma
+        return q, _sgld_sigma(lr, gamma, t0, tau, t)
+
+    return {
+        "q": q,
+        "delta": delta,
+        "steps": steps,
+        "budget": budget,
+        "limit": limit,
+        **noise,
+        "grid": grid,
+        "pld_discretization": h,
+        "accountant": accountant,
+        "point": point,
+        "constant": constant,
+    }
+
+
+def _length_settings(args: argparse.Namespace) -> tuple[int | None, float | None, int]:
+    """(--steps, --epsilon, --limit), validated: exactly one of the first two is given."""
     steps, budget = getattr(args, "steps", None), _number(args, "epsilon")
     if (steps is None) == (budget is None):
         raise _UsageError("give exactly one of --steps T and --epsilon E")
@@ -199,27 +225,23 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     limit = getattr(args, "limit", DEFAULT_LIMIT)
     if budget is not None and (int(limit) != limit or limit < 1):
         raise _UsageError(f"--limit must be an integer >= 1, got {limit}")
+    return (None if steps is None else int(steps)), budget, int(limit)
 
+
+def _noise_settings(args: argparse.Namespace) -> dict[str, float | None]:
+    """{"sigma", "lr", "tau", "gamma", "t0"}: a constant sigma (the rest None) or the
+    DP-SGLD schedule (sigma None), validated."""
     sigma = _number(args, "noise_multiplier")
     lr, tau = _number(args, "lr"), _number(args, "temperature")
     gamma, t0 = _number(args, "decay_gamma"), _number(args, "decay_t0")
     if sigma is not None:
-        given = [
-            o
-            for o, v in (
-                ("--lr", lr),
-                ("--temperature", tau),
-                ("--decay-gamma", gamma),
-                ("--decay-t0", t0),
-            )
-            if v is not None
-        ]
+        schedule = {"--lr": lr, "--temperature": tau, "--decay-gamma": gamma, "--decay-t0": t0}
+        given = [o for o, v in schedule.items() if v is not None]
         if given:
             raise _UsageError(
                 f"--noise-multiplier (constant sigma) cannot be combined with {', '.join(given)}"
             )
         sigma = _positive("--noise-multiplier", sigma)
-        schedule = None
     else:
         if lr is None and tau is None:
             raise _UsageError(
@@ -228,12 +250,14 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         lr = _positive("--lr", lr)
         tau = _positive("--temperature", tau)
         gamma = 0.0 if gamma is None else gamma
-        gamma = _in_range(
-            "--decay-gamma", gamma, 0.0, 1.0, lo_open=False, hi_open=False, text="[0, 1]"
-        )
+        gamma = _in_range("--decay-gamma", gamma, 0.0, 1.0, "[0, 1]")
         t0 = _positive("--decay-t0", DEFAULT_DECAY_T0 if t0 is None else t0)
-        schedule = (lr, gamma, t0)
+    return {"sigma": sigma, "lr": lr, "tau": tau, "gamma": gamma, "t0": t0}
 
+
+def _accountant_settings(args: argparse.Namespace, *, dp_sgld: bool) -> tuple[str, float, float]:
+    """(--accountant, --sigma-grid, --pld-discretization), validated; the grid's default
+    depends on whether the schedule is DP-SGLD's."""
     accountant = getattr(args, "accountant", "pld")
     if accountant not in ACCOUNTANTS:
         raise _UsageError(
@@ -241,45 +265,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         )
     grid = _number(args, "sigma_grid")
     if grid is None:
-        grid = (
-            REFERENCE_SCHEDULE_GRID
-            if (schedule is not None and accountant == REFERENCE_PLD)
-            else 0.0
-        )
-    grid = _in_range("--sigma-grid", grid, 0.0, 0.5, lo_open=False, hi_open=True, text="[0, 0.5)")
+        grid = REFERENCE_SCHEDULE_GRID if (dp_sgld and accountant == REFERENCE_PLD) else 0.0
+    grid = _in_range("--sigma-grid", grid, 0.0, 0.5, "[0, 0.5)")
     h = _number(args, "pld_discretization")
-    h = _in_range(
-        "--pld-discretization",
-        1e-3 if h is None else h,
-        0.0,
-        0.1,
-        lo_open=True,
-        hi_open=False,
-        text="(0, 0.1]",
-    )
-
-    def point(t: int) -> tuple[float, float]:
-        if schedule is None:
-            return q, sigma
-        return q, _sgld_sigma(lr, gamma, t0, tau, t)
-
-    return {
-        "q": q,
-        "delta": delta,
-        "steps": None if steps is None else int(steps),
-        "budget": budget,
-        "limit": int(limit),
-        "sigma": sigma,
-        "lr": lr,
-        "tau": tau,
-        "gamma": gamma,
-        "t0": t0,
-        "grid": grid,
-        "pld_discretization": h,
-        "accountant": accountant,
-        "point": point,
-        "constant": schedule is None,
-    }
+    h = _in_range("--pld-discretization", 1e-3 if h is None else h, 0.0, 0.1, "(0, 0.1]")
+    return accountant, grid, h
 
 
 def _ledger(
@@ -296,46 +286,6 @@ def _exact_mu(s: dict[str, Any], steps: int) -> float:
     if s["constant"]:
         return gdp_mu([(s["q"], s["sigma"], steps)]) if steps > 0 else 0.0
     return gdp_mu([(*s["point"](t), 1) for t in range(steps)])
-
-
-def _gdp_max_steps(
-    point: Callable[[int], tuple[float, float]],
-    *,
-    budget: float,
-    delta: float,
-    limit: int,
-    constant: bool,
-) -> int:
-    """Largest T <= limit whose GDP-CLT epsilon (exact sigmas) is <= budget."""
-    # epsilon is increasing in mu: find the largest admissible mu^2, then walk the steps
-    lo, hi = 0.0, 1.0
-    while gdp_delta(budget, hi) <= delta:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if gdp_delta(budget, mid) <= delta:
-            lo = mid
-        else:
-            hi = mid
-    mu2_max = lo * lo
-
-    def per_step(t: int) -> float:
-        q, sigma = point(t)
-        return gdp_mu([(q, sigma, 1)]) ** 2
-
-    if constant:
-        inc = per_step(0)
-        if inc == 0.0:
-            return limit
-        t = min(limit, int(mu2_max / inc) if math.isfinite(inc) else 0)
-    else:
-        t, total = 0, 0.0
-        while t < limit:
-            total += per_step(t)
-            if total > mu2_max:
-                break
-            t += 1
-    return t
 
 
 def _finite(x: float) -> float | None:
@@ -385,7 +335,17 @@ def run(args: argparse.Namespace) -> int:
             parser.print_usage(sys.stderr)
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    steps, mu, eps = _account(s)
+    as_json = getattr(args, "json", False)
+    if s["budget"] is not None:
+        print(_budget_report(s, steps, mu, eps, as_json=as_json))
+    else:
+        print(_steps_report(s, steps, mu, eps, as_json=as_json))
+    return 0
 
+
+def _account(s: dict[str, Any]) -> tuple[int, float, dict[str, float]]:
+    """(steps: given, or the most the budget allows; their GDP mu; their epsilons)."""
     acc = PrivacyAccountant(
         delta=s["delta"],
         epsilon_budget=s["budget"],
@@ -403,52 +363,59 @@ def run(args: argparse.Namespace) -> int:
     # rigorous accountants need the conservative rounding)
     mu = _exact_mu(s, steps)
     eps["gdp"] = gdp_epsilon(mu, s["delta"]) if steps > 0 else 0.0
+    return steps, mu, eps
 
-    if s["budget"] is not None:
-        gdp_steps = _gdp_max_steps(
-            s["point"],
-            budget=s["budget"],
-            delta=s["delta"],
-            limit=s["limit"],
-            constant=s["constant"],
-        )
-        if getattr(args, "json", False):
-            out = {
-                "max_steps": steps,
-                "mu": _finite(mu),
-                "delta": s["delta"],
-                "epsilon": {k: _finite(v) for k, v in eps.items()},
-                "budget": s["budget"],
-            }
-            print(json.dumps(out))
-            return 0
-        at_least = "at least " if steps >= s["limit"] else ""
-        gdp_at_least = "at least " if gdp_steps >= s["limit"] else ""
-        lines = [
-            f"budget epsilon = {s['budget']:g} at delta = {s['delta']:g}, sample rate q = {s['q']:g}",
-            f"noise: {_describe_noise(s, steps)}",
-            f"allows {at_least}{steps} steps under the rigorous accountant '{s['accountant']}' (used for budgets)",
-            f"  (the Gaussian-DP CLT would allow {gdp_at_least}{gdp_steps} steps: approximate, not a valid bound)",
-        ]
-        if at_least:
-            lines.append(f"  search stopped at --limit {s['limit']}")
-        lines += [
-            f"at {steps} steps: mu (Gaussian DP, CLT) = {mu:.4f}",
-            f"epsilon at delta = {s['delta']:g}:",
-        ]
-        lines += _epsilon_lines(eps, s["accountant"])
-        print("\n".join(lines))
-        return 0
 
-    if getattr(args, "json", False):
+def _budget_report(
+    s: dict[str, Any], steps: int, mu: float, eps: dict[str, float], *, as_json: bool
+) -> str:
+    """The answer to --epsilon: how many steps the budget allows."""
+    gdp_steps = gdp_max_steps(
+        s["point"],
+        budget=s["budget"],
+        delta=s["delta"],
+        limit=s["limit"],
+        constant=s["constant"],
+    )
+    if as_json:
+        out = {
+            "max_steps": steps,
+            "mu": _finite(mu),
+            "delta": s["delta"],
+            "epsilon": {k: _finite(v) for k, v in eps.items()},
+            "budget": s["budget"],
+        }
+        return json.dumps(out)
+    at_least = "at least " if steps >= s["limit"] else ""
+    gdp_at_least = "at least " if gdp_steps >= s["limit"] else ""
+    lines = [
+        f"budget epsilon = {s['budget']:g} at delta = {s['delta']:g}, sample rate q = {s['q']:g}",
+        f"noise: {_describe_noise(s, steps)}",
+        f"allows {at_least}{steps} steps under the rigorous accountant '{s['accountant']}' (used for budgets)",
+        f"  (the Gaussian-DP CLT would allow {gdp_at_least}{gdp_steps} steps: approximate, not a valid bound)",
+    ]
+    if at_least:
+        lines.append(f"  search stopped at --limit {s['limit']}")
+    lines += [
+        f"at {steps} steps: mu (Gaussian DP, CLT) = {mu:.4f}",
+        f"epsilon at delta = {s['delta']:g}:",
+    ]
+    lines += _epsilon_lines(eps, s["accountant"])
+    return "\n".join(lines)
+
+
+def _steps_report(
+    s: dict[str, Any], steps: int, mu: float, eps: dict[str, float], *, as_json: bool
+) -> str:
+    """The answer to --steps: their epsilons."""
+    if as_json:
         out = {
             "mu": _finite(mu),
             "delta": s["delta"],
             "steps": steps,
             "epsilon": {k: _finite(v) for k, v in eps.items()},
         }
-        print(json.dumps(out))
-        return 0
+        return json.dumps(out)
     lines = [
         f"{steps} steps at sample rate q = {s['q']:g}, delta = {s['delta']:g}",
         f"noise: {_describe_noise(s, steps)}",
@@ -456,5 +423,4 @@ def run(args: argparse.Namespace) -> int:
         f"epsilon at delta = {s['delta']:g}:",
     ]
     lines += _epsilon_lines(eps, s["accountant"])
-    print("\n".join(lines))
-    return 0
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""Privacy events: what each release of fedsgld costs, as values the accountants compose.
+
+A run, a site or a PATE server releases noisy statistics; each release is described here
+by a small frozen dataclass (an *event*, in the manner of ``dp_accounting``'s DpEvents)
+that says which mechanism ran with which public parameters, and nothing about the data.
+The accountants read events instead of bare ``(q, sigma, count)`` tuples:
+
+* :class:`SubsampledGaussianStep`: a Poisson-subsampled Gaussian mechanism (rate q, noise
+  multiplier sigma on sums of records clipped to L2 norm C). DP-SGLD, DP-SGD and DPVI
+  training steps are all this mechanism (DPVI noises the clipped sum of the variational
+  parameters' gradients exactly like DP-SGD), and so are the private recalibration steps
+  and the local steps a site takes with ``noise_placement = "sites"``.
+* :class:`GaussianRelease`: the Gaussian mechanism on a whole dataset (no sampling): a
+  site's noised evaluation statistics (L2 sensitivity sqrt(5)) and its noised PATE vote
+  histogram (sensitivity sqrt(2 Q)). ``noise_multiplier`` is the noise std over the
+  sensitivity; it is accounted as one step with q = 1.
+* :class:`LnmaxAnswers`, :class:`GnmaxAnswers`, :class:`ConfidentGnmaxAnswers`: the
+  labels a PATE server releases by noisy argmax. They are NOT in the Gaussian ledger:
+  :mod:`fedsgld.privacy.pate_analysis` accounts them (moments accountant for LNMax, Renyi
+  DP for GNMax), data-independently from the event alone, and data-dependently from the
+  event and the private vote histogram (:func:`~fedsgld.privacy.pate_events.answers_epsilon`).
+* :class:`Repeated` (one event ``count`` times) and :class:`Composed` (events in order):
+  composition.
+
+:func:`gaussian_steps` flattens an event into the ``(q, sigma)`` steps the Gaussian
+ledger records, in order; :func:`ledger_entries` run-length encodes them. An event the
+Gaussian ledger cannot hold (PATE answers) raises :class:`UnsupportedEvent`.
+
+Torch-free, like the rest of :mod:`fedsgld.privacy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "ConfidentGnmaxAnswers",
+    "Composed",
+    "DpEvent",
+    "GaussianRelease",
+    "GnmaxAnswers",
+    "LnmaxAnswers",
+    "Repeated",
+    "SubsampledGaussianStep",
+    "UnsupportedEvent",
+    "gaussian_steps",
+    "ledger_entries",
+]
+
+
+class UnsupportedEvent(ValueError):
+    """The event is not a composition of (subsampled) Gaussian steps."""
+
+
+@dataclass(frozen=True)
+class DpEvent:
+    """Base class of every privacy event (a description of a release, never its data)."""
+
+
+@dataclass(frozen=True)
+class SubsampledGaussianStep(DpEvent):
+    """One Poisson-subsampled Gaussian step: every record enters the clipped sum with
+    probability ``sample_rate`` q, and the sum gets N(0, (noise_multiplier C)^2 I).
+
+    A DP-SGLD step (sigma_t = sqrt(2 alpha_t tau)), a DP-SGD or DPVI step (constant sigma),
+    a recalibration step, or one local step of a site that adds the noise itself."""
+
+    sample_rate: float
+    noise_multiplier: float
+
+
+@dataclass(frozen=True)
+class GaussianRelease(DpEvent):
+    """The Gaussian mechanism on the whole dataset: ``f(D) + N(0, std^2 I)`` with
+    ``std = noise_multiplier * sensitivity`` (``sensitivity``: the L2 sensitivity of f to one
+    record). Accounted as one step with q = 1 and this ``noise_multiplier``."""
+
+    noise_multiplier: float
+    sensitivity: float = 1.0
+
+    @property
+    def std(self) -> float:
+        """The noise standard deviation, ``noise_multiplier * sensitivity``."""
+        return self.noise_multiplier * self.sensitivity
+
+
+@dataclass(frozen=True)
+class LnmaxAnswers(DpEvent):
+    """``queries`` labels released by LNMax (``argmax_j n_j + Lap(1/gamma)``), accounted by
+    the moments accountant with lambda = 1..``moments``."""
+
+    gamma: float
+    queries: int
+    moments: int = 8
+
+
+@dataclass(frozen=True)
+class GnmaxAnswers(DpEvent):
+    """``queries`` labels released by GNMax (``argmax_j n_j + N(0, sigma^2)``), by RDP."""
+
+    sigma: float
+    queries: int
+
+
+@dataclass(frozen=True)
+class ConfidentGnmaxAnswers(DpEvent):
+    """Confident-GNMax over ``posed`` queries: the threshold check ``max_j n_j +
+    N(0, sigma1^2) >= threshold`` on every posed query, GNMax(``sigma``) on those that pass.
+    Data-independently every posed query is charged both (which were answered depends on
+    the data)."""
+
+    sigma: float
+    sigma1: float
+    threshold: float
+    posed: int
+
+
+@dataclass(frozen=True)
+class Repeated(DpEvent):
+    """``event`` released ``count`` times (adaptively composed)."""
+
+    event: DpEvent
+    count: int
+
+
+@dataclass(frozen=True)
+class Composed(DpEvent):
+    """``events`` released one after the other (adaptively composed), in this order."""
+
+    events: tuple[DpEvent, ...]
+
+
+def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
+    """The ``(q, sigma)`` steps of ``event`` in release order, as the Gaussian ledger
+    records them (values unchanged, unvalidated: the accountant validates).
+
+    Raises:
+        UnsupportedEvent: a PATE answer event, or anything that is not a DpEvent.
+    """
+    if isinstance(event, SubsampledGaussianStep):
+        yield event.sample_rate, event.noise_multiplier
+    elif isinstance(event, GaussianRelease):
+        yield 1.0, event.noise_multiplier
+    elif isinstance(event, Repeated):
+        for _ in range(event.count):
+            yield from gaussian_steps(event.event)
+    elif isinstance(event, Composed):
+        for e in event.events:
+            yield from gaussian_steps(e)
+    elif isinstance(event, (LnmaxAnswers, GnmaxAnswers, ConfidentGnmaxAnswers)):
+        raise UnsupportedEvent(
+            f"{type(event).__name__} is accounted by "
+            "fedsgld.privacy.pate_events.answers_epsilon, not by the Gaussian ledger"
+        )
+    else:
+        raise UnsupportedEvent(f"not a privacy event: {event!r}")
+
+
+def ledger_entries(event: DpEvent) -> list[tuple[float, float, int]]:
+    """``event``'s steps run-length encoded: ``[(q, sigma, count), ...]`` in release order."""
+    out: list[list] = []
+    for q, sigma in gaussian_steps(event):
+        if out and out[-1][0] == q and out[-1][1] == sigma:
+            out[-1][2] += 1
+        else:
+            out.append([q, sigma, 1])
+    return [(q, s, c) for q, s, c in out]
