@@ -1,9 +1,11 @@
 """The ClientApp: one SuperNode, one or more sites (``[tool.flwr.app.components] clientapp``).
 
-Every message passes the site's guard first (:func:`fedsgld.clients.guard.site_guard`,
-the app's one mod): it validates the request against the site's policy, charges the
-site's ledger, and lets out only what the policy allows. A message type it does not know
-is refused. The handlers behind it:
+Every message passes the site's guard first (:data:`site_guard`, the app's one mod, built
+by :func:`fedsgld.flower.guard.make_site_guard`): it validates the request against the
+site's policy, charges the site's ledger, and lets out only what the policy allows. Its
+table holds the admissions of the training protocol (:data:`fedsgld.flower.guard.DOORS`)
+and of PATE (:data:`fedsgld.pate.guard.ADMISSIONS`); a message type it does not know is
+refused. The handlers behind it:
 
 ``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
@@ -15,11 +17,39 @@ teachers at the site, their vote histogram, the student's evaluation
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedsgld.clients.guard import site_guard
+from fedsgld.clients.guard import Admission
+from fedsgld.flower.guard import DOORS, Door, make_site_guard
 from fedsgld.flower.sites import handle_evaluate, handle_query, handle_train
+
+PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate
+
+
+def _pate() -> tuple[ModuleType, ModuleType]:
+    """PATE's site side: its admissions (:mod:`fedsgld.pate.guard`) and its handlers
+    (:mod:`fedsgld.pate.flower`)."""
+    # imported at the first PATE message, not at start-up: every task of a deployment is a
+    # new process, and PATE's teachers, data sets and calibration (scipy.stats) would add
+    # about a second to each (tests/flower/test_client_startup.py)
+    from fedsgld.pate import flower, guard
+
+    return guard, flower
+
+
+def _pate_door(kind: str) -> Door:
+    def door(msg: Message, context: Context) -> Admission:
+        return _pate()[0].ADMISSIONS[kind](msg, context)
+
+    return door
+
+
+site_guard = make_site_guard(
+    {**DOORS, **{f"{k}.{PATE}": _pate_door(f"{k}.{PATE}") for k in ("query", "train", "evaluate")}}
+)
 
 
 def _register(app: ClientApp) -> ClientApp:
@@ -37,25 +67,17 @@ def _register(app: ClientApp) -> ClientApp:
     def evaluate(msg: Message, context: Context) -> Message:
         return handle_evaluate(msg, context)
 
-    @app.query("pate")
+    @app.query(PATE)
     def pate_query(msg: Message, context: Context) -> Message:
-        from fedsgld.pate import (
-            flower as pate,  # imported when asked: a site process starts lighter
-        )
+        return _pate()[1].handle_query(msg, context)
 
-        return pate.handle_query(msg, context)
-
-    @app.train("pate")
+    @app.train(PATE)
     def pate_train(msg: Message, context: Context) -> Message:
-        from fedsgld.pate import flower as pate
+        return _pate()[1].handle_train(msg, context)
 
-        return pate.handle_train(msg, context)
-
-    @app.evaluate("pate")
+    @app.evaluate(PATE)
     def pate_evaluate(msg: Message, context: Context) -> Message:
-        from fedsgld.pate import flower as pate
-
-        return pate.handle_evaluate(msg, context)
+        return _pate()[1].handle_evaluate(msg, context)
 
     return app
 

@@ -1,8 +1,11 @@
-"""What leaves a site: the guard's release of each reply (:mod:`fedsgld.clients.guard`).
+"""What leaves a site, as numbers: the noised quantities of a site's releases.
 
-The handlers compute exact answers; what the site's policy does not let out never leaves
-this module. Two releases add noise the site draws itself (Gaussian mechanism, charged to
-the site's ledger before the draw as one step (q = 1, sigma)):
+The handlers compute exact answers; the site's guard (:mod:`fedsgld.clients.guard`, its
+Flower mod :mod:`fedsgld.flower.guard`) lets out only what the site's policy allows, built
+by the releases of :mod:`fedsgld.flower.release` (and :mod:`fedsgld.pate.guard` for vote
+counts) from the functions here. This module holds the maths only: no Flower message.
+Two releases add noise the site draws itself (Gaussian mechanism, charged to the site's
+ledger before the draw as one step (q = 1, sigma)):
 
 **Evaluation statistics** (policy ``evaluation = "dp"``). Of the mean softmax p_i of each
 test record i (label y_i, confidence c_i = max_j p_ij in bin b_i of 15 equal bins), the
@@ -29,21 +32,15 @@ integer votes summing to the number of teachers (a valid histogram: post-process
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-
-from fedsgld.clients.policy import SitePolicy
 
 STATS_BINS = 15
 NLL_BOUND = 10.0  # nats: a record's NLL term in a noised release is min(-log p_y, NLL_BOUND)
 STATS_SENSITIVITY = math.sqrt(5.0)
 STATS_SIZE = 3 * STATS_BINS + 2
-
-PUBLIC_SITE_KEYS = ("site", "n_train", "n_test", "num_classes", "input_shape")
 
 
 def vote_sensitivity(n_queries: int) -> float:
@@ -56,12 +53,14 @@ def vote_sensitivity(n_queries: int) -> float:
 
 def stats_vector(probs: Any, labels: Any) -> np.ndarray:
     """The summed vector v of the module docstring (each record adds at most 1 to five entries)."""
-    from fedsgld.calibration.metrics import NLL_FLOOR, validate
-    from fedsgld.calibration.pooling import pooling_stats
+    # imported at the first release, not at start-up: fedsgld.calibration imports
+    # scipy.stats (about 1 s), which a site process that only trains never needs
+    # (tests/flower/test_client_startup.py)
+    from fedsgld.calibration import metrics, pooling
 
-    s = pooling_stats(probs, labels, STATS_BINS)
-    p, y = validate(probs, labels)
-    nll = np.minimum(-np.log(np.maximum(p[np.arange(len(y)), y], NLL_FLOOR)), NLL_BOUND)
+    s = pooling.pooling_stats(probs, labels, STATS_BINS)
+    p, y = metrics.validate(probs, labels)
+    nll = np.minimum(-np.log(np.maximum(p[np.arange(len(y)), y], metrics.NLL_FLOOR)), NLL_BOUND)
     tail = [float(nll.sum()) / NLL_BOUND, s["brier_sum"] / 2.0]
     return np.concatenate([s["bin_count"], s["bin_conf"], s["bin_correct"], tail]).astype(
         np.float64
@@ -111,76 +110,3 @@ def noisy_votes(counts: np.ndarray, noise: np.ndarray, teachers: int) -> np.ndar
     """``counts + noise``, each row rounded to non-negative votes summing to ``teachers``."""
     v = np.asarray(counts, dtype=np.float64) + np.asarray(noise, dtype=np.float64)
     return np.stack([round_to_total(row, teachers) for row in v]).astype(np.int64)
-
-
-# -- the releases (the guard calls these with the instruction, the reply and its noise) ---
-
-
-def sites_info(
-    msg: Message, reply: Message, noise: None, *, label_histogram: bool | None
-) -> Message:
-    """A node's ``sites`` list: the public sizes; the training-label histogram only where
-    ``label_histogram`` is True (None: the message type has no such field)."""
-    out = []
-    for entry in json.loads(str(reply.content["sites"]["json"])):
-        public = {k: entry[k] for k in PUBLIC_SITE_KEYS}
-        if label_histogram is not None:
-            public["label_histogram"] = entry["label_histogram"] if label_histogram else None
-        out.append(public)
-    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(out)})}), reply_to=msg)
-
-
-def evaluation(
-    msg: Message, reply: Message, noise: np.ndarray | None, *, policy: SitePolicy, group: str
-) -> Message:
-    """An evaluation of one model: the site's report and statistics, exact or noised as the
-    policy says (each report's ``release`` field says which); test labels and predictions
-    only where the policy shares them."""
-    c = reply.content
-    if policy.evaluation == "exact":
-        reports = {g: {**r, "release": "exact"} for g, r in _json(c, "reports").items()}
-        stats = _json(c, "stats")
-    else:
-        probs, labels = c[f"pred-{group}"]["probs"].numpy(), c["labels"]["labels"].numpy()
-        s = noisy_stats(probs, labels, noise)
-        from fedsgld.calibration.pooling import report_from_stats
-
-        reports = {group: {**report_from_stats([s]), "release": "dp"}}
-        stats = {group: s}
-    out: dict[str, Any] = {
-        "meta": c["meta"],
-        "reports": ConfigRecord({"json": json.dumps(reports)}),
-        "stats": ConfigRecord({"json": json.dumps(stats)}),
-    }
-    if policy.share_predictions:
-        out["labels"] = c["labels"]
-        out[f"pred-{group}"] = c[f"pred-{group}"]
-    return Message(RecordDict(out), reply_to=msg)
-
-
-def votes(
-    msg: Message,
-    reply: Message,
-    noise: np.ndarray | None,
-    *,
-    teachers: int,
-    noise_std: float,
-    share_accuracy: bool,
-) -> Message:
-    """A PATE site's vote histogram (noised unless ``noise`` is None) and, where the policy
-    releases exact evaluations, its teachers' test accuracies (else an empty list)."""
-    c = reply.content
-    counts = c["histogram"]["counts"].numpy()
-    if noise is not None:
-        counts = noisy_votes(counts, noise, teachers)
-    acc = str(c["teachers"]["accuracy"]) if share_accuracy else "[]"
-    rec = {"site-id": c["teachers"]["site-id"], "accuracy": acc, "vote-noise-std": noise_std}
-    out = {
-        "histogram": ArrayRecord({"counts": Array(np.ascontiguousarray(counts, dtype=np.int64))}),
-        "teachers": ConfigRecord(rec),
-    }
-    return Message(RecordDict(out), reply_to=msg)
-
-
-def _json(content: RecordDict, name: str) -> dict[str, Any]:
-    return json.loads(str(content[name]["json"]))

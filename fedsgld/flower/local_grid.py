@@ -10,7 +10,8 @@ drop replies.
 
 Flower's public API has no in-process grid; this one sets the process's task identity
 (``flwr.supercore.task_identity.TaskIdentity``) so that ``Message(content, dst, type)``
-works, and assigns message ids as Flower's in-memory grid does.
+works, and assigns message ids as Flower's in-memory grid does. The apps come from the
+caller (:func:`run_local`): this module sits below them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.object_ref import load_app
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 SUPERLINK_NODE_ID = 1
 CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
@@ -32,9 +35,17 @@ CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
 Fault = Callable[[Message, Message], Message | None]
 
 
-def _set_task_identity(run_id: int) -> None:
-    from flwr.supercore.task_identity import TaskIdentity
+def _app(app: Any, kind: type) -> Any:
+    """``app`` itself, or the object its ``"module:attribute"`` names (Flower's own loader,
+    as ``[tool.flwr.app.components]`` is read)."""
+    if isinstance(app, str):
+        app = load_app(app, ValueError)
+    if not isinstance(app, kind):
+        raise TypeError(f"expected a {kind.__name__} or its 'module:attribute', got {app!r}")
+    return app
 
+
+def _set_task_identity(run_id: int) -> None:
     TaskIdentity.run_id = run_id
     TaskIdentity.node_id = SUPERLINK_NODE_ID
     TaskIdentity.task_id = 0
@@ -143,23 +154,21 @@ class LocalGrid(Grid):
 def run_local(
     run_config: dict[str, Any],
     *,
+    server_app: ServerApp | str,
+    client_app: ClientApp | str,
     num_nodes: int | None = None,
     node_configs: list[dict[str, Any]] | None = None,
     fault: Fault | None = None,
-    server_app: ServerApp | None = None,
-    client_app: ClientApp | None = None,
     shuffle_seed: int | None = None,
 ) -> LocalGrid:
-    """Run the ServerApp over a :class:`LocalGrid` (default: one node per site, as in
-    Flower's simulation with ``num-supernodes = sites``). Returns the grid."""
-    from fedsgld.apps.client_app import app as default_client
-    from fedsgld.apps.server_app import app as default_server
-
+    """Run ``server_app`` over a :class:`LocalGrid` of ``client_app`` nodes (each an app or
+    its ``"module:attribute"``, e.g. ``fedsgld.apps.APPS``; default: one node per site, as
+    in Flower's simulation with ``num-supernodes = sites``). Returns the grid."""
     if node_configs is None:
         n = num_nodes if num_nodes is not None else int(run_config.get("sites", 4))
         node_configs = [{"partition-id": i, "num-partitions": n} for i in range(n)]
     grid = LocalGrid(
-        client_app or default_client,
+        _app(client_app, ClientApp),
         node_configs,
         run_config=run_config,
         fault=fault,
@@ -172,5 +181,5 @@ def run_local(
         state=RecordDict(),
         run_config=dict(run_config),
     )
-    (server_app or default_server)(grid, ctx)
+    _app(server_app, ServerApp)(grid, ctx)
     return grid

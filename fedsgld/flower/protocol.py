@@ -32,7 +32,7 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               (ArrayRecord ``{"probs"}``) and ``labels`` only where the site's policy shares
               predictions (then the server computes pooled metrics and plots exactly as
               the in-process engine does). What a site releases is its guard's decision
-              (:mod:`fedsgld.clients.guard`).
+              (:mod:`fedsgld.flower.guard`, :mod:`fedsgld.clients.guard`).
 
 The run config of a Flower run has the keys of ``fedsgld simulate``'s config (see
 ``fedsgld.config``) plus the Flower-only keys in :data:`FLOWER_KEYS`.
@@ -55,7 +55,7 @@ EVALUATE = "evaluate"
 
 # Flower-only run-config keys and their defaults.
 FLOWER_KEYS: dict[str, Any] = {
-    "task": "train",  # "train": the gradient methods (key `method`); "pate": fedsgld.pate.flower
+    "task": "train",  # "train": the gradient methods (key `method`); "pate": fedsgld.pate.server
     "out": "",  # result directory; empty: a new directory under runs/
     "resume": False,  # resume the run in `out` from its checkpoint
     "round-timeout": 600.0,  # seconds to wait for the replies of one round

@@ -8,7 +8,7 @@ in-process engine drives too. The method (``sgd``, ``dpsgd``, ``dpsgld``) is the
     multiplier sigma_t, after the accountant's budget check). No plan means the run is
     over (``halt_reason`` says why: rounds done, or the budget would be overspent) and no
     messages are sent. Otherwise one message per site: theta_t and the plan.
-``aggregate_train``  checks every reply (:func:`check_train_reply`), drops bad and error
+``aggregate_train``  checks every reply (:func:`fedsgld.flower.replies.check_train_reply`), drops bad and error
     replies with a logged reason, orders the rest by site id and calls
     ``LangevinServer.apply``: the ledger is persisted, then
     theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L + lambda theta), with the
@@ -42,11 +42,18 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsgld.calibration.pooling import check_stats
-from fedsgld.flower.protocol import EVALUATE, TRAIN, pack_vector, plan_record, unpack_vector
+from fedsgld.calibration import calibration_report
+from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
+from fedsgld.flower.protocol import EVALUATE, TRAIN, pack_vector, plan_record
+from fedsgld.flower.replies import (
+    ReplyRejected,
+    SiteEntry,
+    check_eval_reply,
+    check_train_reply,
+    decode_array,
+    source_node,
+)
 from fedsgld.strategies.server import LangevinServer, RoundPlan
-
-NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
 
 
 class TooFewSites(RuntimeError):
@@ -55,23 +62,6 @@ class TooFewSites(RuntimeError):
 
 class AllSitesFailed(TooFewSites):
     """Every site's reply in a round was missing or rejected; the round was not taken."""
-
-
-class ReplyRejected(ValueError):
-    """A reply failed a check; the message says which."""
-
-
-@dataclass(frozen=True)
-class SiteEntry:
-    """Where a site lives and what is public about it."""
-
-    site: int
-    node_id: int
-    n_train: int
-    n_test: int
-    num_classes: int
-    input_shape: tuple[int, ...]
-    label_histogram: list[int] | None = None  # only if the site's policy shares it
 
 
 @dataclass
@@ -90,109 +80,6 @@ class Drop:
             "node_id": self.node_id,
             "reason": self.reason,
         }
-
-
-def _src(msg: Message) -> int | None:
-    try:
-        return int(msg.metadata.src_node_id)
-    except Exception:  # noqa: BLE001 - a malformed reply must not stop the round
-        return None
-
-
-def _decode_vector(rec: Any, key: str, *, size: int | tuple[int, ...], dtype: str) -> np.ndarray:
-    if not isinstance(rec, ArrayRecord):
-        raise ReplyRejected(f"record is a {type(rec).__name__}, expected an ArrayRecord")
-    keys = list(rec.keys())
-    if keys != [key]:
-        raise ReplyRejected(f"ArrayRecord keys {keys}, expected [{key!r}]")
-    arr = rec[key]
-    shape = (size,) if isinstance(size, int) else tuple(size)
-    if arr.stype != "numpy.ndarray" or arr.dtype != dtype or tuple(arr.shape) != shape:
-        raise ReplyRejected(
-            f"array {key!r} is {arr.dtype}{tuple(arr.shape)} ({arr.stype}), expected {dtype}{shape}"
-        )
-    try:
-        nd = arr.numpy()
-    except Exception as err:  # noqa: BLE001
-        raise ReplyRejected(f"array {key!r} does not decode: {err}") from None
-    if nd.dtype != np.dtype(dtype) or nd.shape != shape:
-        raise ReplyRejected(
-            f"array {key!r} decodes to {nd.dtype}{nd.shape}, expected {dtype}{shape}"
-        )
-    return nd
-
-
-def _site_id_of(msg: Message) -> int:
-    meta = msg.content.get("meta") if msg.has_content() else None
-    if not isinstance(meta, MetricRecord):
-        raise ReplyRejected("no MetricRecord 'meta'")
-    sid = meta.get("site-id")
-    if isinstance(sid, bool) or not isinstance(sid, int):
-        raise ReplyRejected(f"meta['site-id'] is {sid!r}, expected an integer")
-    return sid
-
-
-def check_train_reply(
-    msg: Message,
-    *,
-    plan: RoundPlan,
-    entry: SiteEntry | None,
-    size: int,
-    key: str = "sum",
-) -> torch.Tensor:
-    """Validate one training reply; return S_k or raise :class:`ReplyRejected`.
-
-    ``entry`` is the site the instruction this message replies to asked for (None: the
-    reply answers no instruction of this round). Checks: not an error; exactly one
-    record, ``sum`` (ConfigRecord with exactly ``sum``: float32 (P,) as bytes,
-    ``site-id`` and ``round``); it comes from that site's node and names that site and
-    round; S_k is finite and (with clipping) ||S_k|| <= N_k C, a bound no correct site can
-    exceed. With noise at the sites (``key="theta"``) the reply holds the site's
-    parameters after its local steps instead: same checks except the norm bound.
-    """
-    if entry is None:
-        raise ReplyRejected("the reply answers no instruction of this round")
-    if msg.has_error():
-        err = msg.error
-        raise ReplyRejected(f"error reply (code {err.code}): {str(err.reason or '')[-500:]}")
-    if not msg.has_content():
-        raise ReplyRejected("reply has no content")
-    keys = sorted(msg.content.keys())
-    if keys != [key]:
-        raise ReplyRejected(f"reply records {keys}, expected [{key!r}]")
-    rec = msg.content[key]
-    if not isinstance(rec, ConfigRecord):
-        raise ReplyRejected(f"record {key!r} is a {type(rec).__name__}, expected a ConfigRecord")
-    fields = sorted(rec.keys())
-    if fields != sorted([key, "round", "site-id"]):
-        raise ReplyRejected(
-            f"record {key!r} has {fields}, expected {sorted([key, 'round', 'site-id'])}"
-        )
-    sid, rnd = rec.get("site-id"), rec.get("round")
-    if isinstance(sid, bool) or not isinstance(sid, int):
-        raise ReplyRejected(f"{key}['site-id'] is {sid!r}, expected an integer")
-    node = _src(msg)
-    if sid != entry.site or node != entry.node_id:
-        raise ReplyRejected(
-            f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
-        )
-    if isinstance(rnd, bool) or rnd != plan.round:
-        raise ReplyRejected(f"reply is for round {rnd!r}, expected {plan.round}")
-    try:
-        nd = unpack_vector(rec[key], size=size, name=key)
-    except ValueError as err:
-        raise ReplyRejected(str(err)) from None
-    if not np.isfinite(nd).all():
-        raise ReplyRejected(f"{key} has non-finite values")
-    s = torch.from_numpy(nd)
-    if plan.clip is not None and key == "sum":
-        bound = entry.n_train * plan.clip * (1.0 + NORM_SLACK) + 1e-6
-        norm = float(torch.linalg.vector_norm(s.double()))
-        if norm > bound:
-            raise ReplyRejected(
-                f"||sum|| = {norm:.6g} exceeds N_k C = {entry.n_train} x {plan.clip:g}"
-            )
-    return s
 
 
 class LangevinStrategy(Strategy):
@@ -245,7 +132,7 @@ class LangevinStrategy(Strategy):
         self.log(f"round {rnd}: dropped {kind} reply of site {site} (node {node}): {reason}")
 
     def _theta_bytes(self, arrays: ArrayRecord) -> bytes:
-        nd = _decode_vector(arrays, "theta", size=self.size, dtype="float32")
+        nd = decode_array(arrays, "theta", size=self.size, dtype="float32")
         if not np.array_equal(nd, self.server.theta.numpy()):
             raise ValueError("configure_train: arrays['theta'] is not the server's current theta")
         return pack_vector(nd)
@@ -311,7 +198,7 @@ class LangevinStrategy(Strategy):
             try:
                 value = check(msg, entry)
             except ReplyRejected as err:
-                self._drop(rnd, kind, entry.site if entry else None, _src(msg), str(err))
+                self._drop(rnd, kind, entry.site if entry else None, source_node(msg), str(err))
             else:
                 good[entry.site] = value
             if entry is not None:
@@ -399,69 +286,6 @@ class LangevinStrategy(Strategy):
         self._sent = [(m, self.directory[int(m.content["eval"]["site-id"])]) for m in msgs]
         return msgs
 
-    def _check_eval_reply(self, msg: Message, entry: SiteEntry | None) -> dict[str, Any]:
-        if entry is None:
-            raise ReplyRejected("the reply answers no instruction of this evaluation")
-        if msg.has_error():
-            raise ReplyRejected(
-                f"error reply (code {msg.error.code}): {str(msg.error.reason or '')[-500:]}"
-            )
-        if not msg.has_content():
-            raise ReplyRejected("reply has no content")
-        private = sorted(["meta", "reports", "stats"])
-        shared = sorted(
-            ["labels", "meta", "reports", "stats", *(f"pred-{g}" for g in self._eval_groups)]
-        )
-        keys = sorted(msg.content.keys())
-        if keys not in (private, shared):
-            raise ReplyRejected(f"reply records {keys}, expected {private} or {shared}")
-        sid, node = _site_id_of(msg), _src(msg)
-        if sid != entry.site or node != entry.node_id:
-            raise ReplyRejected(
-                f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
-            )
-        labels = None
-        if keys == shared:
-            labels = _decode_vector(
-                msg.content["labels"], "labels", size=entry.n_test, dtype="int64"
-            )
-            if labels.size and (labels.min() < 0 or labels.max() >= entry.num_classes):
-                raise ReplyRejected("labels out of range")
-        st = msg.content["stats"]
-        if not isinstance(st, ConfigRecord) or not isinstance(st.get("json"), str):
-            raise ReplyRejected("stats is not a ConfigRecord with a 'json' string")
-        try:
-            stats = json.loads(st["json"])
-            if not isinstance(stats, dict) or sorted(stats) != sorted(self._eval_groups):
-                raise ValueError("statistics do not cover the requested groups")
-            for g in self._eval_groups:
-                check_stats(stats[g])
-                if stats[g]["n"] != entry.n_test:
-                    raise ValueError(f"statistics count {stats[g]['n']} records, not n_test")
-        except ValueError as err:
-            raise ReplyRejected(f"bad statistics: {err}") from None
-        rep = msg.content["reports"]
-        if not isinstance(rep, ConfigRecord) or not isinstance(rep.get("json"), str):
-            raise ReplyRejected("reports is not a ConfigRecord with a 'json' string")
-        try:
-            reports = json.loads(rep["json"])
-        except ValueError as err:
-            raise ReplyRejected(f"reports do not parse: {err}") from None
-        if not isinstance(reports, dict) or sorted(reports) != sorted(self._eval_groups):
-            raise ReplyRejected("reports do not cover the requested groups")
-        out: dict[str, Any] = {"labels": labels, "reports": reports, "stats": stats, "probs": {}}
-        for g in self._eval_groups if labels is not None else ():
-            p = _decode_vector(
-                msg.content[f"pred-{g}"],
-                "probs",
-                size=(entry.n_test, entry.num_classes),
-                dtype="float32",
-            )
-            if not np.isfinite(p).all():
-                raise ReplyRejected(f"predictions of group {g!r} are not finite")
-            out["probs"][g] = p
-        return out
-
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
@@ -471,11 +295,11 @@ class LangevinStrategy(Strategy):
         (:mod:`fedsgld.calibration.pooling`: exact accuracy, NLL, Brier, ECE, MCE; no
         pooled SCE, ACE or AUC). The full result is kept in ``self.evaluation``; the first
         group's pooled scalars are returned."""
-        from fedsgld.calibration import calibration_report
-        from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
-
         good: dict[int, dict[str, Any]] = self._match(
-            replies, server_round, "evaluate", self._check_eval_reply
+            replies,
+            server_round,
+            "evaluate",
+            lambda m, e: check_eval_reply(m, e, self._eval_groups),
         )
         if not good:
             self.evaluation = None
@@ -521,3 +345,16 @@ class LangevinStrategy(Strategy):
             f"LangevinStrategy: method {s.privacy.method}, {len(self.directory)} sites, "
             f"expected batch L = {s.expected_batch:g}, {s.t} of {s.rounds} rounds taken"
         )
+
+
+# SiteEntry, ReplyRejected and check_train_reply live in fedsgld.flower.replies; they stay
+# importable from here (fedsgld.flower.runner imports SiteEntry from this module).
+__all__ = [
+    "AllSitesFailed",
+    "Drop",
+    "LangevinStrategy",
+    "ReplyRejected",
+    "SiteEntry",
+    "TooFewSites",
+    "check_train_reply",
+]

@@ -27,45 +27,33 @@ Messages (one per (node, site) pair; the node hosts sites as in
                    the group ``student`` (``meta``, ``reports``, ``stats``; ``labels`` and
                    ``pred-student`` only where the site's policy shares predictions).
 
-Every message passes the site's guard first (:mod:`fedsgld.clients.guard`): the noise
-and what is shared are the site's policy's decisions, not the server's.
+Every message passes the site's guard first (:mod:`fedsgld.pate.guard` admits PATE's
+messages; :mod:`fedsgld.flower.guard`): the noise and what is shared are the site's
+policy's decisions, not the server's.
 
-The server's public queries come from :func:`~fedsgld.pate.train.pate_split` (the same
-seeded split as in-process). It checks every histogram (shape, dtype, counts >= 0, each
-row summing to the site's number of teachers) and drops a bad one with a logged reason;
-the analysis covers whatever histograms were summed. A seeded run equals the in-process
+This module holds the messages' settings and the site's handlers. The server
+(:func:`fedsgld.pate.server.serve_pate`) takes its public queries from
+:func:`~fedsgld.pate.data.pate_split` (the same seeded split as in-process), checks every
+histogram and drops a bad one with a logged reason; the analysis covers whatever
+histograms were summed. A seeded run equals the in-process
 :func:`~fedsgld.pate.train.run_pate` (same split, same teachers, same noise).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import secrets
-import time
-from collections.abc import Callable
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedsgld.calibration import calibration_report
-from fedsgld.calibration.pooling import check_stats, report_from_stats
+from fedsgld.flower.sites import evaluation_records, hosted_site_ids, read_site_npz
 from fedsgld.pate.aggregation import site_histogram
-from fedsgld.pate.train import (
-    PateConfig,
-    PateSplit,
-    _new_model,
-    pate_split,
-    predict_proba,
-    release_and_learn,
-    train_site_teachers,
-)
-
-_log = logging.getLogger("fedsgld.pate")
+from fedsgld.pate.config import PateConfig
+from fedsgld.pate.data import PateSplit, pate_split
+from fedsgld.pate.teachers import new_model, predict_proba, train_site_teachers
 
 PREFIX = "pate."
 QUERY = "query.pate"
@@ -122,8 +110,6 @@ _SPLITS: dict[str, PateSplit] = {}
 
 def site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, Any]:
     """The private records of the sites this node hosts (site id -> x/y train/test)."""
-    from fedsgld.flower.sites import hosted_site_ids, read_site_npz
-
     ids = hosted_site_ids(config.sites, node_config)
     if "site-data" in node_config:
         if "site-id" not in node_config:
@@ -193,11 +179,9 @@ def handle_train(msg: Message, context: Context) -> Message:
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """The student's evaluation on the site's test split (group ``student``)."""
-    from fedsgld.flower.sites import evaluation_records
-
     config = _setup(msg)
     sid, s = _shard(config, context, msg)
-    student = _new_model(
+    student = new_model(
         config.student_model, tuple(s.x_train.shape[1:]), int(s.num_classes), config.hidden, 0
     )
     student.load_state_dict(msg.content["student"].to_torch_state_dict())
@@ -206,194 +190,30 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
-# -- the server side ----------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """The server side's names, where they were before :mod:`fedsgld.pate.server` held them
+    (``fedsgld.apps.server_app`` still imports ``serve_pate`` from here)."""
+    if name in _SERVER_NAMES:
+        # imported when asked: a site, which imports this module, never runs the server,
+        # and fedsgld.pate.server imports this module (a re-export at the top would be a cycle)
+        from fedsgld.pate import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class PateSitesFailed(RuntimeError):
-    """No site returned a usable vote histogram."""
-
-
-def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers: int):
-    """(counts, accuracies) of a ``train.pate`` reply, or ValueError naming what is wrong."""
-    if msg.has_error():
-        raise ValueError(f"error reply: {str(msg.error.reason or '')[-500:]}")
-    try:
-        counts = msg.content["histogram"]["counts"].numpy()
-        acc = json.loads(str(msg.content["teachers"]["accuracy"]))
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"malformed reply ({err})") from None
-    if counts.shape != (n_queries, num_classes) or counts.dtype != np.int64:
-        raise ValueError(
-            f"counts are {counts.dtype}{counts.shape}, expected int64{(n_queries, num_classes)}"
-        )
-    if counts.min(initial=0) < 0 or np.any(counts.sum(axis=1) != teachers):
-        raise ValueError(f"every row must be {teachers} non-negative votes (one per teacher)")
-    if not isinstance(acc, list) or len(acc) not in (0, teachers):
-        raise ValueError(f"expected {teachers} teacher accuracies, or none")
-    return counts, [float(a) for a in acc]
-
-
-def check_student_reply(msg: Message, *, n_test: int, num_classes: int):
-    """(the site's report, its statistics, (probs, labels) or None) of an ``evaluate.pate``
-    reply; ValueError (or KeyError) naming what is wrong."""
-    c = msg.content
-    report = json.loads(str(c["reports"]["json"]))[STUDENT]
-    stats = check_stats(json.loads(str(c["stats"]["json"]))[STUDENT])
-    if stats["n"] != n_test or not isinstance(report, dict):
-        raise ValueError(f"statistics count {stats['n']} records, not n_test = {n_test}")
-    if "labels" not in c:
-        return report, stats, None
-    p, y = c[f"pred-{STUDENT}"]["probs"].numpy(), c["labels"]["labels"].numpy()
-    if p.shape != (n_test, num_classes) or y.shape != (n_test,) or not np.isfinite(p).all():
-        raise ValueError(f"predictions have shapes {p.shape}, {y.shape}")
-    return report, stats, (p, y)
-
-
-def serve_pate(
-    grid: Any, run_config: dict[str, Any], *, log: Callable[[str], None] | None = None
-) -> dict[str, Any]:
-    """Run PATE over ``grid``: teachers at the sites, noisy labels, students, analysis."""
-    from fedsgld.engine import new_run_dir
-    from fedsgld.flower.protocol import split_flower_options
-    from fedsgld.flower.runner import discover, exchange
-
-    log = log or _log.info
-    t0 = time.perf_counter()
-    config = pate_config_from_run_config(run_config)
-    opts = split_flower_options(run_config)
-    out = Path(opts["out"]).expanduser() if opts["out"] else new_run_dir(tag="flower-pate")
-    out = out.resolve()
-    if (out / "results.json").exists():
-        raise ValueError(f"output directory {str(out)!r} already holds a run; choose another out")
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    split = pate_split(config)  # the server's public queries
-    k = split.num_classes
-    rec = pate_record(config)
-    sites = discover(
-        grid,
-        sites=config.sites,
-        message=lambda n: Message(RecordDict({"pate": rec}), n, QUERY, group_id="pate"),
-        entries=lambda r: [
-            (int(e["site"]), e) for e in json.loads(str(r.content["sites"]["json"]))
-        ],
-        timeout=opts["wait-for-sites"],
-        poll=opts["poll-interval"],
-        log=log,
-    )
-    log("PATE sites: " + ", ".join(f"{s}@node {n}" for s, (n, _) in sites.items()))
-    queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
-    run_key = secrets.token_hex(8)  # names this run to the sites (their evaluations per run)
-
-    def task(s: int) -> ConfigRecord:
-        return ConfigRecord({"site-id": s, "run-key": run_key})
-
-    msgs = [
-        Message(
-            RecordDict({"pate": rec, "task": task(s), "queries": queries}),
-            node,
-            TRAIN,
-            group_id="pate",
-        )  # fmt: skip
-        for s, (node, _) in sites.items()
-    ]
-    replies = exchange(grid, msgs, timeout=opts["round-timeout"], poll=opts["poll-interval"])
-    by_id = {m.metadata.message_id: s for m, s in zip(msgs, sites)}  # ids are set at push
-    got = {by_id.get(r.metadata.reply_to_message_id): r for r in replies}
-    histograms, teacher_acc, dropped = [], [], []
-    vote_noise: dict[int, float] = {}  # the std of the noise each site added to its votes
-    for s in sites:  # in site order
-        try:
-            if s not in got:
-                raise ValueError(f"no reply within round-timeout {opts['round-timeout']:g} s")
-            counts, acc = check_histogram(
-                got[s], n_queries=config.queries, num_classes=k, teachers=config.teachers_per_site
-            )
-        except ValueError as err:
-            dropped.append({"site": s, "reason": str(err)})
-            log(f"site {s}: histogram dropped: {err}")
-            continue
-        histograms.append(counts)
-        teacher_acc += acc
-        vote_noise[s] = float(got[s].content["teachers"].get("vote-noise-std", 0.0))
-        log(f"site {s}: {len(acc)} teachers' histogram in ({time.perf_counter() - t0:.1f}s)")
-    if not histograms:
-        raise PateSitesFailed("no site returned a usable vote histogram: " + "; ".join(
-            f"site {d['site']}: {d['reason']}" for d in dropped
-        ))  # fmt: skip
-    voters = [s for s in sites if s not in {d["site"] for d in dropped}]
-
-    def evaluate(student: torch.nn.Module):
-        state = ArrayRecord(student.state_dict())
-        ev = [
-            Message(
-                RecordDict({"pate": rec, "task": task(s), "student": state}),
-                sites[s][0],
-                EVALUATE,
-                group_id="pate",
-            )  # fmt: skip
-            for s in sites
-        ]
-        res = exchange(grid, ev, timeout=opts["round-timeout"], poll=opts["poll-interval"])
-        ids = {m.metadata.message_id: s for m, s in zip(ev, sites)}
-        got: dict[int, tuple[dict, dict, tuple | None]] = {}
-        for r in res:
-            s = ids.get(r.metadata.reply_to_message_id)
-            try:
-                if s is None or r.has_error():
-                    raise ValueError(str(r.error.reason or "")[-300:] if r.has_error() else "")
-                got[s] = check_student_reply(r, n_test=sites[s][1]["n_test"], num_classes=k)
-            except (KeyError, TypeError, ValueError) as err:
-                log(f"site {s}: student evaluation dropped: {err}")
-        if not got:
-            raise PateSitesFailed("no site evaluated the student")
-        order = sorted(got)
-        shared = [got[s][2] for s in order]
-        if all(p is not None for p in shared):  # every site shared its predictions
-            pooled = calibration_report(*(np.concatenate(a) for a in zip(*shared)))
-        else:
-            pooled = report_from_stats([got[s][1] for s in order])
-        return pooled, [{"site": s, **got[s][0]} for s in order]
-
-    results = release_and_learn(
-        config,
-        counts=torch.from_numpy(np.sum(histograms, axis=0)),
-        split=split,
-        teacher_acc=teacher_acc,
-        evaluate_student=evaluate,
-        out_dir=out,
-        log=log,
-        t0=t0,
-        engine="flower",
-        sites_info=[
-            {"site": s, "n_train": e["n_train"], "n_test": e["n_test"]}
-            for s, (_, e) in sites.items()
-        ],
-        extra={
-            "flower": {
-                "nodes": {str(s): n for s, (n, _) in sites.items()},
-                "voting_sites": voters,
-                "site_vote_noise_std": {str(s): v for s, v in vote_noise.items()},
-                "dropped_replies": dropped,
-            }
-        },
-    )
-    results["out_dir"] = str(out)
-    return results
-
+_SERVER_NAMES = ("PateSitesFailed", "check_histogram", "check_student_reply", "serve_pate")
 
 __all__ = [
     "EVALUATE",
     "QUERY",
+    "RUN_CONFIG_FIELDS",
     "STUDENT",
     "TRAIN",
-    "check_histogram",
-    "check_student_reply",
-    "site_records",
     "handle_evaluate",
     "handle_query",
     "handle_train",
     "pate_config_from_run_config",
     "pate_record",
-    "serve_pate",
+    "site_records",
 ]

@@ -21,6 +21,7 @@ import pytest
 from flower_support import BIN, ROOT, SMALL, flower_env, flwr, free_port, run_config_arg
 from flwr.app import Error, Message
 
+from fedsgld.apps import APPS
 from fedsgld.config import load_config
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.strategy import AllSitesFailed, TooFewSites
@@ -46,7 +47,7 @@ def _refuse(site: int, rnd: int):
 def test_a_round_below_min_sites_fails_the_run_naming_the_sites(tmp_path):
     out = tmp_path / "few"
     with pytest.raises(TooFewSites) as err:
-        run_local({**SMALL, "out": str(out)}, fault=_refuse(1, 5), shuffle_seed=7)
+        run_local({**SMALL, "out": str(out)}, **APPS, fault=_refuse(1, 5), shuffle_seed=7)
     msg = str(err.value)
     assert not isinstance(err.value, AllSitesFailed)
     assert "round 5: 2 of 3 sites answered (sites [0, 2]), fewer than min_sites = 3" in msg
@@ -58,7 +59,9 @@ def test_a_round_below_min_sites_fails_the_run_naming_the_sites(tmp_path):
 
 def test_min_sites_lets_a_run_go_on_and_results_name_each_rounds_sites(tmp_path):
     out = tmp_path / "two"
-    run_local({**SMALL, "out": str(out), "min_sites": 2}, fault=_refuse(1, 5), shuffle_seed=7)
+    run_local(
+        {**SMALL, "out": str(out), "min_sites": 2}, **APPS, fault=_refuse(1, 5), shuffle_seed=7
+    )
     r = json.loads((out / "results.json").read_text())
     assert r["round_contributors"] == [
         {"rounds": [0, 4], "sites": [0, 1, 2]},
@@ -72,7 +75,7 @@ def test_min_sites_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"min_sites must be an integer in \[0, sites = 3\]"):
         load_config(None, {**SMALL, "min_sites": 4})
     with pytest.raises(ValueError, match="min_sites"):
-        run_local({**SMALL, "min_sites": -1, "out": str(tmp_path / "x")})
+        run_local({**SMALL, "min_sites": -1, "out": str(tmp_path / "x")}, **APPS)
 
 
 def _policy(tmp_path, k):
@@ -98,12 +101,12 @@ def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_pa
 
     a, b = tmp_path / "a", tmp_path / "b"
     with pytest.raises(RuntimeError, match="server crashed"):
-        run_local({**cfg, "out": str(a)}, node_configs=ncs, fault=crash)
+        run_local({**cfg, "out": str(a)}, **APPS, node_configs=ncs, fault=crash)
     shutil.copytree(a, b)
-    run_local({**cfg, "out": str(a), "resume": True}, node_configs=ncs)
+    run_local({**cfg, "out": str(a), "resume": True}, **APPS, node_configs=ncs)
     assert (a / "results.json").is_file()
     with pytest.raises(TooFewSites) as err:
-        run_local({**cfg, "out": str(b), "resume": True}, node_configs=ncs)
+        run_local({**cfg, "out": str(b), "resume": True}, **APPS, node_configs=ncs)
     msg = str(err.value)
     assert msg.startswith("round 5: ")
     assert "site 0: " in msg and "site 1: " in msg and "already answered" in msg

@@ -18,6 +18,7 @@ from flower_support import ROOT, SMALL
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from fedsgld import engine
+from fedsgld.apps import APPS
 from fedsgld.config import Config, load_config
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import FLOWER_KEYS, split_run_config
@@ -60,6 +61,7 @@ def _local(tmp_path, name, *, fault=None, num_nodes=None, node_configs=None, **o
     out = tmp_path / name
     run_local(
         {**SMALL, **over, "out": str(out)},
+        **APPS,
         num_nodes=num_nodes,
         node_configs=node_configs,
         fault=fault,
@@ -151,13 +153,13 @@ def test_a_train_plan_names_the_site_only_where_a_node_hosts_several(tmp_path):
         return out
 
     one, several = _Pairs(), _Pairs()
-    run_local({**SMALL, "rounds": 2, "out": str(tmp_path / "one")}, fault=one)
+    run_local({**SMALL, "rounds": 2, "out": str(tmp_path / "one")}, **APPS, fault=one)
     for msgs in plans(one).values():
         assert len(msgs) == SMALL["sites"]
         assert len({m.content["plan"].object_id for m in msgs}) == 1
         assert all("site-id" not in m.content["plan"] for m in msgs)
     grid = run_local(
-        {**SMALL, "rounds": 2, "out": str(tmp_path / "several")}, num_nodes=2, fault=several
+        {**SMALL, "rounds": 2, "out": str(tmp_path / "several")}, **APPS, num_nodes=2, fault=several
     )
     for msgs in plans(several).values():
         assert sorted(int(m.content["plan"]["site-id"]) for m in msgs) == [0, 1, 2]
@@ -242,7 +244,7 @@ def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passe
 
     monkeypatch.setattr(FlatModel, "_layers_ready", counting)
     config = Config.from_flat({**SMALL, "rounds": 3})
-    grid = run_local({**SMALL, "rounds": 3, "out": str(tmp_path / "r")})  # a node per site
+    grid = run_local({**SMALL, "rounds": 3, "out": str(tmp_path / "r")}, **APPS)  # a node per site
     assert len(checks) == 3  # one per site: this process keeps its sites between rounds
     ctx = next(c for c in grid.contexts.values() if c.node_config["partition-id"] == 0)
     hosted = site_side.hosted_sites(ctx, config)

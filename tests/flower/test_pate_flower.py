@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 
+from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
-from fedsgld.pate.flower import PateSitesFailed, pate_config_from_run_config
+from fedsgld.pate.flower import pate_config_from_run_config
+from fedsgld.pate.server import PateSitesFailed
 from fedsgld.pate.train import analyse_vote_file, run_pate
 
 PATE_RC = {
@@ -52,7 +54,7 @@ def _results(out) -> dict:
 def test_pate_over_flower_equals_in_process(tmp_path, in_process):
     ref, ref_out = in_process
     out = tmp_path / "flower"
-    run_local({**PATE_RC, "out": str(out)}, num_nodes=2, shuffle_seed=3)
+    run_local({**PATE_RC, "out": str(out)}, **APPS, num_nodes=2, shuffle_seed=3)
     got = _results(out)
     assert got["engine"] == "flower" and got["flower"]["dropped_replies"] == []
     assert got["teachers"]["test_accuracy"] == ref["teachers"]["test_accuracy"]
@@ -87,7 +89,7 @@ def _tamper_site_1(ins: Message, reply: Message) -> Message:
 
 def test_a_tampered_histogram_is_dropped_and_the_rest_is_analysed(tmp_path, in_process):
     out = tmp_path / "tampered"
-    run_local({**PATE_RC, "out": str(out)}, num_nodes=2, fault=_tamper_site_1)
+    run_local({**PATE_RC, "out": str(out)}, **APPS, num_nodes=2, fault=_tamper_site_1)
     got = _results(out)
     (drop,) = got["flower"]["dropped_replies"]
     assert drop["site"] == 1 and "3 non-negative votes" in drop["reason"]
@@ -105,6 +107,7 @@ def test_no_usable_histogram_stops_the_run(tmp_path):
     with pytest.raises(PateSitesFailed, match="no site returned a usable vote histogram"):
         run_local(
             {**PATE_RC, "out": str(tmp_path / "x"), "round-timeout": 1.0},
+            **APPS,
             num_nodes=2,
             fault=drop_all,
         )
@@ -120,7 +123,7 @@ def test_bad_pate_run_config_is_named():
     with pytest.raises(ValueError, match="pate.dataset_options"):
         pate_config_from_run_config({"pate.dataset_options": "[1, 2]"})
     with pytest.raises(ValueError, match="task must be one of"):
-        run_local({"task": "nonsense"}, num_nodes=1)
+        run_local({"task": "nonsense"}, **APPS, num_nodes=1)
 
 
 def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_process):
@@ -143,7 +146,7 @@ def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_p
         )  # fmt: skip
         nodes.append({"site-id": s.site_id, "site-data": str(f), "privacy-policy": str(policy)})
     out = tmp_path / "deployed"
-    run_local({**PATE_RC, "out": str(out)}, node_configs=nodes)
+    run_local({**PATE_RC, "out": str(out)}, **APPS, node_configs=nodes)
     got = _results(out)
     assert got["teachers"]["test_accuracy"] == ref["teachers"]["test_accuracy"]
     for mech, e in ref["mechanisms"].items():

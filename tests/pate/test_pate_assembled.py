@@ -25,10 +25,11 @@ import pytest
 import torch
 from scipy import stats
 
-import fedsgld.pate.train as pate_train
+import fedsgld.pate.teachers as pate_train
 from fedsgld.core.noise import seeded_generator
 from fedsgld.pate.aggregation import confident_gnmax, gnmax, lnmax, site_histogram
-from fedsgld.pate.train import PateConfig, train_site_teachers
+from fedsgld.pate.config import PateConfig
+from fedsgld.pate.teachers import train_site_teachers
 from fedsgld.privacy.pate_analysis import gnmax_epsilon_from_counts
 
 # -- teachers on disjoint records -------------------------------------------------------

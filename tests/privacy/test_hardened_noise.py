@@ -18,6 +18,7 @@ import pytest
 import torch
 from scipy import stats
 
+from fedsgld.apps import APPS
 from fedsgld.config import load_config
 from fedsgld.core import noise
 from fedsgld.core.noise import Randomness, gaussian_noise, seeded_generator
@@ -138,7 +139,7 @@ def test_the_servers_released_noise_is_the_hardened_draw(tmp_path, monkeypatch):
     monkeypatch.setattr(noise, "gaussian_noise", spy)
     rec = Recorder()
     out = tmp_path / "run"
-    run_local({**SMALL, "out": str(out)}, fault=rec)
+    run_local({**SMALL, "out": str(out)}, **APPS, fault=rec)
     cfg = load_config(None, SMALL)
     assert cfg.run.secure
     res = json.loads((out / "results.json").read_text())
@@ -168,7 +169,7 @@ def test_every_sites_noise_is_the_hardened_draw_at_the_documented_scale(tmp_path
     spy = Spy()
     monkeypatch.setattr(noise, "gaussian_noise", spy)
     cfg_over = {**SMALL, "noise_placement": "sites", "out": str(tmp_path / "run")}
-    run_local(cfg_over)
+    run_local(cfg_over, **APPS)
     cfg = load_config(None, {k: v for k, v in cfg_over.items() if k != "out"})
     dp = [d for d in spy.draws if d["std"] not in (0.0, cfg.privacy.prenoise)]
     stds = sorted(round(d["std"], 9) for d in dp)

@@ -16,6 +16,7 @@ import torch
 from flwr.app import ConfigRecord
 
 from fedsgld import engine
+from fedsgld.apps import APPS
 from fedsgld.clients import site as site_module
 from fedsgld.clients.guard import check_training
 from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
@@ -83,7 +84,9 @@ def _site_attack(tmp_path, randomness):
     and the public settings. It estimates the other sites' sum in every round."""
     rec = Recorder()
     out = tmp_path / randomness
-    run_local({**SMALL, "randomness": randomness, "out": str(out)}, fault=rec, shuffle_seed=1)
+    run_local(
+        {**SMALL, "randomness": randomness, "out": str(out)}, **APPS, fault=rec, shuffle_seed=1
+    )
     cfg = load_config(None, SMALL)
     res = json.loads((out / "results.json").read_text())
     big_l = cfg.privacy.sample_rate * sum(s["n_train"] for s in res["sites"])
@@ -138,7 +141,9 @@ def _server_attack(tmp_path, monkeypatch, randomness):
     monkeypatch.setattr(site_module, "site_step", recording)
     rec = Recorder()
     over = {**SMALL, "noise_placement": "sites", "local_steps": 1, "rounds": 3}
-    run_local({**over, "randomness": randomness, "out": str(tmp_path / randomness)}, fault=rec)
+    run_local(
+        {**over, "randomness": randomness, "out": str(tmp_path / randomness)}, **APPS, fault=rec
+    )
     cfg = load_config(None, over)
     errors, noise_norms = [], []
     for i, (ins, reply) in enumerate(rec.train()):
@@ -363,7 +368,7 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
         {"site-id": k, "privacy-policy": str(_policy_file(tmp_path, k, **keys))} for k in range(3)
     ]
     out = tmp_path / "sites"
-    run_local({**over, "randomness": "os", "out": str(out)}, node_configs=ncs)
+    run_local({**over, "randomness": "os", "out": str(out)}, **APPS, node_configs=ncs)
     server_ledger = json.loads((out / "ledger.json").read_text())
     for k in range(3):
         site_state = json.loads((tmp_path / f"site{k}" / f"fedsgld-site-{k}.json").read_text())
@@ -382,6 +387,7 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
     with pytest.raises(AllSitesFailed, match="min_noise_multiplier"):
         run_local(
             {**over, "temperature": 0.1, "randomness": "os", "out": str(tmp_path / "low")},
+            **APPS,
             node_configs=ncs,
         )
     for k in range(3):
@@ -396,7 +402,9 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     over = {**SMALL, "rounds": 2}
     ncs = [{"site-id": k} for k in range(3)]
     with pytest.raises(AllSitesFailed, match="shared-seed"):
-        run_local({**over, "randomness": "seeded", "out": str(tmp_path / "s")}, node_configs=ncs)
+        run_local(
+            {**over, "randomness": "seeded", "out": str(tmp_path / "s")}, **APPS, node_configs=ncs
+        )
 
     kept: list = []
 
@@ -406,7 +414,10 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
         return reply
 
     grid = run_local(
-        {**over, "randomness": "os", "out": str(tmp_path / "r")}, node_configs=ncs, fault=keep
+        {**over, "randomness": "os", "out": str(tmp_path / "r")},
+        **APPS,
+        node_configs=ncs,
+        fault=keep,
     )
     ins, reply = kept[1]  # round 1, answered
     assert not reply.has_error()
@@ -424,7 +435,10 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     over = {**SMALL, "rounds": 2, "eval_every": 1}
     ncs = [{"site-id": k} for k in range(3)]
     grid = run_local(
-        {**over, "randomness": "os", "out": str(tmp_path / "m")}, node_configs=ncs, fault=rec
+        {**over, "randomness": "os", "out": str(tmp_path / "m")},
+        **APPS,
+        node_configs=ncs,
+        fault=rec,
     )
     kinds = set()
     plans: dict[int, set[str]] = {}  # round -> object ids of the plans the sites received

@@ -21,7 +21,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fedsgld.apps import client_app
-from fedsgld.clients.guard import site_guard
+from fedsgld.apps.client_app import site_guard
 from fedsgld.clients.release import STATS_SENSITIVITY, vote_sensitivity
 from fedsgld.config import Config
 from fedsgld.core import noise as noise_module
@@ -420,7 +420,7 @@ def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
 def test_evaluate_pate_sends_no_labels_or_predictions_unless_shared(tmp_path):
     import torch.nn
 
-    from fedsgld.pate.train import _new_model
+    from fedsgld.pate.teachers import new_model as _new_model
 
     config, rec, split = _pate()
     student = _new_model(config.student_model, split.input_shape, 3, config.hidden, 0)

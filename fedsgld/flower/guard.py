@@ -1,0 +1,188 @@
+"""The site's one door in Flower: the ClientApp mod every message passes first.
+
+The ClientApp (``fedsgld.apps.client_app``) is ``ClientApp(mods=[site_guard])``, its
+guard built by :func:`make_site_guard` from a table of admissions, one per message type
+it answers (:data:`DOORS`: ``query``, ``train``, ``evaluate``; the app adds PATE's from
+:mod:`fedsgld.pate.guard`). Flower calls the guard with every message before the handler
+of its type; the guard
+
+1. finds the type's admission (a type it does not know is refused), which decodes the
+   message, finds the hosted site and checks the request against the site's policy
+   (:mod:`fedsgld.clients.guard`); a malformed message is refused as such,
+2. charges the site's ledger (:func:`fedsgld.clients.guard.charge`; a simulated node keeps
+   it in ``context.state``),
+3. draws the release's noise (:func:`fedsgld.clients.guard.draw`),
+4. calls the handler (``call_next``), and
+5. lets out only the admission's release of the reply (:mod:`fedsgld.flower.release`).
+
+A refusal raises :class:`~fedsgld.clients.policy.PolicyRefused`; Flower turns it into the
+error reply the server logs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
+from fedsgld.clients import guard
+from fedsgld.clients.guard import Admission
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.flower import release
+from fedsgld.flower.protocol import (
+    EVALUATE,
+    QUERY,
+    TRAIN,
+    config_from_plan,
+    config_from_record,
+    unpack_vector,
+)
+from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
+
+Handler = Callable[[Message, Context], Message]
+Mod = Callable[[Message, Context, Handler], Message]
+Door = Callable[[Message, Context], Admission]  # a message type's admission
+LEDGER_STATE = "fedsgld.ledger-{}"  # a site's ledger in context.state (policy without state_dir)
+
+
+def make_site_guard(doors: Mapping[str, Door]) -> Mod:
+    """The guard mod of a ClientApp that answers the message types of ``doors`` (in that
+    order in its refusals) and no other."""
+    table = dict(doors)
+
+    def site_guard(msg: Message, context: Context, call_next: Handler) -> Message:
+        """The ClientApp mod every message passes: validate, charge, draw, compute, release."""
+        kind = msg.metadata.message_type
+        door = table.get(kind)
+        if door is None:
+            raise PolicyRefused(
+                f"the site refuses message type {kind!r}: its guard answers only {', '.join(table)}"
+            )
+        try:
+            adm = door(msg, context)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise PolicyRefused(f"{kind}: malformed request: {err}") from None
+        guard.charge(adm, _ContextLedgers(context))
+        noise = guard.draw(adm)
+        reply = call_next(msg, context)
+        if reply.has_error():
+            return reply
+        return adm.release(msg, reply, noise)
+
+    return site_guard
+
+
+class _ContextLedgers:
+    """A simulated node's ledgers, in its ``context.state`` for the run."""
+
+    def __init__(self, context: Context) -> None:
+        self.state = context.state
+
+    def get(self, site_id: int) -> dict[str, Any] | None:
+        rec = self.state.get(LEDGER_STATE.format(site_id))
+        return json.loads(str(rec["json"])) if isinstance(rec, ConfigRecord) else None
+
+    def put(self, site_id: int, state: dict[str, Any]) -> None:
+        self.state[LEDGER_STATE.format(site_id)] = ConfigRecord({"json": json.dumps(state)})
+
+
+# -- reading a message ------------------------------------------------------------------------
+
+
+def request_record(msg: Message, name: str, kind: type) -> Any:
+    """The record ``name`` of type ``kind`` in ``msg``, else a refusal."""
+    rec = msg.content.get(name) if msg.has_content() else None
+    if not isinstance(rec, kind):
+        raise PolicyRefused(f"request has no {kind.__name__} {name!r}")
+    return rec
+
+
+def checked_array(
+    rec: ArrayRecord, key: str, *, dtype: str, shape: tuple[int, ...], name: str
+) -> np.ndarray:
+    """``rec[key]`` as a finite numpy array of ``dtype`` and ``shape``, else a refusal."""
+    arr = rec[key]
+    if arr.stype != "numpy.ndarray" or arr.dtype != dtype or tuple(arr.shape) != shape:
+        raise PolicyRefused(
+            f"{name} is {arr.dtype}{tuple(arr.shape)}, expected {dtype}{shape} (the site's model)"
+        )
+    return guard.finite(name, arr.numpy())
+
+
+# -- the admissions of the training protocol, one per message type -----------------------------
+
+
+def _query(msg: Message, context: Context) -> Admission:
+    config = config_from_record(request_record(msg, "run", ConfigRecord))
+    policy = node_policy(context, config)
+    hist = policy.share_label_histogram
+    return Admission(policy, release=partial(release.sites_info, label_histogram=hist))
+
+
+def _train(msg: Message, context: Context) -> Admission:
+    plan = request_record(msg, "plan", ConfigRecord)
+    config = config_from_plan(plan)
+    policy = node_policy(context, config)
+    site = hosted_site(hosted_sites(context, config), plan.get("site-id"))
+    rnd, epoch = guard.whole_number(plan, "round"), guard.whole_number(plan, "epoch")
+    run_key = guard.run_key(plan)
+    guard.finite("theta", unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
+    return guard.training_admission(policy, config, site, plan, round_of=(run_key, epoch, rnd))
+
+
+def evaluation_admission(
+    policy: SitePolicy, site_id: int, run_key: str, group: str, *, run_secure: bool
+) -> Admission:
+    """One released evaluation of the model ``group`` (its release: :func:`release.evaluation`)."""
+    return guard.evaluation_admission(
+        policy,
+        site_id,
+        run_key,
+        run_secure=run_secure,
+        release=partial(release.evaluation, policy=policy, group=group),
+    )
+
+
+def _evaluate(msg: Message, context: Context) -> Admission:
+    ev = request_record(msg, "eval", ConfigRecord)
+    thetas = request_record(msg, "thetas", ArrayRecord)
+    config = config_from_record(request_record(msg, "run", ConfigRecord))
+    policy = node_policy(context, config)
+    site = hosted_site(hosted_sites(context, config), ev.get("site-id"), required=True)
+    run_key = guard.run_key(ev)
+    groups = json.loads(str(ev.get("groups")))
+    n = len(thetas)
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise PolicyRefused("an evaluation message evaluates exactly one model (one group)")
+    ((group, idx),) = groups.items()
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,64}", group):
+        raise PolicyRefused(f"group name {group!r} refused: letters, digits and _ only")
+    if idx != list(range(n)) or sorted(thetas.keys()) != sorted(str(i) for i in range(n)):
+        raise PolicyRefused(f"group {group!r} must average every parameter vector 0..{n - 1}")
+    guard.number(
+        "parameter vectors", n, lo=1, hi=policy.max_models_per_evaluation,
+        limit=f"policy max_models_per_evaluation is {policy.max_models_per_evaluation}",
+    )  # fmt: skip
+    for k in thetas.keys():
+        checked_array(
+            thetas, k, dtype="float32", shape=(site.fm.size,), name=f"parameter vector {k}"
+        )
+    return evaluation_admission(policy, site.site_id, run_key, group, run_secure=config.run.secure)
+
+
+DOORS: dict[str, Door] = {QUERY: _query, TRAIN: _train, EVALUATE: _evaluate}
+
+__all__ = [
+    "DOORS",
+    "Door",
+    "LEDGER_STATE",
+    "checked_array",
+    "evaluation_admission",
+    "make_site_guard",
+    "request_record",
+]

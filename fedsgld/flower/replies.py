@@ -1,0 +1,224 @@
+"""What the server accepts from a site: the checks of every ``train`` and ``evaluate``
+reply before :class:`~fedsgld.flower.strategy.LangevinStrategy` uses it.
+
+A reply is checked against the instruction it answers (:class:`SiteEntry`: the site and
+node asked, and the site's public sizes). A reply that fails raises :class:`ReplyRejected`
+naming what is wrong; the strategy drops it with a logged reason. The checks: records and
+fields exactly as the protocol says (:mod:`fedsgld.flower.protocol`), the site and node
+the instruction named, the round, finite values of the right dtype and shape, and (with
+clipping) the bound ||S_k|| <= N_k C no correct site can exceed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+
+from fedsgld.calibration.pooling import check_stats
+from fedsgld.flower.protocol import unpack_vector
+from fedsgld.strategies.server import RoundPlan
+
+NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
+
+
+class ReplyRejected(ValueError):
+    """A reply failed a check; the message says which."""
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    """Where a site lives and what is public about it."""
+
+    site: int
+    node_id: int
+    n_train: int
+    n_test: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    label_histogram: list[int] | None = None  # only if the site's policy shares it
+
+
+def source_node(msg: Message) -> int | None:
+    try:
+        return int(msg.metadata.src_node_id)
+    except Exception:  # noqa: BLE001 - a malformed reply must not stop the round
+        return None
+
+
+def decode_array(rec: Any, key: str, *, size: int | tuple[int, ...], dtype: str) -> np.ndarray:
+    if not isinstance(rec, ArrayRecord):
+        raise ReplyRejected(f"record is a {type(rec).__name__}, expected an ArrayRecord")
+    keys = list(rec.keys())
+    if keys != [key]:
+        raise ReplyRejected(f"ArrayRecord keys {keys}, expected [{key!r}]")
+    arr = rec[key]
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    if arr.stype != "numpy.ndarray" or arr.dtype != dtype or tuple(arr.shape) != shape:
+        raise ReplyRejected(
+            f"array {key!r} is {arr.dtype}{tuple(arr.shape)} ({arr.stype}), expected {dtype}{shape}"
+        )
+    try:
+        nd = arr.numpy()
+    except Exception as err:  # noqa: BLE001
+        raise ReplyRejected(f"array {key!r} does not decode: {err}") from None
+    if nd.dtype != np.dtype(dtype) or nd.shape != shape:
+        raise ReplyRejected(
+            f"array {key!r} decodes to {nd.dtype}{nd.shape}, expected {dtype}{shape}"
+        )
+    return nd
+
+
+def site_id_of(msg: Message) -> int:
+    meta = msg.content.get("meta") if msg.has_content() else None
+    if not isinstance(meta, MetricRecord):
+        raise ReplyRejected("no MetricRecord 'meta'")
+    sid = meta.get("site-id")
+    if isinstance(sid, bool) or not isinstance(sid, int):
+        raise ReplyRejected(f"meta['site-id'] is {sid!r}, expected an integer")
+    return sid
+
+
+def check_train_reply(
+    msg: Message,
+    *,
+    plan: RoundPlan,
+    entry: SiteEntry | None,
+    size: int,
+    key: str = "sum",
+) -> torch.Tensor:
+    """Validate one training reply; return S_k or raise :class:`ReplyRejected`.
+
+    ``entry`` is the site the instruction this message replies to asked for (None: the
+    reply answers no instruction of this round). Checks: not an error; exactly one
+    record, ``sum`` (ConfigRecord with exactly ``sum``: float32 (P,) as bytes,
+    ``site-id`` and ``round``); it comes from that site's node and names that site and
+    round; S_k is finite and (with clipping) ||S_k|| <= N_k C, a bound no correct site can
+    exceed. With noise at the sites (``key="theta"``) the reply holds the site's
+    parameters after its local steps instead: same checks except the norm bound.
+    """
+    if entry is None:
+        raise ReplyRejected("the reply answers no instruction of this round")
+    if msg.has_error():
+        err = msg.error
+        raise ReplyRejected(f"error reply (code {err.code}): {str(err.reason or '')[-500:]}")
+    if not msg.has_content():
+        raise ReplyRejected("reply has no content")
+    keys = sorted(msg.content.keys())
+    if keys != [key]:
+        raise ReplyRejected(f"reply records {keys}, expected [{key!r}]")
+    rec = msg.content[key]
+    if not isinstance(rec, ConfigRecord):
+        raise ReplyRejected(f"record {key!r} is a {type(rec).__name__}, expected a ConfigRecord")
+    fields = sorted(rec.keys())
+    if fields != sorted([key, "round", "site-id"]):
+        raise ReplyRejected(
+            f"record {key!r} has {fields}, expected {sorted([key, 'round', 'site-id'])}"
+        )
+    sid, rnd = rec.get("site-id"), rec.get("round")
+    if isinstance(sid, bool) or not isinstance(sid, int):
+        raise ReplyRejected(f"{key}['site-id'] is {sid!r}, expected an integer")
+    node = source_node(msg)
+    if sid != entry.site or node != entry.node_id:
+        raise ReplyRejected(
+            f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
+        )
+    if isinstance(rnd, bool) or rnd != plan.round:
+        raise ReplyRejected(f"reply is for round {rnd!r}, expected {plan.round}")
+    try:
+        nd = unpack_vector(rec[key], size=size, name=key)
+    except ValueError as err:
+        raise ReplyRejected(str(err)) from None
+    if not np.isfinite(nd).all():
+        raise ReplyRejected(f"{key} has non-finite values")
+    s = torch.from_numpy(nd)
+    if plan.clip is not None and key == "sum":
+        bound = entry.n_train * plan.clip * (1.0 + NORM_SLACK) + 1e-6
+        norm = float(torch.linalg.vector_norm(s.double()))
+        if norm > bound:
+            raise ReplyRejected(
+                f"||sum|| = {norm:.6g} exceeds N_k C = {entry.n_train} x {plan.clip:g}"
+            )
+    return s
+
+
+def check_eval_reply(
+    msg: Message, entry: SiteEntry | None, groups: Iterable[str]
+) -> dict[str, Any]:
+    """Validate one evaluation reply of the model ``groups``; return its labels (None
+    unless shared), reports, statistics and predictions, or raise :class:`ReplyRejected`."""
+    groups = list(groups)
+    if entry is None:
+        raise ReplyRejected("the reply answers no instruction of this evaluation")
+    if msg.has_error():
+        raise ReplyRejected(
+            f"error reply (code {msg.error.code}): {str(msg.error.reason or '')[-500:]}"
+        )
+    if not msg.has_content():
+        raise ReplyRejected("reply has no content")
+    private = sorted(["meta", "reports", "stats"])
+    shared = sorted(["labels", "meta", "reports", "stats", *(f"pred-{g}" for g in groups)])
+    keys = sorted(msg.content.keys())
+    if keys not in (private, shared):
+        raise ReplyRejected(f"reply records {keys}, expected {private} or {shared}")
+    sid, node = site_id_of(msg), source_node(msg)
+    if sid != entry.site or node != entry.node_id:
+        raise ReplyRejected(
+            f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
+        )
+    labels = None
+    if keys == shared:
+        labels = decode_array(msg.content["labels"], "labels", size=entry.n_test, dtype="int64")
+        if labels.size and (labels.min() < 0 or labels.max() >= entry.num_classes):
+            raise ReplyRejected("labels out of range")
+    st = msg.content["stats"]
+    if not isinstance(st, ConfigRecord) or not isinstance(st.get("json"), str):
+        raise ReplyRejected("stats is not a ConfigRecord with a 'json' string")
+    try:
+        stats = json.loads(st["json"])
+        if not isinstance(stats, dict) or sorted(stats) != sorted(groups):
+            raise ValueError("statistics do not cover the requested groups")
+        for g in groups:
+            check_stats(stats[g])
+            if stats[g]["n"] != entry.n_test:
+                raise ValueError(f"statistics count {stats[g]['n']} records, not n_test")
+    except ValueError as err:
+        raise ReplyRejected(f"bad statistics: {err}") from None
+    rep = msg.content["reports"]
+    if not isinstance(rep, ConfigRecord) or not isinstance(rep.get("json"), str):
+        raise ReplyRejected("reports is not a ConfigRecord with a 'json' string")
+    try:
+        reports = json.loads(rep["json"])
+    except ValueError as err:
+        raise ReplyRejected(f"reports do not parse: {err}") from None
+    if not isinstance(reports, dict) or sorted(reports) != sorted(groups):
+        raise ReplyRejected("reports do not cover the requested groups")
+    out: dict[str, Any] = {"labels": labels, "reports": reports, "stats": stats, "probs": {}}
+    for g in groups if labels is not None else ():
+        p = decode_array(
+            msg.content[f"pred-{g}"],
+            "probs",
+            size=(entry.n_test, entry.num_classes),
+            dtype="float32",
+        )
+        if not np.isfinite(p).all():
+            raise ReplyRejected(f"predictions of group {g!r} are not finite")
+        out["probs"][g] = p
+    return out
+
+
+__all__ = [
+    "NORM_SLACK",
+    "decode_array",
+    "site_id_of",
+    "source_node",
+    "ReplyRejected",
+    "SiteEntry",
+    "check_eval_reply",
+    "check_train_reply",
+]

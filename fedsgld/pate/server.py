@@ -1,0 +1,236 @@
+"""PATE's server over Flower: :func:`serve_pate` and its checks of the sites' replies.
+
+The ServerApp runs :func:`serve_pate` for ``task = "pate"``: it finds the sites
+(``query.pate``), sends them the public queries (``train.pate``), checks every vote
+histogram (shape, dtype, counts >= 0, each row summing to the site's number of teachers;
+:func:`check_histogram`) and drops a bad one with a logged reason, then releases noisy
+labels and trains the students as in-process (:func:`fedsgld.pate.train.release_and_learn`),
+each student evaluated at the sites (``evaluate.pate``, :func:`check_student_reply`). The
+messages: :mod:`fedsgld.pate.flower`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+
+from fedsgld.calibration import calibration_report
+from fedsgld.calibration.pooling import check_stats, report_from_stats
+from fedsgld.engine import new_run_dir
+from fedsgld.flower.protocol import split_flower_options
+from fedsgld.flower.runner import discover, exchange
+from fedsgld.pate.config import PateConfig
+from fedsgld.pate.data import pate_split
+from fedsgld.pate.flower import (
+    EVALUATE,
+    QUERY,
+    STUDENT,
+    TRAIN,
+    pate_config_from_run_config,
+    pate_record,
+)
+from fedsgld.pate.train import release_and_learn
+
+_log = logging.getLogger("fedsgld.pate")
+
+
+class PateSitesFailed(RuntimeError):
+    """No site returned a usable vote histogram."""
+
+
+def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers: int):
+    """(counts, accuracies) of a ``train.pate`` reply, or ValueError naming what is wrong."""
+    if msg.has_error():
+        raise ValueError(f"error reply: {str(msg.error.reason or '')[-500:]}")
+    try:
+        counts = msg.content["histogram"]["counts"].numpy()
+        acc = json.loads(str(msg.content["teachers"]["accuracy"]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"malformed reply ({err})") from None
+    if counts.shape != (n_queries, num_classes) or counts.dtype != np.int64:
+        raise ValueError(
+            f"counts are {counts.dtype}{counts.shape}, expected int64{(n_queries, num_classes)}"
+        )
+    if counts.min(initial=0) < 0 or np.any(counts.sum(axis=1) != teachers):
+        raise ValueError(f"every row must be {teachers} non-negative votes (one per teacher)")
+    if not isinstance(acc, list) or len(acc) not in (0, teachers):
+        raise ValueError(f"expected {teachers} teacher accuracies, or none")
+    return counts, [float(a) for a in acc]
+
+
+def check_student_reply(msg: Message, *, n_test: int, num_classes: int):
+    """(the site's report, its statistics, (probs, labels) or None) of an ``evaluate.pate``
+    reply; ValueError (or KeyError) naming what is wrong."""
+    c = msg.content
+    report = json.loads(str(c["reports"]["json"]))[STUDENT]
+    stats = check_stats(json.loads(str(c["stats"]["json"]))[STUDENT])
+    if stats["n"] != n_test or not isinstance(report, dict):
+        raise ValueError(f"statistics count {stats['n']} records, not n_test = {n_test}")
+    if "labels" not in c:
+        return report, stats, None
+    p, y = c[f"pred-{STUDENT}"]["probs"].numpy(), c["labels"]["labels"].numpy()
+    if p.shape != (n_test, num_classes) or y.shape != (n_test,) or not np.isfinite(p).all():
+        raise ValueError(f"predictions have shapes {p.shape}, {y.shape}")
+    return report, stats, (p, y)
+
+
+def serve_pate(
+    grid: Any, run_config: dict[str, Any], *, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run PATE over ``grid``: teachers at the sites, noisy labels, students, analysis."""
+    log = log or _log.info
+    t0 = time.perf_counter()
+    config = pate_config_from_run_config(run_config)
+    opts = split_flower_options(run_config)
+    out = Path(opts["out"]).expanduser() if opts["out"] else new_run_dir(tag="flower-pate")
+    out = out.resolve()
+    if (out / "results.json").exists():
+        raise ValueError(f"output directory {str(out)!r} already holds a run; choose another out")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    split = pate_split(config)  # the server's public queries
+    ask = _Asker(grid, pate_record(config), secrets.token_hex(8), opts)
+    sites = discover(
+        grid,
+        sites=config.sites,
+        message=lambda n: Message(RecordDict({"pate": ask.rec}), n, QUERY, group_id="pate"),
+        entries=lambda r: [
+            (int(e["site"]), e) for e in json.loads(str(r.content["sites"]["json"]))
+        ],
+        timeout=opts["wait-for-sites"],
+        poll=opts["poll-interval"],
+        log=log,
+    )
+    log("PATE sites: " + ", ".join(f"{s}@node {n}" for s, (n, _) in sites.items()))
+    queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
+    got = dict(ask(sites, TRAIN, "queries", queries))
+    votes = _Votes.collect(got, sites, config, split.num_classes, opts, log, t0)
+    results = release_and_learn(
+        config,
+        counts=torch.from_numpy(np.sum(votes.histograms, axis=0)),
+        split=split,
+        teacher_acc=votes.teacher_acc,
+        evaluate_student=partial(_evaluate_student, ask, sites, split.num_classes, log),
+        out_dir=out,
+        log=log,
+        t0=t0,
+        engine="flower",
+        sites_info=[
+            {"site": s, "n_train": e["n_train"], "n_test": e["n_test"]}
+            for s, (_, e) in sites.items()
+        ],
+        extra={
+            "flower": {
+                "nodes": {str(s): n for s, (n, _) in sites.items()},
+                "voting_sites": [s for s in sites if s not in {d["site"] for d in votes.dropped}],
+                "site_vote_noise_std": {str(s): v for s, v in votes.noise_std.items()},
+                "dropped_replies": votes.dropped,
+            }
+        },
+    )
+    results["out_dir"] = str(out)
+    return results
+
+
+class _Asker:
+    """Sends one PATE message to every site and gathers the replies by site."""
+
+    def __init__(self, grid: Any, rec: ConfigRecord, run_key: str, opts: dict[str, Any]):
+        self.grid, self.rec, self.opts = grid, rec, opts
+        self.run_key = run_key  # names this run to the sites (their evaluations per run)
+
+    def __call__(
+        self, sites: dict[int, tuple[int, Any]], kind: str, name: str, record: Any
+    ) -> list[tuple[int | None, Message]]:
+        """Every reply to ``kind`` (with the record ``name``) and the site it answers (None:
+        none asked), in the order they came."""
+        msgs = [
+            Message(
+                RecordDict({"pate": self.rec, "task": self.task(s), name: record}),
+                node,
+                kind,
+                group_id="pate",
+            )  # fmt: skip
+            for s, (node, _) in sites.items()
+        ]
+        replies = exchange(
+            self.grid, msgs, timeout=self.opts["round-timeout"], poll=self.opts["poll-interval"]
+        )
+        by_id = {m.metadata.message_id: s for m, s in zip(msgs, sites)}  # ids are set at push
+        return [(by_id.get(r.metadata.reply_to_message_id), r) for r in replies]
+
+    def task(self, s: int) -> ConfigRecord:
+        return ConfigRecord({"site-id": s, "run-key": self.run_key})
+
+
+@dataclass
+class _Votes:
+    """The vote histograms that passed the checks, in site order, and what was dropped."""
+
+    histograms: list[np.ndarray]
+    teacher_acc: list[float]
+    dropped: list[dict[str, Any]]
+    noise_std: dict[int, float]  # the std of the noise each site added to its votes
+
+    @classmethod
+    def collect(cls, got, sites, config: PateConfig, k: int, opts, log, t0: float) -> _Votes:
+        votes = cls([], [], [], {})
+        for s in sites:  # in site order
+            try:
+                if s not in got:
+                    raise ValueError(f"no reply within round-timeout {opts['round-timeout']:g} s")
+                counts, acc = check_histogram(
+                    got[s], n_queries=config.queries, num_classes=k,
+                    teachers=config.teachers_per_site,
+                )  # fmt: skip
+            except ValueError as err:
+                votes.dropped.append({"site": s, "reason": str(err)})
+                log(f"site {s}: histogram dropped: {err}")
+                continue
+            votes.histograms.append(counts)
+            votes.teacher_acc += acc
+            votes.noise_std[s] = float(got[s].content["teachers"].get("vote-noise-std", 0.0))
+            log(f"site {s}: {len(acc)} teachers' histogram in ({time.perf_counter() - t0:.1f}s)")
+        if not votes.histograms:
+            raise PateSitesFailed("no site returned a usable vote histogram: " + "; ".join(
+                f"site {d['site']}: {d['reason']}" for d in votes.dropped
+            ))  # fmt: skip
+        return votes
+
+
+def _evaluate_student(
+    ask: _Asker, sites: dict[int, tuple[int, Any]], k: int, log, student: torch.nn.Module
+):
+    """The student's evaluation at every site: (pooled report, per-site reports)."""
+    res = ask(sites, EVALUATE, "student", ArrayRecord(student.state_dict()))
+    got: dict[int, tuple[dict, dict, tuple | None]] = {}
+    for s, r in res:
+        try:
+            if s is None or r.has_error():
+                raise ValueError(str(r.error.reason or "")[-300:] if r.has_error() else "")
+            got[s] = check_student_reply(r, n_test=sites[s][1]["n_test"], num_classes=k)
+        except (KeyError, TypeError, ValueError) as err:
+            log(f"site {s}: student evaluation dropped: {err}")
+    if not got:
+        raise PateSitesFailed("no site evaluated the student")
+    order = sorted(got)
+    shared = [got[s][2] for s in order]
+    if all(p is not None for p in shared):  # every site shared its predictions
+        pooled = calibration_report(*(np.concatenate(a) for a in zip(*shared)))
+    else:
+        pooled = report_from_stats([got[s][1] for s in order])
+    return pooled, [{"site": s, **got[s][0]} for s in order]
+
+
+__all__ = ["PateSitesFailed", "check_histogram", "check_student_reply", "serve_pate"]
