@@ -239,10 +239,11 @@ def engine_round(sites: int, rounds: int, tmp: Path, **_) -> float:
 
 
 def local_grid_round(sites: int, rounds: int, tmp: Path, **_) -> float:
+    from fedsgld.apps import APPS
     from fedsgld.flower.local_grid import run_local
 
     out = tmp / f"local-{sites}"
-    run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)})
+    run_local({**BASE, "sites": sites, "rounds": rounds, "out": str(out)}, **APPS)
     return _flower_round(out)
 
 
