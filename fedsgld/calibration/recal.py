@@ -48,12 +48,7 @@ import torch
 
 from fedsgld.core.clipping import clip_and_sum
 from fedsgld.core.mechanism import poisson_sample
-
-#: key part of the recalibration streams, at a position where the training streams hold a
-#: round or step index: site k samples from generator(1 + k, RECAL_STREAM, j, 0), the
-#: server's noise of step j is gaussian(key=(0, RECAL_STREAM, j, 0)); a 4-part key ending
-#: in 0 is never a training key (those have 2 or 3 parts, or end in a resume epoch >= 1)
-RECAL_STREAM = 0x7EC
+from fedsgld.core.streams import RECAL_STREAM  # the key part of recalibration's streams
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,10 +61,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from fedsgld.clients.approval import ApprovedApp, parse_approved_apps
+from fedsgld.config import ACCOUNTANTS, _int, _num
+from fedsgld.core.noise import Randomness
+from fedsgld.core.release import Charged, charge
+from fedsgld.files import write_json
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
-
-if TYPE_CHECKING:
-    from fedsgld.core.noise import Randomness
 
 EVALUATIONS = ("dp", "exact")
 STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
@@ -105,8 +106,6 @@ class SitePolicy:
     source: str = "default"
 
     def __post_init__(self) -> None:
-        from fedsgld.config import ACCOUNTANTS, _int, _num
-
         if self.epsilon is not None:
             _num("policy epsilon", self.epsilon, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("policy delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
@@ -217,8 +216,6 @@ class SitePolicy:
         derived from the run's seed only where the policy accepts a shared seed; otherwise
         fresh operating-system entropy.
         """
-        from fedsgld.core.noise import Randomness
-
         secure = self.secure_noise or bool(run_secure)
         if seeded and self.insecure_seeded_noise:
             return Randomness.seeded(seed, epoch=epoch, secure=secure)
@@ -294,8 +291,6 @@ class SiteLedger:
     def _persist(self) -> None:
         if self.state_path is None:
             return
-        from fedsgld.run.lifecycle import write_json
-
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         write_json(self.state_path, self.to_json())
 
@@ -310,7 +305,7 @@ class SiteLedger:
         steps: Sequence[tuple[float, float]] = (),
         round_of: tuple[str, int, int] | None = None,
         evaluation_of: str | None = None,
-    ) -> None:
+    ) -> Charged:
         """Record one request, or raise :class:`PolicyRefused` having recorded nothing.
 
         ``round_of``: the (run key, epoch, round) of a training request; refused unless it
@@ -318,7 +313,8 @@ class SiteLedger:
         ``evaluation_of``: the run key of an evaluation; refused past ``max_evaluations``.
         ``steps``: the (q, sigma) of every release the site will noise for this request;
         refused if they would take the ledger past the policy's ``epsilon``.
-        Everything is persisted before this returns: before any noise is drawn.
+        Everything is persisted before this returns: before any noise is drawn. Returns
+        the receipt of the charge, which draws the noise (:mod:`fedsgld.core.release`).
         """
         pol, acc = self.policy, self.accountant
         if round_of is not None:
@@ -344,13 +340,15 @@ class SiteLedger:
                     f"allows {fits} of the {len(steps)} requested releases; spent "
                     f"{acc.rigorous_epsilon():.4f} in {acc.steps} releases"
                 )
-        for q, sigma in steps:
-            try:
-                acc.step(q, sigma)
-            except BudgetExhausted as err:  # max_steps said it fits; guard anyway
-                raise PolicyRefused(str(err)) from None
-        if round_of is not None:
-            self.answered[round_of[0]] = [int(round_of[1]), int(round_of[2])]
-        if evaluation_of is not None:
-            self.evaluations[evaluation_of] = self.evaluations.get(evaluation_of, 0) + 1
-        self._persist()
+
+        def record(_: PrivacyAccountant) -> None:  # after the steps, before any noise
+            if round_of is not None:
+                self.answered[round_of[0]] = [int(round_of[1]), int(round_of[2])]
+            if evaluation_of is not None:
+                self.evaluations[evaluation_of] = self.evaluations.get(evaluation_of, 0) + 1
+            self._persist()
+
+        try:
+            return charge(acc, steps, persist=record)
+        except BudgetExhausted as err:  # max_steps said it fits; guard anyway
+            raise PolicyRefused(str(err)) from None

@@ -9,7 +9,9 @@ the site.
 
 With ``noise_placement = "sites"`` a site instead runs :meth:`Site.local_round`: several
 DP-SGLD steps on its own records, adding the Gaussian noise itself (simulation: the
-stream (seed, 1 + site_id, step, LOCAL_NOISE_STREAM)), and returns its parameters.
+stream (seed, 1 + site_id, step, LOCAL_NOISE_STREAM): :mod:`fedsgld.core.streams`), and
+returns its parameters. That noise is drawn through the receipt of the round's charge
+(:mod:`fedsgld.core.release`): the ledger that pays for the steps is charged first.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel, langevin_update, site_step
 from fedsgld.core.noise import Randomness
-
-LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
+from fedsgld.core.release import Charged, charge
+from fedsgld.core.streams import LOCAL_NOISE_STREAM  # noqa: F401 - re-exported (older imports)
 
 
 class Site:
@@ -86,7 +89,9 @@ class Site:
         return int(self.x_train.shape[0])
 
     def generator(self, round_: int) -> torch.Generator:
-        return self.randomness.generator(1 + self.site_id, round_, device=self.fm.device)
+        return self.randomness.generator(
+            *streams.site_round(self.site_id, round_), device=self.fm.device
+        )
 
     def clipped_sum(
         self,
@@ -124,6 +129,7 @@ class Site:
         local_steps: int,
         privacy,
         weight_decay: float = 0.0,
+        charged: Charged | None = None,
     ) -> torch.Tensor:
         """``local_steps`` noisy Langevin steps on this site's records (noise placement "sites").
 
@@ -131,9 +137,17 @@ class Site:
         of the site's records, then theta <- theta - alpha_t ((S + sigma_t C xi) / L_k +
         lambda theta) with L_k = q N_k. alpha_t and sigma_t come from the site's own privacy
         settings (a :class:`fedsgld.config.PrivacySettings`), not from the server.
+
+        ``charged``: the receipt of the charge that paid for these steps (the server's
+        :meth:`~fedsgld.strategies.server.LangevinServer.begin_local_round` in a
+        simulation, the site's ledger in a deployment); the noise is drawn through it.
+        None: the caller charged the round before calling (transitional, for callers that
+        do not pass the receipt yet).
         """
         if self.num_train == 0:
             return theta.clone()
+        if charged is None:  # the caller charged the round before this call (see above)
+            charged = charge(None, ())
         q, clip = privacy.sample_rate, privacy.clip_bound
         expected = q * self.num_train
         dev = self.fm.device
@@ -154,11 +168,11 @@ class Site:
             if self.extra_records is not None:
                 s = s + self.extra_records(t, clip, q).to(s.device)
             std = privacy.sigma(t) * clip if clip is not None else 0.0
-            noisy = s + self.randomness.gaussian(
-                s.shape,
+            noisy = charged.add_noise(
+                s,
+                self.randomness,
                 std=std,
-                key=(1 + self.site_id, t, LOCAL_NOISE_STREAM),
-                dtype=s.dtype,
+                key=streams.site_local_noise(self.site_id, t),
                 device=dev,
             )
             theta = langevin_update(

@@ -1,4 +1,6 @@
-"""Pure functions of DP-SGLD: per-record gradients, pre-noise, clipping, the Langevin step."""
+"""The torch maths of a private step: per-record gradients, pre-noise, clipping, noise, the
+Langevin update, and the one release step (charge the ledger, then draw the noise:
+:mod:`fedsgld.core.release`). The torch-free schedules live in :mod:`fedsgld.privacy.schedules`."""
 
 from fedsgld.core.device import DEVICES, resolve_device
 from fedsgld.core.mechanism import (
@@ -9,18 +11,14 @@ from fedsgld.core.mechanism import (
     poisson_sample,
     site_step,
 )
-from fedsgld.privacy.schedules import CyclicalSchedule, StepSchedule, sgld_noise_multiplier
 
 __all__ = [
-    "CyclicalSchedule",
     "DEVICES",
     "GRAD_PATHS",
     "FlatModel",
-    "StepSchedule",
     "clipped_gradient_sum",
     "langevin_update",
     "poisson_sample",
     "resolve_device",
-    "sgld_noise_multiplier",
     "site_step",
 ]

@@ -40,6 +40,8 @@ import secrets
 import numpy as np
 import torch
 
+from fedsgld.core.streams import EPOCH_TAG
+
 
 def gaussian_noise(
     shape: torch.Size | tuple[int, ...],
@@ -145,7 +147,6 @@ def os_cpu_generator() -> torch.Generator:
 
 
 RANDOMNESS_MODES = ("seeded", "os")
-EPOCH_TAG = 0xE90C4  # key part that separates the streams of a resumed run (epoch >= 1)
 
 
 class Randomness:

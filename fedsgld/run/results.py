@@ -1,7 +1,13 @@
-"""The result directory of a run: results.json, report.md and PNG plots."""
+"""The result directory of a run: results.json, report.md and PNG plots.
+
+:func:`write_outputs` writes them at the end of a run (results.json's document comes from
+:mod:`fedsgld.run.outputs`); :func:`report_markdown` is report.md; :func:`compare_runs`
+draws several runs' reliability from their results.json files alone.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +26,8 @@ from fedsgld.calibration.plots import (  # noqa: E402
     plot_reliability_overlay,
     plot_site_grid,
 )
+from fedsgld.files import write_json  # noqa: E402
+from fedsgld.run.layout import RESULTS  # noqa: E402
 
 METRIC_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
 N_BINS = 15
@@ -189,8 +197,6 @@ def write_outputs(
     ``extra``: further evaluations (name -> evaluation) drawn on the reliability plot. When
     the sites kept their predictions (Flower, sites that do not share them), the pooled
     reliability bins come from their statistics and only history.png is drawn."""
-    from fedsgld.run.lifecycle import RESULTS, write_json
-
     if last.get("_probs") is None:
         results["reliability"] = {
             "note": "pooled from the sites' statistics: top-label confidence bins [lo, hi), "
@@ -255,10 +261,6 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path, *, posterior: bool
     Reads only each run's ``results.json`` (its pooled reliability bins). With ``posterior``
     a run's posterior average is drawn too, where it has one.
     """
-    import json
-
-    from fedsgld.run.lifecycle import RESULTS
-
     runs: dict[str, Any] = {}
     for d in run_dirs:
         path = Path(d) / RESULTS

@@ -6,8 +6,8 @@ Round t (one Langevin step):
      more Poisson-subsampled Gaussian step (q, sigma_t) keeps the rigorous epsilon within
      the budget; if not, the run halts and says why (the step is never taken).
   2. The sites return clipped, pre-noised sums S_k (see ``fedsgld.clients``).
-  3. ``apply()``: the step is recorded in the ledger (and the ``on_spend`` hook persists it)
-     BEFORE the noise is drawn, then theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L
+  3. ``apply()``: the step is charged to the ledger (and the ``on_spend`` hook persists it)
+     BEFORE the noise is drawn (:func:`fedsgld.core.release.charge`), then theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L
      + lambda theta) with L = q * sum_k N_k. After burn-in every thin-th iterate is kept
      as a posterior sample (post-processing: no privacy cost).
 
@@ -24,12 +24,14 @@ from typing import Any
 import torch
 
 from fedsgld.config import PrivacySettings
+from fedsgld.core import streams
 from fedsgld.core.mechanism import langevin_update
 from fedsgld.core.noise import Randomness
+from fedsgld.core.release import Charged, charge
+from fedsgld.core.streams import SERVER_STREAM  # noqa: F401 - the server's key part, re-exported
 from fedsgld.posteriors.swag import SwagMoments
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
-
-SERVER_STREAM = 0  # generator key part for the server; sites use 1 + site_id
+from fedsgld.vi import Adam, kl_gradient
 
 
 def _no_draws() -> torch.Generator:
@@ -150,8 +152,6 @@ class LangevinServer:
         self.optimizer = optimizer
         self.adam = None
         if privacy.variational and optimizer == "adam":
-            from fedsgld.vi import Adam
-
             self.adam = Adam(self.theta.shape[0])
         # noise_placement "sites": round r runs local steps r E .. r E + E - 1 at every site
         self.local = privacy.noise_placement == "sites"
@@ -243,18 +243,11 @@ class LangevinServer:
                     f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}"
                 )
             total += s
-        if self.accountant is not None:
-            try:
-                self.accountant.step(plan.sample_rate, plan.sigma)
-            except BudgetExhausted as err:  # plan() checked; this guards misuse
-                self.halt_reason = f"privacy budget: {err}"
-                raise
-            if self.on_spend is not None:
-                self.on_spend(self.accountant)
+        charged = self._charge([(plan.sample_rate, plan.sigma)])
         noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
-        # drawn only now, after the ledger holding this step was persisted
-        noisy = total + self.noise.gaussian(
-            total.shape, std=noise_std, key=(SERVER_STREAM, self.t), dtype=total.dtype
+        # drawn only now, through the receipt of the persisted charge
+        noisy = charged.add_noise(
+            total, self.noise, std=noise_std, key=streams.server_noise(self.t)
         )
         if self.privacy.variational:
             self.theta = self._vi_update(plan, noisy)
@@ -273,27 +266,30 @@ class LangevinServer:
         return self.theta
 
     # -- noise placement "sites" -----------------------------------------------------
-    def begin_local_round(self, plan: RoundPlan) -> None:
+    def _charge(self, steps: list[tuple[float, float]]) -> Charged:
+        """Charge ``steps`` to the ledger and persist it (``on_spend``); the receipt draws."""
+        try:
+            return charge(self.accountant, steps, persist=self.on_spend)
+        except BudgetExhausted as err:  # plan() checked; this guards misuse
+            self.halt_reason = f"privacy budget: {err}"
+            raise
+
+    def begin_local_round(self, plan: RoundPlan) -> Charged:
         """Record the round's local steps in the ledger BEFORE any site runs them.
 
         With noise at the sites every site releases its own noisy iterates, each local step a
         Poisson-subsampled Gaussian (q, sigma_t) on that site's records. Every site uses the
         same q and sigma schedule, so every site's ledger equals this one and the worst
         site's epsilon is this ledger's; a site that fails the round is counted anyway.
+        Returns the receipt the sites' noise is drawn through (:meth:`fedsgld.clients.site.Site.local_round`).
         """
         if not self.local:
             raise ValueError("begin_local_round needs noise_placement = 'sites'")
         if plan.round != self.t or plan.first_step != self.t * self.local_steps:
             raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
-        if self.accountant is not None:
-            for i in range(plan.local_steps):
-                try:
-                    self.accountant.step(*self.schedule_point(plan.first_step + i))
-                except BudgetExhausted as err:  # plan() checked; this guards misuse
-                    self.halt_reason = f"privacy budget: {err}"
-                    raise
-            if self.on_spend is not None:
-                self.on_spend(self.accountant)
+        return self._charge(
+            [self.schedule_point(plan.first_step + i) for i in range(plan.local_steps)]
+        )
 
     def finish_local_round(
         self, plan: RoundPlan, site_thetas: Sequence[tuple[int, torch.Tensor]]
@@ -320,8 +316,6 @@ class LangevinServer:
         """DPVI: g = (sum_k S_k + N(0, (sigma C)^2 I)) / L + grad KL(q || prior) / sum_k N_k,
         then an SGD or Adam step on phi = [mu, rho]. ``noisy`` already holds the noise. The
         KL gradient is added after the noise and is not clipped: it touches no record."""
-        from fedsgld.vi import kl_gradient
-
         g = noisy / self.expected_batch + kl_gradient(self.theta, prior_std=self.prior_std) / sum(
             self.site_sizes
         )

@@ -1,0 +1,95 @@
+"""The one release step of every noisy release: charge the ledger, then draw the noise.
+
+A release that protects records (the server's noisy sum of a round, a site's noisy local
+step, a recalibration step, a site's noised evaluation) spends privacy. The spend must be
+in the ledger, and the ledger on disk, BEFORE the noise exists: a crash after the draw
+must never leave a release the ledger does not count. So the noise cannot be drawn on its
+own here: :func:`charge` records the steps in the accountant and persists it, and only
+the :class:`Charged` receipt it returns draws the noise of those steps.
+
+The draw itself is the party's :meth:`~fedsgld.core.noise.Randomness.gaussian` with the
+stream key the caller names (:mod:`fedsgld.core.streams`); nothing here changes which
+numbers are drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+
+from fedsgld.core.noise import Randomness
+
+
+class Ledger(Protocol):
+    """What :func:`charge` needs of an accountant (:class:`fedsgld.privacy.PrivacyAccountant`)."""
+
+    def step(self, q: float, sigma: float) -> Any: ...
+
+
+_ISSUED = object()  # only charge() holds it, so only charge() makes a receipt
+
+
+class Charged:
+    """The receipt of a charge: its ``steps`` (q, sigma) are in the ledger, persisted.
+
+    The noise of those steps is drawn through it (:meth:`noise`, :meth:`add_noise`).
+    Made only by :func:`charge`.
+    """
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple[tuple[float, float], ...], *, _issued: object = None) -> None:
+        if _issued is not _ISSUED:
+            raise TypeError("a Charged receipt is made only by charge(): the ledger first")
+        self.steps = steps
+
+    def noise(
+        self,
+        randomness: Randomness,
+        shape: torch.Size | tuple[int, ...],
+        *,
+        std: float,
+        key: tuple[int, ...],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """N(0, std^2 I) from ``randomness``'s stream ``key`` (on ``device`` when given)."""
+        where = {} if device is None else {"device": device}
+        return randomness.gaussian(shape, std=std, key=key, dtype=dtype, **where)
+
+    def add_noise(
+        self,
+        value: torch.Tensor,
+        randomness: Randomness,
+        *,
+        std: float,
+        key: tuple[int, ...],
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """``value`` + N(0, std^2 I) of ``value``'s shape and dtype."""
+        return value + self.noise(
+            randomness, value.shape, std=std, key=key, dtype=value.dtype, device=device
+        )
+
+
+def charge(
+    ledger: Ledger | None,
+    steps: Iterable[tuple[float, float]],
+    *,
+    persist: Callable[[Any], None] | None = None,
+) -> Charged:
+    """Record every (q, sigma) of ``steps`` in ``ledger``, then ``persist(ledger)``; return
+    the receipt that draws their noise.
+
+    An exception (the budget exhausted, a failed write) leaves no receipt, so no noise is
+    drawn. ``ledger`` None: a method without a privacy guarantee, nothing to charge.
+    """
+    steps = tuple(steps)
+    if ledger is not None:
+        for q, sigma in steps:
+            ledger.step(q, sigma)
+        if persist is not None:
+            persist(ledger)
+    return Charged(steps, _issued=_ISSUED)
