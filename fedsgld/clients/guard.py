@@ -39,7 +39,11 @@ from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.clients.release import STATS_SENSITIVITY, STATS_SIZE
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core import release as release_step
+from fedsgld.core import streams
 from fedsgld.core.noise import Randomness
+from fedsgld.core.release import Charged
+from fedsgld.privacy.events import DpEvent, GaussianRelease, subsampled_steps
 
 # release(instruction, reply, noise) -> what leaves the site (noise None: nothing noised)
 Release = Callable[[Any, Any, Any], Any]
@@ -55,7 +59,7 @@ class Admission:
 
     policy: SitePolicy
     site_id: int | None = None  # whose ledger pays (None: a query, nothing to charge)
-    steps: tuple[tuple[float, float], ...] = ()  # (q, sigma) of every release the site noises
+    event: DpEvent | None = None  # the privacy event of every release the site noises
     round_of: tuple[str, int, int] | None = None  # (run key, epoch, round) of a training round
     evaluation_of: str | None = None  # run key of an evaluation
     noise_shape: tuple[int, ...] | None = None  # the release's noise, drawn after the charge
@@ -78,37 +82,38 @@ class LedgerMemory(Protocol):
     def put(self, site_id: int, state: dict[str, Any]) -> None: ...
 
 
-def charge(adm: Admission, memory: LedgerMemory) -> None:
+def charge(adm: Admission, memory: LedgerMemory) -> Charged:
     """The site's ledger admits ``adm`` (or refuses it) and keeps the record: on disk
-    under the policy's ``state_dir``, else in ``memory``. Nothing to pay: nothing kept."""
-    if adm.site_id is None or not (adm.steps or adm.round_of or adm.evaluation_of):
-        return
+    under the policy's ``state_dir``, else in ``memory``. Returns the receipt through which
+    the release's noise is drawn (:mod:`fedsgld.core.release`); nothing to pay, nothing
+    kept."""
+    if adm.site_id is None or not (adm.event or adm.round_of or adm.evaluation_of):
+        return release_step.charge(None, None)
     pol, sid = adm.policy, adm.site_id
-    what = {"steps": adm.steps, "round_of": adm.round_of, "evaluation_of": adm.evaluation_of}
+    what = {"event": adm.event, "round_of": adm.round_of, "evaluation_of": adm.evaluation_of}
     if pol.state_dir is not None:
         with SiteLedger.open(sid, pol, Path(pol.state_dir) / f"fedsgld-site-{sid}.json") as led:
-            led.admit(**what)
-        return
+            return led.admit(**what)
     ledger = SiteLedger(sid, pol)  # a simulated node: the state lives for the run
     saved = memory.get(sid)
     if saved is not None:
         ledger.load(saved)
-    ledger.admit(**what)
+    receipt = ledger.admit(**what)
     memory.put(sid, ledger.to_json())
+    return receipt
 
 
-def draw(adm: Admission) -> np.ndarray | None:
-    """After the charge: the training site gets the policy's sampler, and the release's
-    noise is drawn from fresh entropy (None where nothing is noised)."""
+def draw(adm: Admission, receipt: Charged) -> np.ndarray | None:
+    """After the charge (``receipt``): the training site gets the policy's sampler, and the
+    release's noise is drawn from fresh entropy (None where nothing is noised)."""
     if adm.site is not None:
         adm.site.randomness = adm.randomness  # the policy's sampler, never the server's
     if adm.noise_shape is None:
         return None
-    return (
-        adm.policy.randomness(seeded=False, seed=0, run_secure=adm.run_secure)
-        .gaussian(adm.noise_shape, std=adm.noise_std, key=(0,), dtype=torch.float64)
-        .numpy()
-    )
+    fresh = adm.policy.randomness(seeded=False, seed=0, run_secure=adm.run_secure)
+    return receipt.noise(
+        fresh, adm.noise_shape, std=adm.noise_std, key=streams.SITE_RELEASE, dtype=torch.float64
+    ).numpy()
 
 
 # -- 1: the checks ---------------------------------------------------------------------------
@@ -242,7 +247,7 @@ def training_admission(
     return Admission(
         policy,
         site.site_id,
-        steps=tuple(steps) if local else (),
+        event=subsampled_steps(steps) if local else None,
         round_of=round_of,
         site=site,
         randomness=sampler,
@@ -258,7 +263,7 @@ def evaluation_admission(
     return Admission(
         policy,
         site_id,
-        steps=((1.0, sigma),) if dp else (),
+        event=GaussianRelease(sigma, STATS_SENSITIVITY) if dp else None,
         evaluation_of=run_key,
         noise_shape=(STATS_SIZE,) if dp else None,
         noise_std=sigma * STATS_SENSITIVITY,

@@ -49,7 +49,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -66,6 +66,7 @@ from fedsgld.core.noise import Randomness
 from fedsgld.core.release import Charged, charge
 from fedsgld.files import write_json
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
+from fedsgld.privacy.events import DpEvent, gaussian_steps
 
 EVALUATIONS = ("dp", "exact")
 STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
@@ -302,7 +303,7 @@ class SiteLedger:
     def admit(
         self,
         *,
-        steps: Sequence[tuple[float, float]] = (),
+        event: DpEvent | None = None,
         round_of: tuple[str, int, int] | None = None,
         evaluation_of: str | None = None,
     ) -> Charged:
@@ -311,8 +312,9 @@ class SiteLedger:
         ``round_of``: the (run key, epoch, round) of a training request; refused unless it
         comes after every round of that run key answered before (no replays).
         ``evaluation_of``: the run key of an evaluation; refused past ``max_evaluations``.
-        ``steps``: the (q, sigma) of every release the site will noise for this request;
-        refused if they would take the ledger past the policy's ``epsilon``.
+        ``event``: the privacy event of every release the site will noise for this request
+        (:mod:`fedsgld.privacy.events`); refused if it would take the ledger past the
+        policy's ``epsilon``.
         Everything is persisted before this returns: before any noise is drawn. Returns
         the receipt of the charge, which draws the noise (:mod:`fedsgld.core.release`).
         """
@@ -332,12 +334,13 @@ class SiteLedger:
                     f"site {self.site_id} already answered {done} evaluations of run "
                     f"{evaluation_of}; policy max_evaluations is {pol.max_evaluations}"
                 )
-        if steps and pol.epsilon is not None:
-            fits = acc.max_steps(lambda i: steps[i], limit=len(steps))
-            if fits < len(steps):
+        n = 0 if event is None else sum(1 for _ in gaussian_steps(event))
+        if n and pol.epsilon is not None:
+            fits = acc.affordable(event)
+            if fits < n:
                 raise PolicyRefused(
                     f"site {self.site_id}'s budget epsilon={pol.epsilon:g} (delta={pol.delta:g}) "
-                    f"allows {fits} of the {len(steps)} requested releases; spent "
+                    f"allows {fits} of the {n} requested releases; spent "
                     f"{acc.rigorous_epsilon():.4f} in {acc.steps} releases"
                 )
 
@@ -349,6 +352,6 @@ class SiteLedger:
             self._persist()
 
         try:
-            return charge(acc, steps, persist=record)
+            return charge(acc, event, persist=record)
         except BudgetExhausted as err:  # max_steps said it fits; guard anyway
             raise PolicyRefused(str(err)) from None

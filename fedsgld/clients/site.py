@@ -147,7 +147,7 @@ class Site:
         if self.num_train == 0:
             return theta.clone()
         if charged is None:  # the caller charged the round before this call (see above)
-            charged = charge(None, ())
+            charged = charge(None, None)
         q, clip = privacy.sample_rate, privacy.clip_bound
         expected = q * self.num_train
         dev = self.fm.device

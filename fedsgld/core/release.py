@@ -4,8 +4,9 @@ A release that protects records (the server's noisy sum of a round, a site's noi
 step, a recalibration step, a site's noised evaluation) spends privacy. The spend must be
 in the ledger, and the ledger on disk, BEFORE the noise exists: a crash after the draw
 must never leave a release the ledger does not count. So the noise cannot be drawn on its
-own here: :func:`charge` records the steps in the accountant and persists it, and only
-the :class:`Charged` receipt it returns draws the noise of those steps.
+own here: :func:`charge` spends the release's privacy event
+(:mod:`fedsgld.privacy.events`) in the accountant and persists it, and only the
+:class:`Charged` receipt it returns draws the noise of that release.
 
 The draw itself is the party's :meth:`~fedsgld.core.noise.Randomness.gaussian` with the
 stream key the caller names (:mod:`fedsgld.core.streams`); nothing here changes which
@@ -14,36 +15,42 @@ numbers are drawn.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from fedsgld.core.noise import Randomness
+from fedsgld.privacy.events import DpEvent, gaussian_steps
 
 
 class Ledger(Protocol):
     """What :func:`charge` needs of an accountant (:class:`fedsgld.privacy.PrivacyAccountant`)."""
 
-    def step(self, q: float, sigma: float) -> Any: ...
+    def spend(self, event: DpEvent) -> Any: ...
 
 
 _ISSUED = object()  # only charge() holds it, so only charge() makes a receipt
 
 
 class Charged:
-    """The receipt of a charge: its ``steps`` (q, sigma) are in the ledger, persisted.
+    """The receipt of a charge: its ``event`` is in the ledger, persisted.
 
-    The noise of those steps is drawn through it (:meth:`noise`, :meth:`add_noise`).
+    The noise of that release is drawn through it (:meth:`noise`, :meth:`add_noise`).
     Made only by :func:`charge`.
     """
 
-    __slots__ = ("steps",)
+    __slots__ = ("event",)
 
-    def __init__(self, steps: tuple[tuple[float, float], ...], *, _issued: object = None) -> None:
+    def __init__(self, event: DpEvent | None, *, _issued: object = None) -> None:
         if _issued is not _ISSUED:
             raise TypeError("a Charged receipt is made only by charge(): the ledger first")
-        self.steps = steps
+        self.event = event
+
+    @property
+    def steps(self) -> tuple[tuple[float, float], ...]:
+        """The event's Gaussian steps (q, sigma), in order; () for none."""
+        return () if self.event is None else tuple(gaussian_steps(self.event))
 
     def noise(
         self,
@@ -76,20 +83,20 @@ class Charged:
 
 def charge(
     ledger: Ledger | None,
-    steps: Iterable[tuple[float, float]],
+    event: DpEvent | None,
     *,
     persist: Callable[[Any], None] | None = None,
 ) -> Charged:
-    """Record every (q, sigma) of ``steps`` in ``ledger``, then ``persist(ledger)``; return
-    the receipt that draws their noise.
+    """Spend ``event`` in ``ledger`` (all its steps or, past the budget, none), then
+    ``persist(ledger)``; return the receipt that draws the release's noise.
 
     An exception (the budget exhausted, a failed write) leaves no receipt, so no noise is
-    drawn. ``ledger`` None: a method without a privacy guarantee, nothing to charge.
+    drawn. ``ledger`` None: a method without a privacy guarantee, nothing to charge;
+    ``event`` None: nothing noised, but the ledger's other records are still persisted.
     """
-    steps = tuple(steps)
     if ledger is not None:
-        for q, sigma in steps:
-            ledger.step(q, sigma)
+        if event is not None:
+            ledger.spend(event)
         if persist is not None:
             persist(ledger)
-    return Charged(steps, _issued=_ISSUED)
+    return Charged(event, _issued=_ISSUED)

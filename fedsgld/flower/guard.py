@@ -67,8 +67,8 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
             adm = door(msg, context)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise PolicyRefused(f"{kind}: malformed request: {err}") from None
-        guard.charge(adm, _ContextLedgers(context))
-        noise = guard.draw(adm)
+        receipt = guard.charge(adm, _ContextLedgers(context))
+        noise = guard.draw(adm, receipt)
         reply = call_next(msg, context)
         if reply.has_error():
             return reply

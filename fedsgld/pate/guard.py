@@ -27,6 +27,7 @@ from fedsgld.flower.guard import Door, checked_array, evaluation_admission, requ
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.flower import EVALUATE, QUERY, TRAIN, pate_config_from_run_config, site_records
 from fedsgld.pate.teachers import new_model
+from fedsgld.privacy.events import GaussianRelease
 
 
 def _pate(msg: Message, context: Context, *, shard: bool = True):
@@ -67,11 +68,12 @@ def _vote_admission(
     sensitivity :func:`vote_sensitivity`, unless the policy allows non-private answers."""
     noised = not policy.allow_non_private
     m = policy.vote_noise_multiplier
-    std = m * vote_sensitivity(n_queries) if noised else 0.0
+    event = GaussianRelease(m, vote_sensitivity(n_queries)) if noised else None
+    std = event.std if event is not None else 0.0
     return Admission(
         policy,
         sid,
-        steps=((1.0, m),) if noised else (),
+        event=event,
         noise_shape=(n_queries, num_classes) if noised else None,
         noise_std=std,
         release=partial(

@@ -16,37 +16,38 @@ from typing import Any
 import numpy as np
 
 from fedsgld.pate.config import MECHANISMS
+from fedsgld.privacy.events import ConfidentGnmaxAnswers, DpEvent, GnmaxAnswers, LnmaxAnswers
 from fedsgld.privacy.pate_analysis import (
-    gnmax_epsilon_from_counts,
-    lnmax_epsilon_from_counts,
     vote_counts,
 )
+from fedsgld.privacy.pate_events import answers_epsilon
+
+
+def answer_event(params: dict[str, Any], answered: np.ndarray) -> DpEvent:
+    """The privacy event of one mechanism's released labels (``params`` as saved with the
+    votes; ``answered``: one flag per posed query)."""
+    mech, n = params["mechanism"], int(np.count_nonzero(answered))
+    if mech == "lnmax":
+        return LnmaxAnswers(float(params["gamma"]), n, int(params.get("moments", 8)))
+    if mech == "gnmax":
+        return GnmaxAnswers(float(params["sigma"]), n)
+    if mech == "confident_gnmax":
+        sigma, sigma1 = float(params["sigma"]), float(params["sigma1"])
+        return ConfidentGnmaxAnswers(sigma, sigma1, float(params["threshold"]), len(answered))
+    raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mech!r}")
 
 
 def analyse_counts(
     counts: np.ndarray, answered: np.ndarray, params: dict[str, Any]
 ) -> dict[str, float]:
     """Both epsilons of one mechanism's released labels from the vote histogram
-    (n_queries, num_classes) of every posed query (see :mod:`fedsgld.privacy.pate_analysis`)."""
-    mech, delta = params["mechanism"], float(params["delta"])
+    (n_queries, num_classes) of every posed query: the answer event
+    (:func:`answer_event`) composed by :func:`fedsgld.privacy.pate_events.answers_epsilon`."""
     answered = np.asarray(answered, dtype=bool)
     counts = np.asarray(counts)
-    if mech == "lnmax":
-        return lnmax_epsilon_from_counts(
-            counts[answered], gamma=float(params["gamma"]), delta=delta,
-            moments=int(params.get("moments", 8)),
-        )  # fmt: skip
-    if mech == "gnmax":
-        return gnmax_epsilon_from_counts(
-            counts[answered], sigma=float(params["sigma"]), delta=delta
-        )
-    if mech == "confident_gnmax":
-        return gnmax_epsilon_from_counts(
-            counts, sigma=float(params["sigma"]), delta=delta,
-            threshold=float(params["threshold"]), sigma1=float(params["sigma1"]),
-            answered=answered,
-        )  # fmt: skip
-    raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mech!r}")
+    event = answer_event(params, answered)
+    rows = counts if isinstance(event, ConfidentGnmaxAnswers) else counts[answered]
+    return answers_epsilon(event, rows, delta=float(params["delta"]), answered=answered)
 
 
 def analyse_vote_file(

@@ -31,7 +31,7 @@ Torch-free, like the rest of :mod:`fedsgld.privacy`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "UnsupportedEvent",
     "gaussian_steps",
     "ledger_entries",
+    "subsampled_steps",
 ]
 
 
@@ -166,3 +167,12 @@ def ledger_entries(event: DpEvent) -> list[tuple[float, float, int]]:
         else:
             out.append([q, sigma, 1])
     return [(q, s, c) for q, s, c in out]
+
+
+def subsampled_steps(steps: Iterable[tuple[float, float]]) -> DpEvent | None:
+    """The event of Poisson-subsampled Gaussian steps ``(q, sigma)`` taken in order: one
+    :class:`SubsampledGaussianStep`, their :class:`Composed` sequence, or None for none."""
+    events = tuple(SubsampledGaussianStep(q, s) for q, s in steps)
+    if not events:
+        return None
+    return events[0] if len(events) == 1 else Composed(events)

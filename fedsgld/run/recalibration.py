@@ -19,6 +19,7 @@ from fedsgld.calibration.recal import RecalPlan, tail_average, temperature_step
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.core.release import charge
+from fedsgld.privacy.events import SubsampledGaussianStep
 
 
 def reserve_recalibration(
@@ -98,7 +99,9 @@ def fit_temperature(
     reason = f"completed {plan.steps} steps"
     trace = [log_t]
     for j in range(plan.steps):
-        if acc is not None and not acc.check(plan.sample_rate, plan.noise_multiplier):
+        if acc is not None and not acc.fits(
+            SubsampledGaussianStep(plan.sample_rate, plan.noise_multiplier)
+        ):
             reason = (
                 f"privacy budget: recalibration step {j + 1} (q={plan.sample_rate:g}, "
                 f"sigma={plan.noise_multiplier:g}) would take epsilon past "
@@ -107,7 +110,8 @@ def fit_temperature(
             break
         total = torch.stack([s.reshape(-1).double() for s in site_sums(log_t, j)]).sum(0)
         # the ledger first (persisted), then the noise, through the charge's receipt
-        charged = charge(acc, [(plan.sample_rate, plan.noise_multiplier)], persist=persist)
+        step = SubsampledGaussianStep(plan.sample_rate, plan.noise_multiplier)
+        charged = charge(acc, step, persist=persist)
         std = plan.noise_multiplier * plan.clip if acc is not None else 0.0
         noisy = charged.add_noise(total, server.noise, std=std, key=streams.recal_server_noise(j))
         log_t = temperature_step(log_t, noisy, lr=plan.lr, expected_batch=expected)

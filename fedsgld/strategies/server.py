@@ -31,6 +31,7 @@ from fedsgld.core.release import Charged, charge
 from fedsgld.core.streams import SERVER_STREAM  # noqa: F401 - the server's key part, re-exported
 from fedsgld.posteriors.swag import SwagMoments
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
+from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, subsampled_steps
 from fedsgld.vi import Adam, kl_gradient
 
 
@@ -195,13 +196,9 @@ class LangevinServer:
         first = self.t * e
         q, sigma = self.schedule_point(first)
         if self.accountant is not None:
-            if e == 1:
-                ok = self.accountant.check(q, sigma)
-            else:
-                ok = (
-                    self.accountant.max_steps(lambda i: self.schedule_point(first + i), limit=e)
-                    == e
-                )
+            ok = self.accountant.fits(
+                subsampled_steps(self.schedule_point(first + i) for i in range(e))
+            )
             if not ok:
                 eps = self.accountant.rigorous_epsilon()
                 what = (
@@ -243,7 +240,7 @@ class LangevinServer:
                     f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}"
                 )
             total += s
-        charged = self._charge([(plan.sample_rate, plan.sigma)])
+        charged = self._charge(SubsampledGaussianStep(plan.sample_rate, plan.sigma))
         noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
         # drawn only now, through the receipt of the persisted charge
         noisy = charged.add_noise(
@@ -266,10 +263,10 @@ class LangevinServer:
         return self.theta
 
     # -- noise placement "sites" -----------------------------------------------------
-    def _charge(self, steps: list[tuple[float, float]]) -> Charged:
-        """Charge ``steps`` to the ledger and persist it (``on_spend``); the receipt draws."""
+    def _charge(self, event: DpEvent | None) -> Charged:
+        """Charge ``event`` to the ledger and persist it (``on_spend``); the receipt draws."""
         try:
-            return charge(self.accountant, steps, persist=self.on_spend)
+            return charge(self.accountant, event, persist=self.on_spend)
         except BudgetExhausted as err:  # plan() checked; this guards misuse
             self.halt_reason = f"privacy budget: {err}"
             raise
@@ -288,7 +285,9 @@ class LangevinServer:
         if plan.round != self.t or plan.first_step != self.t * self.local_steps:
             raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
         return self._charge(
-            [self.schedule_point(plan.first_step + i) for i in range(plan.local_steps)]
+            subsampled_steps(
+                self.schedule_point(plan.first_step + i) for i in range(plan.local_steps)
+            )
         )
 
     def finish_local_round(

@@ -11,6 +11,7 @@ from fedsgld.core import streams
 from fedsgld.core.noise import Randomness
 from fedsgld.core.release import Charged, charge
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
+from fedsgld.privacy.events import subsampled_steps
 from fedsgld.strategies import LangevinServer
 
 
@@ -25,7 +26,9 @@ def test_a_receipt_is_made_only_by_a_charge():
 
 def test_the_ledger_holds_the_steps_when_it_is_persisted():
     acc, seen = _accountant(), []
-    receipt = charge(acc, [(0.1, 1.0), (0.1, 2.0)], persist=lambda a: seen.append(a.steps))
+    receipt = charge(
+        acc, subsampled_steps([(0.1, 1.0), (0.1, 2.0)]), persist=lambda a: seen.append(a.steps)
+    )
     assert seen == [2]  # persisted once, after both steps were recorded
     assert receipt.steps == ((0.1, 1.0), (0.1, 2.0))
 
@@ -37,14 +40,14 @@ def test_a_failed_persist_leaves_no_receipt_to_draw_with():
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        charge(acc, [(0.1, 1.0)], persist=failing)
+        charge(acc, subsampled_steps([(0.1, 1.0)]), persist=failing)
     assert acc.steps == 1  # the spend stays counted (conservative)
 
 
 def test_an_exhausted_budget_leaves_no_receipt_and_persists_nothing():
     acc, seen = _accountant(epsilon=0.5), []
     with pytest.raises(BudgetExhausted):
-        charge(acc, [(1.0, 0.3)] * 10, persist=seen.append)
+        charge(acc, subsampled_steps([(1.0, 0.3)] * 10), persist=seen.append)
     assert seen == []
 
 
@@ -52,7 +55,7 @@ def test_the_receipts_noise_is_the_partys_stream_bit_for_bit():
     rnd = Randomness.seeded(7, epoch=2)
     value = torch.arange(6, dtype=torch.float64)
     key = streams.server_noise(3)
-    noisy = charge(None, ()).add_noise(value, Randomness.seeded(7, epoch=2), std=1.5, key=key)
+    noisy = charge(None, None).add_noise(value, Randomness.seeded(7, epoch=2), std=1.5, key=key)
     expected = value + rnd.gaussian(value.shape, std=1.5, key=key, dtype=torch.float64)
     assert noisy.dtype == torch.float64 and torch.equal(noisy, expected)
 
@@ -94,8 +97,8 @@ def test_a_local_round_is_charged_and_its_receipt_names_every_local_step():
 def test_a_site_ledger_admits_with_a_receipt_and_refuses_without_one(tmp_path):
     pol = SitePolicy(epsilon=0.5, delta=1e-5, state_dir=str(tmp_path))
     ledger = SiteLedger(0, pol, state_path=tmp_path / "site-0.json")
-    receipt = ledger.admit(steps=[(0.01, 5.0)], round_of=("r", 0, 0))
+    receipt = ledger.admit(event=subsampled_steps([(0.01, 5.0)]), round_of=("r", 0, 0))
     assert isinstance(receipt, Charged) and receipt.steps == ((0.01, 5.0),)
     assert SiteLedger(0, pol, state_path=tmp_path / "site-0.json").spent_steps == 1
     with pytest.raises(PolicyRefused):
-        ledger.admit(steps=[(1.0, 0.3)] * 50, round_of=("r", 0, 1))
+        ledger.admit(event=subsampled_steps([(1.0, 0.3)] * 50), round_of=("r", 0, 1))

@@ -24,6 +24,7 @@ from fedsgld.config import load_config
 from fedsgld.core.noise import Randomness, seeded_generator
 from fedsgld.flower.local_grid import run_local
 from fedsgld.privacy import PrivacyAccountant
+from fedsgld.privacy.events import subsampled_steps
 from fedsgld.run.lifecycle import ResumeError
 from fedsgld.strategies import server as server_module
 
@@ -311,7 +312,7 @@ def _guard(tmp_path, **policy):
 def _authorize(ledger, *, round, steps, run_key="r", epoch=0, seeded=False, clip=1.0):
     """What the guard does with a sites-placement training request: check, then charge."""
     steps, clip = check_training(ledger.policy, steps=steps, clip=clip, prenoise=0.0, seeded=seeded)
-    ledger.admit(steps=steps, round_of=(run_key, epoch, round))
+    ledger.admit(event=subsampled_steps(steps), round_of=(run_key, epoch, round))
 
 
 def test_a_site_refuses_requests_outside_its_policy(tmp_path):
