@@ -1,1 +1,337 @@
-from fedsgld.engine import Federation  # noqa: F401
+"""The federation builder: what both transports build from one :class:`~fedsgld.config.Config`.
+
+A federation is the dataset split into hospital-style sites (with the validation and
+calibration splits held out of each site's training records), the model built from the
+seed, the parameter view the sites compute gradients in (theta, or phi = [mu, rho] for
+variational methods), the sites (:class:`~fedsgld.clients.site.Site`) and the server
+(:class:`~fedsgld.strategies.LangevinServer`).
+
+The in-process engine builds it whole (:class:`Federation`). The Flower transport builds
+the same pieces apart, from the same functions: each SuperNode its own sites
+(:func:`split_data` or a site's own file, :func:`backbone_features`,
+:func:`seeded_model`, :func:`build_site`), the ServerApp the server
+(:func:`initial_theta`, :func:`make_server`). So a seeded Flower run and the engine see the
+same records, start from the same parameters and apply the same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from fedsgld.clients.site import Site
+from fedsgld.config import Config
+from fedsgld.core.mechanism import FlatModel
+from fedsgld.core.noise import Randomness, os_seed
+from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
+from fedsgld.data.datasets import subsample
+from fedsgld.models import build_model
+from fedsgld.models.backbone import cached_features
+from fedsgld.strategies import LangevinServer, PosteriorSamples
+from fedsgld.vi import VariationalModel
+
+#: key of the validation split's permutation (beside the calibration split's RECAL_STREAM)
+VALIDATION_STREAM = 0x7A1
+
+Log = Callable[[str], None]
+
+# -- the model and the parameter view ----------------------------------------------------
+
+
+def seeded_model(
+    config: Config, input_shape: tuple[int, ...], num_classes: int, *, seed: int
+) -> torch.nn.Module:
+    """The run's model, its initial weights drawn from ``seed`` (the same in every process).
+
+    Only the CPU generator is seeded (the model is built on the CPU), inside a fork of the
+    random state, so the caller's own random draws are untouched; seeding every
+    accelerator's generator too would cost a share of each site task's start."""
+    run = config.run
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed)
+        return build_model(
+            run.model, input_shape=input_shape, num_classes=num_classes, hidden=run.hidden
+        )
+
+
+def variational_view(config: Config, model: torch.nn.Module) -> VariationalModel | None:
+    """For VI methods the sites' parameter view phi = [mu, rho] over ``model``; else None
+    (the plain view theta)."""
+    if not config.privacy.variational:
+        return None
+    run = config.run
+    return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
+
+
+def initial_theta(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.Tensor:
+    """theta_0 (phi_0 for VI): the seeded model's parameters in the sites' view, as the
+    server starts from them (on the CPU)."""
+    model = seeded_model(config, input_shape, num_classes, seed=config.run.seed)
+    return (variational_view(config, model) or FlatModel(model)).flatten()
+
+
+# -- the sites ---------------------------------------------------------------------------
+
+
+def site_device(config: Config) -> torch.device:
+    """Where a site computes: the ``device`` setting; variational models stay on the CPU
+    (without looking for a GPU)."""
+    if config.privacy.variational:
+        return torch.device("cpu")
+    return config.perf.torch_device()
+
+
+def build_site(
+    config: Config,
+    data: Any,
+    model: torch.nn.Module,
+    *,
+    seed: int,
+    device: torch.device,
+    randomness: Randomness | None = None,
+) -> Site:
+    """A site over ``data`` (its ``site_id`` and train/test records) computing in the
+    run's parameter view of ``model``; ``randomness`` None: seeded from ``seed``."""
+    return Site.from_site_data(
+        data,
+        model,
+        seed=seed,
+        chunk_size=config.perf.chunk_size,
+        flat_model=variational_view(config, model),
+        randomness=randomness,
+        device=device,
+    )
+
+
+def backbone_features(config: Config, data: Any) -> Any:
+    """``data`` (a site's records) with its images replaced by frozen-backbone features
+    (computed once, cached on disk): the inputs of the ``timm_head`` model."""
+    run = config.run
+    kw = dict(name=run.backbone, weights=run.backbone_weights or None, image_size=run.image_size)
+    return replace(
+        data,
+        x_train=cached_features(data.x_train, **kw),
+        x_test=cached_features(data.x_test, **kw),
+    )
+
+
+# -- the data split ----------------------------------------------------------------------
+
+
+Split = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class DataSplit:
+    """A run's records as the sites hold them: each site's training records (less the
+    held-out splits) and test records, and every site's held-out (records, labels) for
+    validation and calibration ([] when their fraction is 0)."""
+
+    site_data: list[SiteData]
+    num_classes: int
+    val_data: Split
+    cal_data: Split
+
+
+def hold_out(
+    config: Config, site_data: list[SiteData], *, seed: int, setting: str, log: Log
+) -> tuple[list[SiteData], Split]:
+    """Move ``setting`` (``validation_fraction`` or ``recal_fraction``) of every site's
+    training records to a held-out split, chosen by a permutation keyed by (seed, the
+    split's stream, site); returns the sites' remaining records and the splits' (records,
+    labels), [] (nothing moved) when the fraction is 0."""
+    fraction = getattr(config.run, setting)
+    if fraction == 0:
+        return site_data, []
+    # start-up time: fedsgld.calibration imports scipy.stats, about a second of each
+    # Flower site task's start (measured); only runs with a held-out split need it
+    from fedsgld.calibration import recal
+
+    stream, name = {
+        "validation_fraction": (VALIDATION_STREAM, "validation"),
+        "recal_fraction": (recal.RECAL_STREAM, "calibration"),
+    }[setting]
+    held, kept = [], []
+    for d in site_data:
+        keep, out = recal.carve_split(
+            int(d.x_train.shape[0]), fraction, seed=seed, site_id=d.site_id,
+            stream=stream, setting=setting,
+        )  # fmt: skip
+        held.append((d.x_train[out], d.y_train[out]))
+        kept.append(replace(d, x_train=d.x_train[keep], y_train=d.y_train[keep]))
+    log(
+        f"{name} splits (held out of training): "
+        + ", ".join(
+            f"site {d.site_id}: {int(y.shape[0])}" for d, (_, y) in zip(kept, held, strict=True)
+        )
+    )
+    return kept, held
+
+
+def split_data(config: Config, *, seed: int, log: Log) -> DataSplit:
+    """Load the run's dataset and split it into sites, all from ``seed``: the same split on
+    every machine that has the dataset.
+
+    The validation split is carved first, then the calibration split, so a run with and
+    without recalibration validates alike."""
+    run = config.run
+    ds = load_dataset(run.dataset, path=run.data_path or None, seed=seed)
+    if run.max_records:
+        ds = subsample(ds, run.max_records, seed=seed)
+    site_data = make_sites(
+        ds,
+        sites=run.sites,
+        scheme=run.partition,
+        alpha=run.dirichlet_alpha,
+        test_fraction=run.test_fraction,
+        seed=seed,
+    )
+    log(describe_sites(site_data))
+    if run.model == "timm_head":
+        site_data = [backbone_features(config, d) for d in site_data]
+    site_data, val_data = hold_out(
+        config, site_data, seed=seed, setting="validation_fraction", log=log
+    )
+    site_data, cal_data = hold_out(config, site_data, seed=seed, setting="recal_fraction", log=log)
+    return DataSplit(site_data, ds.num_classes, val_data, cal_data)
+
+
+def resolve_seed(config: Config) -> tuple[int, str]:
+    """The run's seed and where it came from: the config's, or (seed -1) fresh entropy."""
+    if config.run.seed == -1:
+        return os_seed(), "os"
+    return config.run.seed, "config"
+
+
+# -- the server --------------------------------------------------------------------------
+
+
+def posterior_samples(config: Config) -> PosteriorSamples:
+    """The server's collector of kept iterates, fitting SWAG too where it applies (not for
+    variational methods, whose iterates are the parameters of a distribution)."""
+    run = config.run
+    swag = run.swag_rank if run.swag_samples > 0 and not config.privacy.variational else None
+    return PosteriorSamples(
+        burn_in=run.burn_in, thin=run.thin, max_samples=run.max_samples, swag_rank=swag
+    )
+
+
+def make_server(
+    config: Config,
+    *,
+    theta: torch.Tensor,
+    site_sizes: list[int],
+    seed: int,
+    randomness: Randomness | None = None,
+    on_spend: Callable[..., Any] | None = None,
+) -> LangevinServer:
+    """The run's server, starting at ``theta`` for sites of ``site_sizes`` (their public
+    N_k); ``randomness`` None: its noise seeded from ``seed``."""
+    run = config.run
+    return LangevinServer(
+        config.privacy,
+        theta=theta,
+        site_sizes=site_sizes,
+        seed=seed,
+        rounds=run.rounds,
+        weight_decay=run.weight_decay,
+        posterior=posterior_samples(config),
+        on_spend=on_spend,
+        prior_std=run.prior_std,
+        optimizer=run.optimizer,
+        randomness=randomness,
+    )
+
+
+# -- the whole federation in one process -------------------------------------------------
+
+
+class Federation:
+    """Sites + server built from a :class:`Config` in one process (the in-process engine;
+    a simulated Flower node builds its sites with it too)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        log: Log = print,
+        randomness: Callable[[], Randomness] | None = None,
+    ) -> None:
+        """``randomness()`` gives each site its own :class:`Randomness` (default: seeded
+        from the config's seed, a simulation)."""
+        self.config = config
+        if config.perf.threads:
+            torch.set_num_threads(config.perf.threads)
+        # the sites compute on this device (variational models stay on the CPU); the
+        # server's update is one vector per round and stays on the CPU
+        self.device = site_device(config)
+        if config.privacy.variational:
+            requested = config.perf.torch_device()  # checked all the same
+            if requested.type != "cpu":
+                log(f"device {requested}: variational methods run on the CPU")
+        self.seed, self.seed_source = resolve_seed(config)
+        split = split_data(config, seed=self.seed, log=log)
+        self.site_data, self.num_classes = split.site_data, split.num_classes
+        self.val_data, self.cal_data = split.val_data, split.cal_data
+        input_shape = tuple(self.site_data[0].x_train.shape[1:])
+        self.model = seeded_model(config, input_shape, self.num_classes, seed=self.seed)
+        self.sites = [
+            build_site(
+                config,
+                d,
+                self.model,
+                seed=self.seed,
+                device=self.device,
+                randomness=randomness() if randomness is not None else None,
+            )
+            for d in self.site_data
+        ]
+
+    def make_server(self, on_spend=None, randomness: Randomness | None = None) -> LangevinServer:
+        """The server for these sites, starting from the seeded model's parameters."""
+        return make_server(
+            self.config,
+            theta=self.sites[0].fm.flatten(),
+            site_sizes=[s.num_train for s in self.sites],
+            seed=self.seed,
+            randomness=randomness,
+            on_spend=on_spend,
+        )
+
+    def site_table(self) -> list[dict[str, Any]]:
+        """What results.json says of each site: its sizes and label histogram."""
+        rows = [
+            {
+                "site": d.site_id,
+                "n_train": int(d.x_train.shape[0]),
+                "n_test": int(d.x_test.shape[0]),
+                "label_histogram": d.label_histogram("train"),
+            }
+            for d in self.site_data
+        ]
+        for row, (_, y) in zip(rows, self.cal_data, strict=False):
+            row["n_calibration"] = int(y.shape[0])
+        for row, (_, y) in zip(rows, self.val_data, strict=False):
+            row["n_validation"] = int(y.shape[0])
+        return rows
+
+
+__all__ = [
+    "VALIDATION_STREAM",
+    "DataSplit",
+    "Federation",
+    "backbone_features",
+    "build_site",
+    "hold_out",
+    "initial_theta",
+    "make_server",
+    "posterior_samples",
+    "resolve_seed",
+    "seeded_model",
+    "site_device",
+    "split_data",
+    "variational_view",
+]

@@ -14,6 +14,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsgld.flower.runner import serve
+from fedsgld.pate.flower import serve_pate
 
 app = ServerApp()
 
@@ -27,8 +28,6 @@ def main(grid: Grid, context: Context) -> None:
 
     run_config = dict(context.run_config)
     if run_config.get("task", "train") == "pate":
-        from fedsgld.pate.flower import serve_pate
-
         res = serve_pate(grid, run_config, log=log)
         for mech, e in res["mechanisms"].items():
             eps = e["epsilon"]

@@ -75,21 +75,8 @@ def _quantity_sizes(n: int, sites: int, alpha: float, min_size: int, rng) -> lis
     return [int(min_size + e) for e in extra]
 
 
-def partition_indices(
-    labels: np.ndarray,
-    *,
-    sites: int,
-    scheme: str = "iid",
-    alpha: float = 0.5,
-    min_size: int = 10,
-    seed: int = 0,
-) -> list[np.ndarray]:
-    """Split record indices 0..N-1 among ``sites`` sites (see the module docstring).
-
-    Returns one sorted int64 array of indices per site; together they cover 0..N-1 exactly
-    once. Raises ``ValueError`` naming the setting for ``sites`` outside
-    [1, N // min_size], ``alpha <= 0``, ``min_size < 1``, or an unknown ``scheme``.
-    """
+def _checked(labels, sites, scheme, alpha, min_size, seed) -> tuple[np.ndarray, int, int, float]:
+    """``partition_indices``'s arguments checked: (int64 labels, sites, min_size, alpha)."""
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
@@ -114,20 +101,20 @@ def partition_indices(
     if not math.isfinite(float(alpha)):
         raise ValueError(f"alpha must be finite, got {alpha!r}")
     _check_seed(seed)
-    sites, min_size, alpha = int(sites), int(min_size), float(alpha)
+    return labels, int(sites), int(min_size), float(alpha)
 
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    ds = _indexed_dataset(labels, order)
 
+def _partitioner(scheme: str, n: int, sites: int, alpha: float, min_size: int, seed: int, rng):
+    """flwr-datasets' partitioner for ``scheme`` (``quantity`` draws its sizes from ``rng``)."""
+    # flwr-datasets (and the datasets library under it) load only when a split is made
     if scheme == "iid":
         from flwr_datasets.partitioner import IidPartitioner
 
-        partitioner = IidPartitioner(num_partitions=sites)
-    elif scheme == "dirichlet":
+        return IidPartitioner(num_partitions=sites)
+    if scheme == "dirichlet":
         from flwr_datasets.partitioner import DirichletPartitioner
 
-        partitioner = DirichletPartitioner(
+        return DirichletPartitioner(
             num_partitions=sites,
             partition_by="label",
             alpha=alpha,
@@ -136,10 +123,32 @@ def partition_indices(
             shuffle=True,
             seed=seed,
         )
-    else:
-        from flwr_datasets.partitioner import SizePartitioner
+    from flwr_datasets.partitioner import SizePartitioner
 
-        partitioner = SizePartitioner(_quantity_sizes(n, sites, alpha, min_size, rng))
+    return SizePartitioner(_quantity_sizes(n, sites, alpha, min_size, rng))
+
+
+def partition_indices(
+    labels: np.ndarray,
+    *,
+    sites: int,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    min_size: int = 10,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Split record indices 0..N-1 among ``sites`` sites (see the module docstring).
+
+    Returns one sorted int64 array of indices per site; together they cover 0..N-1 exactly
+    once. Raises ``ValueError`` naming the setting for ``sites`` outside
+    [1, N // min_size], ``alpha <= 0``, ``min_size < 1``, or an unknown ``scheme``.
+    """
+    labels, sites, min_size, alpha = _checked(labels, sites, scheme, alpha, min_size, seed)
+    n = int(labels.shape[0])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    ds = _indexed_dataset(labels, order)
+    partitioner = _partitioner(scheme, n, sites, alpha, min_size, seed, rng)
     partitioner.dataset = ds
 
     try:

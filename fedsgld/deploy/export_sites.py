@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsgld.config import Config, load_config, parse_overrides
+from fedsgld.federation import Federation
 
-def export_sites(config, out: str | Path) -> list[Path]:
+
+def export_sites(config: Config, out: str | Path) -> list[Path]:
     """The engine's shards of ``config`` as raw records (before any backbone features)."""
-    from fedsgld.config import Config
-    from fedsgld.engine import Federation
-
     # the engine's own data split; a plain model so that no backbone features are computed
     raw = Config.from_flat({**config.flat(), "model": "logreg"})
     fed = Federation(raw, log=lambda s: None)
@@ -44,8 +44,6 @@ def export_sites(config, out: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedsgld.config import load_config, parse_overrides
-
     ap = argparse.ArgumentParser(
         prog="python -m fedsgld.deploy.export_sites", description=__doc__.split("\n\n")[0]
     )

@@ -5,9 +5,8 @@
 
 1. Discovery: waits until every site 0..K-1 has a connected node (``wait-for-sites``
    seconds), asks each node which sites it hosts and their public sizes N_k.
-2. The server: the model is built exactly as the engine builds it (same seed), and
-   :class:`~fedsgld.strategies.LangevinServer` gets the same arguments as
-   ``Federation.make_server`` gives it.
+2. The server: built by :mod:`fedsgld.federation` as the engine builds it (the same
+   seeded model, :func:`~fedsgld.federation.make_server`).
 3. Rounds (:class:`~fedsgld.flower.strategy.LangevinStrategy`): plan (budget check),
    train messages, checked replies ordered by site id (fewer than ``min_sites`` good
    replies fail the run: :class:`~fedsgld.flower.strategy.TooFewSites`),
@@ -38,11 +37,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsgld.config import Config
-from fedsgld.core.mechanism import FlatModel
+from fedsgld.federation import initial_theta, make_server
 from fedsgld.flower.protocol import QUERY, run_record, split_run_config
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.run.lifecycle import RunLifecycle
-from fedsgld.strategies import LangevinServer
 
 _log = logging.getLogger("fedsgld")
 
@@ -51,10 +49,6 @@ DISCOVERY_POLL_S = 0.5
 
 class SitesUnavailable(RuntimeError):
     """Not every site had a connected node before ``wait-for-sites`` ran out."""
-
-
-def _ckpt_config(config: Config) -> dict[str, Any]:
-    return {k: v for k, v in config.flat().items() if k not in ("threads",)}
 
 
 class ReplyPacer:
@@ -264,23 +258,6 @@ def discover_sites(
     return directory
 
 
-def initial_theta(config: Config, entry: SiteEntry) -> torch.Tensor:
-    """theta_0: the model the engine builds (``torch.manual_seed(seed)`` then build_model)."""
-    from fedsgld.models import build_model
-
-    with torch.random.fork_rng():
-        torch.manual_seed(config.run.seed)
-        model = build_model(
-            config.run.model,
-            input_shape=entry.input_shape,
-            num_classes=entry.num_classes,
-            hidden=config.run.hidden,
-        )
-    from fedsgld.engine import variational_view
-
-    return (variational_view(config, model) or FlatModel(model)).flatten()
-
-
 def _evaluate(
     grid: Grid,
     strategy: LangevinStrategy,
@@ -303,15 +280,31 @@ def _evaluate(
     return evaluation if "last" in evaluation else None
 
 
-def serve(
-    grid: Grid,
-    run_config: dict[str, Any],
-    *,
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run one DP-SGLD federation over ``grid``; write and return results.json's dict."""
-    log = log or _log.info
-    config, opts = split_run_config(run_config)
+class _Exchanges:
+    """The server's messages of one run over ``grid``: training rounds and evaluations."""
+
+    def __init__(self, grid: Grid, strategy: LangevinStrategy, opts: dict[str, Any], pacer) -> None:
+        self.grid, self.strategy, self.pacer = grid, strategy, pacer
+        self.server = strategy.server
+        self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
+
+    def one_round(self):
+        """One training round; the plan it ran, or None (no round left)."""
+        server, strategy = self.server, self.strategy
+        arrays = ArrayRecord({"theta": Array(server.theta.numpy())})
+        msgs = list(strategy.configure_train(server.t + 1, arrays, ConfigRecord(), self.grid))
+        if not msgs:
+            return None
+        replies = exchange(self.grid, msgs, timeout=self.timeout, poll=self.poll, pacer=self.pacer)
+        strategy.aggregate_train(server.t + 1, replies)
+        return strategy.plan
+
+    def evaluate(self, groups: dict[str, list[torch.Tensor]]):
+        return _evaluate(self.grid, self.strategy, self.server.t, groups, self.timeout, self.poll)
+
+
+def _refuse_engine_only_settings(config: Config) -> None:
+    """Held-out splits exist in the in-process engine only."""
     if config.run.recal_fraction > 0:
         raise ValueError(
             "recal_fraction > 0: private recalibration runs in the in-process engine "
@@ -323,72 +316,15 @@ def serve(
             "in-process engine (fedsgld simulate) only; set validation_fraction = 0 for a "
             "Flower run"
         )
-    lc = RunLifecycle(
-        config,
-        out=Path(opts["out"]).expanduser().resolve() if opts["out"] else None,
-        resume=opts["resume"],
-        transport="flower",
-        tag=f"flower-{config.privacy.method}",
-        log=log,
-    )
-    config = lc.config  # seed resolved
-    from fedsgld.engine import posterior_samples
 
-    poll = opts["poll-interval"]
-    directory = discover_sites(grid, config, timeout=opts["wait-for-sites"], log=log, poll=poll)
-    first = next(iter(directory.values()))
-    run_cfg = config.run
-    server = LangevinServer(
-        config.privacy,
-        theta=initial_theta(config, first),
-        site_sizes=[e.n_train for e in directory.values()],
-        seed=lc.seed,
-        rounds=run_cfg.rounds,
-        weight_decay=run_cfg.weight_decay,
-        posterior=posterior_samples(config),
-        prior_std=run_cfg.prior_std,
-        optimizer=run_cfg.optimizer,
-        randomness=lc.server_randomness(),
-    )
-    lc.attach(server)
-    strategy = LangevinStrategy(
-        server,
-        directory,
-        run_record(config),
-        log=log,
-        run_key=lc.run_key,
-        epoch=lc.epoch,
-        min_sites=config.run.min_sites,
-    )
-    drops_before: list[dict[str, Any]] = list(lc.extra_state.get("flower_drops", []))
-    timeout = opts["round-timeout"]
 
-    def all_drops() -> list[dict[str, Any]]:
-        return drops_before + [d.to_dict() for d in strategy.drops]
-
-    pacer = ReplyPacer() if polls_are_requests(grid) else None
-
-    def one_round():
-        arrays = ArrayRecord({"theta": Array(server.theta.numpy())})
-        msgs = list(strategy.configure_train(server.t + 1, arrays, ConfigRecord(), grid))
-        if not msgs:
-            return None
-        replies = exchange(grid, msgs, timeout=timeout, poll=poll, pacer=pacer)
-        strategy.aggregate_train(server.t + 1, replies)
-        return strategy.plan
-
-    def evaluate(groups: dict[str, list[torch.Tensor]]):
-        return _evaluate(grid, strategy, server.t, groups, timeout, poll)
-
-    lc.train(
-        one_round,
-        evaluate,
-        progress=False,
-        on_checkpoint=lambda: {"flower_drops": all_drops()},
-        checkpoint_on=(TooFewSites,),
-        contributors=lambda: strategy.last_train_sites,
-    )
-    strategy.summary()
+def _finish(
+    lc: RunLifecycle,
+    exchanges: _Exchanges,
+    directory: dict[int, SiteEntry],
+    all_drops: Callable[[], list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """The final evaluation and the result directory, with results.json's ``flower`` block."""
     sites = [
         {"site": k, "n_train": e.n_train, "n_test": e.n_test, "label_histogram": e.label_histogram}
         for k, e in directory.items()
@@ -396,7 +332,7 @@ def serve(
     holder: dict[str, Any] = {}
 
     def final_evaluate(groups):
-        ev = evaluate(groups)
+        ev = exchanges.evaluate(groups)
         if ev is not None:
             holder["missing"] = ev["last"]["_missing_sites"]
             holder["pooled_from"] = ev["last"].get("_pooled_from")
@@ -414,3 +350,61 @@ def serve(
         },
     )
     return results
+
+
+def serve(
+    grid: Grid,
+    run_config: dict[str, Any],
+    *,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run one DP-SGLD federation over ``grid``; write and return results.json's dict."""
+    log = log or _log.info
+    config, opts = split_run_config(run_config)
+    _refuse_engine_only_settings(config)
+    lc = RunLifecycle(
+        config,
+        out=Path(opts["out"]).expanduser().resolve() if opts["out"] else None,
+        resume=opts["resume"],
+        transport="flower",
+        tag=f"flower-{config.privacy.method}",
+        log=log,
+    )
+    config = lc.config  # seed resolved
+    directory = discover_sites(
+        grid, config, timeout=opts["wait-for-sites"], log=log, poll=opts["poll-interval"]
+    )
+    first = next(iter(directory.values()))
+    server = make_server(
+        config,
+        theta=initial_theta(config, first.input_shape, first.num_classes),
+        site_sizes=[e.n_train for e in directory.values()],
+        seed=lc.seed,
+        randomness=lc.server_randomness(),
+    )
+    lc.attach(server)
+    strategy = LangevinStrategy(
+        server,
+        directory,
+        run_record(config),
+        log=log,
+        run_key=lc.run_key,
+        epoch=lc.epoch,
+        min_sites=config.run.min_sites,
+    )
+    drops_before: list[dict[str, Any]] = list(lc.extra_state.get("flower_drops", []))
+
+    def all_drops() -> list[dict[str, Any]]:
+        return drops_before + [d.to_dict() for d in strategy.drops]
+
+    exchanges = _Exchanges(grid, strategy, opts, ReplyPacer() if polls_are_requests(grid) else None)
+    lc.train(
+        exchanges.one_round,
+        exchanges.evaluate,
+        progress=False,
+        on_checkpoint=lambda: {"flower_drops": all_drops()},
+        checkpoint_on=(TooFewSites,),
+        contributors=lambda: strategy.last_train_sites,
+    )
+    strategy.summary()
+    return _finish(lc, exchanges, directory, all_drops)

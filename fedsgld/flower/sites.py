@@ -5,8 +5,9 @@ come from, is set by the node's ``node_config``:
 
 ``partition-id`` / ``num-partitions``  (Flower's simulation sets these) the node hosts the
     sites k < ``sites`` with ``k % num-partitions == partition-id``; their shards are the
-    engine's split (:class:`fedsgld.engine.Federation`: same dataset, same ``make_sites``
-    call, same seed), so a seeded Flower run and the in-process engine see the same data.
+    engine's split (:class:`fedsgld.federation.Federation`: same dataset, same
+    ``make_sites`` call, same seed), so a seeded Flower run and the in-process engine see
+    the same data.
 ``site-id``  the node hosts exactly this site (a deployment: one SuperNode per hospital).
 ``data-path``  where this node finds the dataset files (overrides the run config's
     ``data_path``); the shard is still the engine's split of that dataset.
@@ -49,7 +50,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.federation import Federation, backbone_features, build_site, seeded_model, site_device
 from fedsgld.flower.protocol import (
     config_from_plan,
     config_from_record,
@@ -123,35 +124,15 @@ def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
     )
 
 
+def _model(config: Config, shard: Any, num_classes: int) -> torch.nn.Module:
+    """The run's seeded model for a site's records (as the engine builds it)."""
+    return seeded_model(config, tuple(shard.x_train.shape[1:]), num_classes, seed=config.run.seed)
+
+
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
-    view = None
-    if config.privacy.variational:  # the engine's import is a share of every task's start
-        from fedsgld.engine import variational_view
-
-        view = variational_view(config, model)
-    return Site.from_site_data(
-        shard,
-        model,
-        seed=config.run.seed,
-        chunk_size=config.perf.chunk_size,
-        flat_model=view,
-        device=None if config.privacy.variational else config.perf.torch_device(),
-    )
-
-
-def _build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
-    from fedsgld.models import build_model
-
-    # the CPU generator only, as torch.manual_seed seeds it: seeding every accelerator
-    # generator too costs a share of each task's start, and the model is built on the CPU
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(config.run.seed)
-        return build_model(
-            config.run.model,
-            input_shape=input_shape,
-            num_classes=num_classes,
-            hidden=config.run.hidden,
-        )
+    """A site over ``shard``, seeded by the run (the guard sets its randomness from the
+    node's policy before it trains)."""
+    return build_site(config, shard, model, seed=config.run.seed, device=site_device(config))
 
 
 def _info(shard: Any, num_classes: int) -> dict[str, Any]:
@@ -223,11 +204,8 @@ def read_site_npz(path: str, site_id: int) -> SiteShard:
 
 def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
     shard = read_site_npz(path, site_id)
-    if config.run.model == "timm_head":
-        from fedsgld.engine import Federation
-
-        # the engine's own feature step (frozen backbone, cached on disk)
-        shard = Federation._backbone_features(SimpleNamespace(config=config), shard)
+    if config.run.model == "timm_head":  # the engine's own feature step
+        shard = backbone_features(config, shard)
     return shard, shard.num_classes
 
 
@@ -237,11 +215,8 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
         if "site-id" not in node_config:
             raise ValueError("node config site-data needs site-id")
         shard, num_classes = _load_npz(config, str(node_config["site-data"]), ids[0])
-        model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
-        sites = {ids[0]: _site_from_shard(config, shard, model)}
+        sites = {ids[0]: _site_from_shard(config, shard, _model(config, shard, num_classes))}
         return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
-    from fedsgld.engine import Federation
-
     if "data-path" in node_config:
         config = Config.from_flat({**config.flat(), "data_path": str(node_config["data-path"])})
     fed = Federation(config, log=log.info)  # the engine's data split, model and sites
@@ -290,7 +265,7 @@ def _from_state(context: Context, config: Config, key: str) -> HostedSites | Non
         }
         shard = SiteShard(site_id=int(entry["site"]), num_classes=num_classes, **arr)
         if model is None:
-            model = _build_model(config, tuple(shard.x_train.shape[1:]), num_classes)
+            model = _model(config, shard, num_classes)
         sites[shard.site_id] = _site_from_shard(config, shard, model)
     return HostedSites(key, sites, info, num_classes)
 
@@ -394,11 +369,12 @@ def evaluation_records(
     """The records of an evaluation at a site, exact and complete (the guard decides what
     leaves): ``meta`` (site-id), ``labels``, and per group ``pred-<group>``, the site's
     calibration report (``reports``) and pooling statistics (``stats``)."""
-    from fedsgld.calibration import calibration_report
-    from fedsgld.calibration.pooling import pooling_stats
+    # start-up time: fedsgld.calibration imports scipy.stats, about a second of each task's
+    # start (measured); only evaluation tasks need it
+    from fedsgld.calibration import calibration_report, pooling
 
     reports = {g: calibration_report(p, labels) for g, p in probs.items()}
-    stats = {g: pooling_stats(p, labels) for g, p in probs.items()}
+    stats = {g: pooling.pooling_stats(p, labels) for g, p in probs.items()}
     records: dict[str, Any] = {
         "meta": MetricRecord({"site-id": int(site_id)}),
         "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),

@@ -1,10 +1,15 @@
-"""Models for fedsgld. None uses BatchNorm: per-record gradients need per-record losses."""
+"""The models a run can train, by name (:func:`build_model`).
+
+None uses BatchNorm: per-record gradients need per-record losses. ``timm_head`` is the
+trainable head over a frozen backbone's features (:mod:`fedsgld.models.backbone`; the
+backbone itself, and timm, load only when features are computed)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from fedsgld.models.backbone import DenseHead
 from fedsgld.models.cnn import PaperCNN
 
 
@@ -59,8 +64,6 @@ def build_model(
     if name == "mlp":
         return MLP(in_features, num_classes, hidden=hidden)
     if name == "timm_head":
-        from fedsgld.models.backbone import DenseHead
-
         return DenseHead(in_features, num_classes, hidden=hidden)
     if name == "logreg":
         return LogisticRegression(in_features, num_classes)

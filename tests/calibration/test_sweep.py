@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedsgld.config import Config
-from fedsgld.engine import Federation
+from fedsgld.federation import Federation
 from fedsgld.studies.sweep import method_points, parse_grid, run_sweep, select_rows, verdict
 
 ROOT = Path(__file__).resolve().parents[2]

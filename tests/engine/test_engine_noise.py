@@ -25,6 +25,7 @@ import torch
 
 from fedsgld import engine
 from fedsgld.config import load_config
+from fedsgld.federation import Federation
 
 ONE_ROUND = {
     "dataset": "synthetic",
@@ -61,7 +62,7 @@ def test_one_round_releases_the_documented_noise(tmp_path, method, placement):
     if method == "dpvi":
         over.update(noise_multiplier=4.0, optimizer="sgd", prior_std=1.0)
     cfg = load_config(None, {**ONE_ROUND, **over})
-    fed = engine.Federation(cfg, log=lambda s: None)
+    fed = Federation(cfg, log=lambda s: None)
     theta0 = fed.make_server().theta.clone()
     sizes = [s.num_train for s in fed.sites]
     engine.run(cfg, out_dir=tmp_path / "run", progress=False, log=lambda s: None)

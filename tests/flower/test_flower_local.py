@@ -199,7 +199,7 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
 
 def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
     """Deployment starts a new process per message: the node's shards come from context.state."""
-    from fedsgld.engine import Federation
+    from fedsgld.federation import Federation
     from fedsgld.flower import sites as site_side
     from fedsgld.flower.local_grid import LocalGrid
     from fedsgld.flower.protocol import run_record
