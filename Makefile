@@ -45,6 +45,7 @@ test-all: setup
 lint: setup
 	$(BIN)/ruff check fedsgld tests benchmarks
 	$(BIN)/ruff format --check fedsgld tests benchmarks
+	$(BIN)/lint-imports
 
 bench: setup
 	$(BIN)/python benchmarks/step_speed.py

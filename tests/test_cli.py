@@ -84,8 +84,9 @@ def test_version(capsys):
     assert out.startswith(f"fedsgld {fedsgld.__version__} (Python ")
 
 
-@pytest.mark.parametrize("argv", [["-h"], ["simulate", "-h"], ["config"], ["--version"]])
-def test_help_imports_no_torch(argv):
+def _imported_after(argv: list[str], label: str, modules: tuple[str, ...]):
+    """Run ``fedsgld ARGV`` in a fresh interpreter; its last line of output is ``label``
+    and which of ``modules`` were imported."""
     code = (
         "import sys\n"
         "from fedsgld.cli.commands import main\n"
@@ -93,13 +94,32 @@ def test_help_imports_no_torch(argv):
         f"    main({argv!r})\n"
         "except SystemExit:\n"
         "    pass\n"
-        f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])\n"
+        f"print({label!r}, [m for m in {modules!r} if m in sys.modules])\n"
     )
-    r = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["simulate", "-h"], ["config"], ["--version"]])
+def test_help_imports_no_torch(argv):
+    r = _imported_after(argv, "HEAVY", HEAVY)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+PRIVACY = ["privacy", "--sample-rate", "0.01", "--steps", "10", "--delta", "1e-5"]
+
+
+@pytest.mark.parametrize(
+    "argv", [[*PRIVACY, "--noise-multiplier", "1"], ["pate", "-h"], ["sweep", "-h"]]
+)
+def test_torch_free_commands_import_no_torch(argv):
+    """The accountant's command, and the help of commands whose runs need torch, start
+    without it: each subcommand's module is imported only when that subcommand is used."""
+    r = _imported_after(argv, "TORCH", ("torch", "flwr", "matplotlib"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "TORCH []"
 
 
 def test_help_is_plain_text(capsys):

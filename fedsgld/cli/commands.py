@@ -10,35 +10,133 @@ fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
 fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
-Help (-h) and --version import neither torch nor the accountants: a subcommand's heavy
-modules are imported only when that subcommand runs (or prints its own help).
+Help (-h) and --version import neither torch nor the accountants: :data:`SUBCOMMANDS`
+names, for each subcommand, the module that adds its options and the one that runs it,
+and each is imported only when that subcommand runs (or prints its own help).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib
 import re
-import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedsgld import __version__
-
-COMMANDS = (
-    "simulate",
-    "audit",
-    "benchmark",
-    "sweep",
-    "config",
-    "compare",
-    "privacy",
-    "pate",
-    "pate-analysis",
-    "supernode",
-    "superlink",
-    "site",
+from fedsgld.cli.errors import (
+    _error_lines,
+    _NewDir,
+    _removed_on_failure,  # noqa: F401 - for tests/test_errors.py
+    _user_errors,
 )
+from fedsgld.config import settings_markdown, settings_text
+from fedsgld.deploy import fast as deploy_fast
+
+__all__ = ["COMMANDS", "SUBCOMMANDS", "Subcommand", "build_parser", "main"]
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One subcommand of ``fedsgld`` and where it is implemented.
+
+    ``options`` and ``run`` are ``"module:function"``: the first adds the subcommand's
+    options to its parser, the second runs it with the parsed arguments (None: the options
+    set ``func`` themselves, per sub-subcommand). Each module is imported only when it is
+    needed, so that ``fedsgld --help`` imports none of them.
+    """
+
+    name: str
+    help: str
+    options: str
+    run: str | None = None
+    description: str | None = None
+
+
+SUBCOMMANDS = (
+    Subcommand(
+        "simulate",
+        "run a federation on this machine (in-process engine)",
+        "fedsgld.cli.options:simulate",
+        "fedsgld.cli.runs:simulate",
+    ),
+    Subcommand(
+        "audit",
+        "empirical privacy audit: a run with canaries, a lower bound on epsilon",
+        "fedsgld.cli.options:audit",
+        "fedsgld.studies.audit:main_audit",
+        description="Run the configured federation with m gradient canaries (each included "
+        "with probability 1/2) and turn an attacker's guesses into lower bounds on epsilon "
+        "(Steinke et al. 2023; f-DP, Mahloujifar et al. 2024), next to the accountant's "
+        "epsilon. See docs/audit.md.",
+    ),
+    Subcommand(
+        "benchmark",
+        "several methods and seeds at the same (epsilon, delta)",
+        "fedsgld.cli.options:benchmark",
+        "fedsgld.studies.benchmark:main_benchmark",
+    ),
+    Subcommand(
+        "sweep",
+        "tune every method on validation splits over a grid, trials on Ray",
+        "fedsgld.studies.sweep_options:add_arguments",
+        "fedsgld.studies.sweep:main",
+    ),
+    Subcommand(
+        "config",
+        "list every config key with its default and meaning",
+        "fedsgld.cli.options:config",
+        "fedsgld.cli.commands:_config",
+    ),
+    Subcommand(
+        "compare",
+        "one figure comparing runs: reliability and confidence histogram side by side",
+        "fedsgld.cli.options:compare",
+        "fedsgld.cli.runs:compare",
+    ),
+    Subcommand(
+        "privacy",
+        "epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows",
+        "fedsgld.cli.privacy:add_arguments",
+        "fedsgld.cli.privacy:run",
+    ),
+    Subcommand(
+        "pate",
+        "PATE: teachers per site, noisy votes, a student",
+        "fedsgld.cli.options:pate",
+        "fedsgld.cli.pate:run_pate_command",
+    ),
+    Subcommand(
+        "pate-analysis",
+        "epsilons of a saved PATE vote file",
+        "fedsgld.cli.options:pate_analysis",
+        "fedsgld.cli.pate:run_analysis_command",
+    ),
+)
+#: Registered after SUBCOMMANDS, in this order, by :func:`fedsgld.deploy.fast.register`.
+FAST_PATH = ("supernode", "superlink")
+SITE = Subcommand(
+    "site",
+    "a deployed site: approve the app bundles it runs",
+    "fedsgld.cli.site:add_site_arguments",
+)
+COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, SITE.name)
+
+
+def _load(target: str):
+    """The function that ``"module:function"`` names, its module imported now."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _runner(target: str):
+    """Runs the function ``target`` names with the parsed arguments, imported on use."""
+
+    def run(args: argparse.Namespace) -> int:
+        return _load(target)(args)
+
+    return run
 
 
 class _PlainFormatter(argparse.RawDescriptionHelpFormatter):
@@ -70,65 +168,25 @@ def _version_text() -> str:
     return f"fedsgld {__version__} (Python {py}; {', '.join(parts)})"
 
 
-def _simulate(args: argparse.Namespace) -> int:
-    from fedsgld.config import load_config, parse_overrides
-
-    overrides = parse_overrides(args.set)
-    if args.out is None and args.resume:
-        raise UserError("--resume needs --out DIR (the run directory to resume)")
-    config = load_config(args.config, overrides)  # every setting checked before any work
-
-    from fedsgld.engine import run
-    from fedsgld.run.lifecycle import new_run_dir
-
-    out = Path(args.out) if args.out else new_run_dir(tag=config.privacy.method)
-    with _removed_on_failure(out):
-        results = run(
-            config,
-            out_dir=out,
-            resume=args.resume,
-            progress=not args.no_progress,
-            config_source=str(args.config),
-        )
-    pr = results["privacy"]
-    eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
-    m = results["metrics"]["pooled"]
-    print(
-        f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}, delta {pr['delta']:g}); "
-        f"pooled accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, ECE {m['ece']:.4f}"
-    )
-    return 0
-
-
-def _audit(args: argparse.Namespace) -> int:
-    from fedsgld.studies.audit import main_audit
-
-    return main_audit(args)
-
-
 def _config(args: argparse.Namespace) -> int:
-    from fedsgld.config import settings_markdown, settings_text
-
     sys.stdout.write(settings_markdown() if args.markdown else settings_text())
     return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
-    try:
-        from fedsgld.run.results import compare_runs
-
-        path = compare_runs(args.runs, args.out, posterior=args.posterior)
-    except ValueError as err:
-        print(f"fedsgld compare: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
-
-
-def _benchmark(args: argparse.Namespace) -> int:
-    from fedsgld.studies.benchmark import main_benchmark
-
-    return main_benchmark(args)
+def _add(sub, spec: Subcommand, full: bool) -> argparse.ArgumentParser:
+    """Add ``spec`` to the subparsers ``sub``; ``full``: with its options (which imports
+    the module that defines them) and what runs it."""
+    p = sub.add_parser(
+        spec.name,
+        help=spec.help,
+        description=spec.description or spec.help[0].upper() + spec.help[1:] + ".",
+        formatter_class=_PlainFormatter,
+    )
+    if full:
+        _load(spec.options)(p)
+        if spec.run is not None:
+            p.set_defaults(func=_runner(spec.run))
+    return p
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -138,11 +196,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     its options, so that the modules of the others (which import torch) are not imported;
     ``None`` builds every subcommand in full.
     """
-    from fedsgld.config import settings_text
-
-    def wanted(name: str) -> bool:
-        return command is None or command == name
-
     parser = argparse.ArgumentParser(
         prog="fedsgld",
         description=__doc__.split("\n\n")[0],
@@ -157,125 +210,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="show the Python traceback of an error (allowed anywhere on the line)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, help: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name,
-            help=help,
-            description=description or help[0].upper() + help[1:] + ".",
-            formatter_class=_PlainFormatter,
-            **kw,
-        )
-
-    sim = add(
-        "simulate",
-        "run a federation on this machine (in-process engine)",
-        epilog=settings_text() if wanted("simulate") else None,
-    )
-    sim.add_argument("config", help="TOML config file (see simulations/); keys below")
-    sim.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
-    )
-    sim.add_argument(
-        "--out", default=None, help="result directory (default: a new one under runs/)"
-    )
-    sim.add_argument(
-        "--resume", action="store_true", help="resume the run in --out from its checkpoint"
-    )
-    sim.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sim.set_defaults(func=_simulate)
-
-    aud = add(
-        "audit",
-        "empirical privacy audit: a run with canaries, a lower bound on epsilon",
-        description="Run the configured federation with m gradient canaries (each included "
-        "with probability 1/2) and turn an attacker's guesses into lower bounds on epsilon "
-        "(Steinke et al. 2023; f-DP, Mahloujifar et al. 2024), next to the accountant's "
-        "epsilon. See docs/audit.md.",
-    )
-    aud.add_argument("config", help="TOML config file (see simulations/)")
-    aud.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key")
-    aud.add_argument(
-        "--canaries", type=int, default=1000, metavar="M", help="canaries (default 1000)"
-    )
-    aud.add_argument(
-        "--confidence", type=float, default=0.95, help="confidence of the bound (default 0.95)"
-    )
-    aud.add_argument(
-        "--site", type=int, default=0, help="the site holding the canaries (default 0)"
-    )
-    aud.add_argument("--json", action="store_true", help="print the result as JSON")
-    aud.add_argument(
-        "--out", default=None, help="keep the run here, with audit.json (default: not kept)"
-    )
-    aud.add_argument("--no-progress", action="store_true", help="no progress bar")
-    aud.set_defaults(func=_audit)
-
-    bench = add("benchmark", "several methods and seeds at the same (epsilon, delta)")
-    bench.add_argument("config", help="TOML config with a [benchmark] table (see simulations/)")
-    bench.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
-    bench.add_argument(
-        "--out", default=None, help="output directory (default: a new one under runs/)"
-    )
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
-    bench.set_defaults(func=_benchmark)
-
-    sweep = add(
-        "sweep",
-        "tune every method on validation splits over a grid, trials on Ray",
-        description=None,
-    )
-    if wanted("sweep"):
-        from fedsgld.studies import sweep as sweep_mod
-
-        sweep.description = (
-            sweep_mod.__doc__.split("\n\n")[0]
-            + "\n\n"
-            + "\n\n".join(sweep_mod.__doc__.split("\n\n")[1:3])
-        )
-        sweep_mod.add_arguments(sweep)
-        sweep.set_defaults(func=sweep_mod.main)
-
-    cfg = add("config", "list every config key with its default and meaning")
-    cfg.add_argument(
-        "--markdown", action="store_true", help="print docs/config.md (markdown tables)"
-    )
-    cfg.set_defaults(func=_config)
-
-    cmp_ = add(
-        "compare",
-        "one figure comparing runs: reliability and confidence histogram side by side",
-    )
-    cmp_.add_argument("runs", nargs="+", metavar="RUN_DIR", help="result directories to compare")
-    cmp_.add_argument("--out", required=True, help="PNG file to write")
-    cmp_.add_argument(
-        "--posterior", action="store_true", help="also draw each run's posterior average"
-    )
-    cmp_.set_defaults(func=_compare)
-
-    priv = add("privacy", "epsilon of a DP-SGD / DP-SGLD schedule, or steps a budget allows")
-    if wanted("privacy"):
-        from fedsgld.cli import privacy as privacy_cli
-
-        privacy_cli.add_arguments(priv)
-        priv.set_defaults(func=privacy_cli.run)
-
-    pate = add("pate", "PATE: teachers per site, noisy votes, a student")
-    pate_an = add("pate-analysis", "epsilons of a saved PATE vote file")
-    if wanted("pate") or wanted("pate-analysis"):
-        from fedsgld.cli import pate as pate_cli
-
-        pate_cli.add_pate_arguments(pate)
-        pate.set_defaults(func=pate_cli.run_pate_command)
-        pate_cli.add_analysis_arguments(pate_an)
-        pate_an.set_defaults(func=pate_cli.run_analysis_command)
-
-    from fedsgld.deploy import fast as deploy_fast
-
+    for spec in SUBCOMMANDS:
+        _add(sub, spec, command is None or command == spec.name)
     deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
-    from fedsgld.clients import approval
-
-    approval.add_site_arguments(add("site", "a deployed site: approve the app bundles it runs"))
+    _add(sub, SITE, True)
     return parser
 
 
@@ -285,70 +223,8 @@ def _command_of(argv: list[str]) -> str:
     return first if first in COMMANDS else ""
 
 
-class UserError(ValueError):
-    """A mistake in how a command was called: reported in one line, never as a traceback."""
-
-
-#: What a user's mistake raises (a setting out of range, a missing file, broken TOML, a
-#: SuperLink that cannot be reached): reported as one or two lines, exit status 2.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError)
-
-
-class _NewDir:
-    """A result directory a command is about to create: :meth:`discard` removes it again
-    if the command fails before it has released anything.
-
-    A directory that already existed is left alone, and so is one holding a ledger anywhere
-    inside: a ledger records privacy that may have been spent, and it only grows (resume
-    the run instead).
-    """
-
-    def __init__(self, out: Path) -> None:
-        top: Path | None = out.absolute()  # the outermost directory the command would create
-        if top.exists():
-            top = None
-        else:
-            while not top.parent.exists():
-                top = top.parent
-        self.top = top
-
-    def discard(self) -> None:
-        top = self.top
-        if top is not None and top.is_dir() and not any(top.rglob("ledger.json")):
-            shutil.rmtree(top, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _removed_on_failure(out: Path):
-    """Remove ``out`` (see :class:`_NewDir`) if the block raises."""
-    new = _NewDir(out)
-    try:
-        yield
-    except BaseException:
-        new.discard()
-        raise
-
-
 #: Commands whose ``--out`` is a result directory (simulate guards its own, default included).
 _RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """:data:`USER_ERRORS`, and a flwr release the fast deployment path does not support
-    (its message says which releases it does, and what to use instead)."""
-    from fedsgld.deploy.fast import UnsupportedFlower  # imported by build_parser already
-
-    return (*USER_ERRORS, UnsupportedFlower)
-
-
-def _error_lines(err: BaseException) -> str:
-    """The error as at most two lines: its first line, then the rest joined into one."""
-    text = str(err).strip() or type(err).__name__
-    if isinstance(err, OSError) and err.filename and str(err.filename) not in text:
-        text = f"{err.filename}: {text}"
-    first, *rest = text.splitlines()
-    rest = " ".join(line.strip() for line in rest if line.strip())
-    return f"{first}\n{rest}" if rest else first
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""``fedsgld pate CONFIG --out DIR`` and ``fedsgld pate-analysis VOTES.npz``."""
+"""What ``fedsgld pate CONFIG --out DIR`` and ``fedsgld pate-analysis VOTES.npz`` do once
+their options (:mod:`fedsgld.cli.options`) are parsed. Imported only when one of them runs
+(PATE's training imports torch)."""
 
 from __future__ import annotations
 
@@ -6,27 +8,14 @@ import argparse
 import json
 import sys
 
-
-def add_pate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="PATE TOML config (see simulations/pate_mnist.toml)")
-    p.add_argument("--out", default=None, help="result directory (default: a new one under runs/)")
-    p.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
-    )
-
-
-def _parse_sets(items: list[str] | None) -> dict:
-    from fedsgld.config import parse_overrides
-
-    return parse_overrides(items)
+from fedsgld.config import parse_overrides
+from fedsgld.pate.train import analyse_vote_file, load_pate_config, run_pate
+from fedsgld.run.lifecycle import new_run_dir
 
 
 def run_pate_command(args: argparse.Namespace) -> int:
-    from fedsgld.engine import new_run_dir
-    from fedsgld.pate.train import load_pate_config, run_pate
-
     try:
-        config = load_pate_config(args.config, _parse_sets(args.set))
+        config = load_pate_config(args.config, parse_overrides(args.set))
         out = args.out if args.out is not None else new_run_dir("runs", "pate")
         results = run_pate(config, out_dir=out)
     except (ValueError, OSError) as err:
@@ -36,18 +25,7 @@ def run_pate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_analysis_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("votes", help="a votes_<mechanism>.npz file written by `fedsgld pate`")
-    p.add_argument("--delta", type=float, default=None, help="delta (default: the file's)")
-    p.add_argument(
-        "--moments", type=int, default=None, help="LNMax: number of moments (default: the file's)"
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
 def run_analysis_command(args: argparse.Namespace) -> int:
-    from fedsgld.pate.train import analyse_vote_file
-
     try:
         r = analyse_vote_file(args.votes, delta=args.delta, moments=args.moments)
     except (ValueError, OSError, KeyError) as err:

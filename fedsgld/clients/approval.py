@@ -33,7 +33,6 @@ must be the one that runs), and the cold launch loads this file by its path.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import os
@@ -385,26 +384,6 @@ def check_site_start(flower_args: list[str], no_policy: bool) -> str:
 # -- fedsgld site approve ----------------------------------------------------------------
 
 
-def add_site_arguments(parser: argparse.ArgumentParser) -> None:
-    """``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``."""
-    sub = parser.add_subparsers(dest="site_command", required=True, metavar="SUBCOMMAND")
-    ap = sub.add_parser(
-        "approve",
-        help="print an app bundle's digest and files; with --policy, approve it",
-        description="Print the SHA-256 of an app bundle (a .fab file, or the bundle `flwr "
-        "run DIR` would submit from a project directory) and every file it contains; with "
-        "--policy, append it to the site's approved_apps.",
-    )
-    ap.add_argument("bundle", metavar="BUNDLE_OR_DIR", help="a .fab file or a project directory")
-    ap.add_argument(
-        "--policy",
-        metavar="FILE",
-        default=None,
-        help="the site's policy file: append this bundle to its approved_apps (its text kept)",
-    )
-    ap.set_defaults(func=run_approve)
-
-
 def approval_entry(info: BundleInfo) -> str:
     return (
         f'\n[[approved_apps]]\nsha256 = "{info.sha256}"\n'
@@ -466,9 +445,3 @@ def _toml(text: str, path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"privacy policy {str(path)!r} is not valid TOML ({e})") from None
-
-
-def run_approve(args: argparse.Namespace) -> int:
-    _, text = approve(args.bundle, args.policy)
-    print(text)
-    return 0

@@ -57,15 +57,13 @@ import struct
 import sys
 import threading
 import time
-import traceback
 
-from fedsgld.clients.approval import LOG as APPROVAL_LOG
-from fedsgld.clients.approval import guard_clientapp
+from fedsgld.deploy.bundles import reuse_installed_bundle
+from fedsgld.deploy.releases import check_flower
 from fedsgld.deploy.shim import (
     ENV_MODE,
     ENV_SOCKET,
     SHIM_NAME,
-    STATUS,
     alive,
     install_shim,
     private_dir,
@@ -73,11 +71,19 @@ from fedsgld.deploy.shim import (
     socket_path,
     start_server,
 )
-
-ENV_CHILD = "FEDSGLD_WARM_SITE"  # set in every forked task: the fork server's pid
-ENV_VIA = "FEDSGLD_WARM_VIA"  # set in every forked task: "shim" or "superexec" (fast path)
-ENV_DEBUG = "FEDSGLD_WARM_DEBUG"  # set: each task logs its run time and unpreloaded imports
-ENV_PROFILE = "FEDSGLD_WARM_PROFILE"  # a directory: each task writes its cProfile there
+from fedsgld.deploy.waits import adjust_pull_backoff, backoff_from_env
+from fedsgld.deploy.warm_task import (
+    ENV_CHILD,
+    ENV_DEBUG,
+    ENV_PROFILE,
+    ENV_VIA,
+    NEVER_PRELOAD,
+    _app_modules,
+    _child,
+    _log,
+    _recv_request,
+    _Spare,
+)
 
 # What a fedsgld site task imports besides fedsgld itself (FEDSGLD_WARM_DEBUG lists the
 # rest); libraries only, never an app package.
@@ -98,14 +104,16 @@ DEFAULT_PRELOAD = (
     "flwr.supernode.cli.flwr_clientapp",
     "flwr.supernode.runtime.run_clientapp",
 )
-NEVER_PRELOAD = ("fedsgld",)  # app packages: the bundle's copy must be the one that runs
 # environment variables that take effect when a library is imported, not per task
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "TORCH", "CUDA_", "FLWR_TELEMETRY")
+
 
 __all__ = [
     "DEFAULT_PRELOAD",
     "ENV_CHILD",
     "ENV_DEBUG",
+    "ENV_PROFILE",
+    "ENV_VIA",
     "ENV_MODE",
     "ENV_SOCKET",
     "install_shim",
@@ -115,42 +123,8 @@ __all__ = [
 ]
 
 
-def _log(msg: str) -> None:
-    t = time.time()
-    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
-    print(f"{stamp} [fedsgld warm {os.getpid()}] {msg}", file=sys.stderr, flush=True)
-
-
 def _import_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
-
-
-def _app_modules() -> list[str]:
-    return [m for m in sys.modules if m.split(".")[0] in NEVER_PRELOAD]
-
-
-def _recv_request(conn: socket.socket, maxfds: int = 3) -> tuple[dict, list[int]]:
-    import json
-
-    from fedsgld.deploy.shim import HEADER
-
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, maxfds)
-    fds = list(fds)
-    try:
-        if len(data) < HEADER.size:
-            raise ConnectionError("short request")
-        (n,) = HEADER.unpack_from(data)
-        body = bytearray(data[HEADER.size :])
-        while len(body) < n:
-            chunk = conn.recv(n - len(body))
-            if not chunk:
-                raise ConnectionError("request cut short")
-            body += chunk
-        return json.loads(bytes(body)), fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
 
 
 def _peer_uid(conn: socket.socket) -> int | None:
@@ -177,153 +151,9 @@ def _refusal(req: dict, fds: list[int], base_env: dict[str, str]) -> str | None:
     return None
 
 
-def _reseed_after_fork() -> None:
-    """The child's global generators as a fresh interpreter's (``random``: CPython)."""
-    np = sys.modules.get("numpy")
-    if np is not None:
-        np.random.seed()  # from the OS, as numpy does at import
-
-
-def _child(conn: socket.socket, req: dict, fds: list[int], server: int) -> None:
-    """In the forked process: become Flower's ``flwr-clientapp`` for this task."""
-    code = 1
-    try:
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        for fd in fds:
-            if fd > 2:
-                os.close(fd)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.environ.clear()
-        os.environ.update(req["env"])
-        os.environ[ENV_CHILD] = str(server)
-        os.environ[ENV_VIA] = "superexec" if req.get("via") == "superexec" else "shim"
-        os.chdir(req["cwd"])
-        sys.argv = list(req["argv"])
-        for name in _app_modules():  # the server's own fedsgld: the bundle's must load
-            del sys.modules[name]
-        importlib.invalidate_caches()
-        _reseed_after_fork()
-        send_json(conn, {"pid": os.getpid()})
-        try:  # the site's check of the app bundle, before Flower installs or loads it
-            guard_clientapp()
-        except RuntimeError as e:
-            print(f"{APPROVAL_LOG}: {e}", file=sys.stderr, flush=True)
-            return  # exit status 1 (below)
-        from flwr.supernode.cli.flwr_clientapp import flwr_clientapp
-
-        debug = bool(os.environ.get(ENV_DEBUG))
-        before = set(sys.modules) if debug else set()
-        t0, c0 = time.monotonic(), time.process_time()
-        profile_dir = os.environ.get(ENV_PROFILE)
-        prof = None
-        if profile_dir:
-            import cProfile
-
-            prof = cProfile.Profile()
-            prof.enable()
-        try:
-            flwr_clientapp()
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if prof is not None:
-            prof.disable()
-            with contextlib.suppress(OSError):
-                prof.dump_stats(os.path.join(profile_dir, f"task-{os.getpid()}.prof"))
-        if debug:
-            new = {m.split(".")[0] for m in set(sys.modules) - before}
-            libs = sorted(new - set(NEVER_PRELOAD) - set(sys.builtin_module_names))
-            _log(
-                f"task done (exit {code}) in {time.monotonic() - t0:.3f} s "
-                f"({time.process_time() - c0:.3f} s CPU); "
-                f"imported packages not preloaded: {libs}"
-            )
-    except BaseException:  # noqa: BLE001 - the task's process must always report
-        traceback.print_exc()
-        code = 1
-    finally:
-        with contextlib.suppress(BaseException):
-            import logging
-
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        with contextlib.suppress(OSError):
-            conn.sendall(STATUS.pack(code))
-        os._exit(code)
-
-
-class _Spare:
-    """A child forked before its task arrives, so that a task does not wait for the fork
-    (about 15 ms of copying page tables for a server that has imported torch) nor for
-    the child's first steps. It is forked from the same server state as a child forked on
-    demand (the server runs no task code between tasks), and becomes a task exactly as
-    one: :func:`_child` with the task's request, connection and standard streams, sent to
-    it over a socket pair. It holds nothing of a task before then; it exits when the
-    server closes its end (the server stopped, or another spare replaced it)."""
-
-    def __init__(self, pid: int, sock: socket.socket) -> None:
-        self.pid = pid
-        self.sock = sock
-
-    @classmethod
-    def fork(cls, lsock: socket.socket, server: int) -> _Spare | None:
-        if threading.active_count() != 1:
-            return None
-        try:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        except OSError:
-            return None
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            pid = os.fork()
-        except OSError:  # tasks are forked when they come
-            ours.close()
-            theirs.close()
-            return None
-        if pid == 0:
-            code = 0
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGHUP, signal.SIG_DFL)
-                lsock.close()
-                ours.close()
-                try:
-                    req, fds = _recv_request(theirs, maxfds=4)
-                except (OSError, ValueError, ConnectionError):
-                    os._exit(0)  # never used: the server closed its end
-                if len(fds) != 4:
-                    os._exit(0)
-                theirs.close()
-                conn = socket.socket(fileno=fds[0])
-                _child(conn, req, fds[1:], server)  # exits
-            except BaseException:  # noqa: BLE001 - never return into the server's loop
-                code = 1
-            os._exit(code)
-        theirs.close()
-        return cls(pid, ours)
-
-    def take(self, conn: socket.socket, req: dict, fds: list[int]) -> bool:
-        """Hand the task to this spare; False if it is gone (the task is then forked)."""
-        from fedsgld.deploy.shim import send_json
-
-        try:
-            send_json(self.sock, req, [conn.fileno(), *fds])
-            return True
-        except OSError:
-            return False
-        finally:
-            self.sock.close()
-
-
-def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
-    """Import ``preload``, listen on ``path`` and fork one child per task until the owner
-    process (the SuperNode's SuperExec, or ``fedsgld supernode``) exits."""
+def _preload(preload: list[str]) -> tuple[dict[str, str], float]:
+    """Import ``preload`` (libraries only, never an app package); the import-time
+    environment as it was before the imports, and when the imports started."""
     bad = [m for m in preload if m.split(".")[0] in NEVER_PRELOAD]
     if bad:
         raise ValueError(
@@ -338,19 +168,11 @@ def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
     leaked = sorted(set(_app_modules()) - server_modules)
     if leaked:
         raise RuntimeError(f"preloading imported app modules {leaked}; refusing to serve")
-    from fedsgld.deploy.fast import (
-        adjust_pull_backoff,
-        backoff_from_env,
-        check_flower,
-        reuse_installed_bundle,
-    )
+    return base_env, t0
 
-    backoff = backoff_from_env()  # set by `fedsgld supernode`: its children pull the same way
-    if backoff is not None:
-        check_flower()
-        adjust_pull_backoff(*backoff)
-        reuse_installed_bundle()  # the fast path: installed bundles are not unpacked again
-    gc.freeze()  # what is loaded now stays shared with the children (fewer copied pages)
+
+def _listen(path: str) -> tuple[socket.socket, int]:
+    """A listening socket at ``path`` (private directory, mode 0600) and its inode."""
     private_dir(os.path.dirname(os.path.abspath(path)))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -361,15 +183,50 @@ def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
     finally:
         os.umask(old)
     lsock.listen(64)
-    ino = os.stat(path).st_ino
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    return lsock, os.stat(path).st_ino
 
-    def _stop(signum, _frame):
-        raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, _stop)
-    _log(f"serving {path} (preloaded {len(preload)} modules in {time.monotonic() - t0:.1f} s)")
+_REFUSED = "refused"  # a connection answered with a refusal: the loop waits for the next
+
+
+def _task(conn, lsock, spare: _Spare | None, base_env: dict[str, str], me: int):
+    """Take one task from ``conn``: hand it to ``spare``, or fork a child for it. Returns
+    (pid, "spare" or "forked"); :data:`_REFUSED` for a connection refused; None for a bad
+    request. ``conn`` and the task's descriptors are closed here in the server."""
+    fds: list[int] = []
+    try:
+        conn.settimeout(10.0)
+        if _peer_uid(conn) not in (None, os.getuid()):
+            _log("refused a connection from another user")
+            return _REFUSED
+        req, fds = _recv_request(conn)
+        why = _refusal(req, fds, base_env)
+        if why:
+            _log(f"task refused: {why}")
+            send_json(conn, {"error": why})
+            return _REFUSED
+        conn.settimeout(None)
+        if spare is not None and spare.take(conn, req, fds):
+            return spare.pid, "spare"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            lsock.close()
+            _child(conn, req, fds, me)
+        return pid, "forked"
+    except (OSError, ValueError, ConnectionError) as e:
+        _log(f"bad request: {e!r}")
+        return None
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        conn.close()
+
+
+def _loop(lsock: socket.socket, owner_pid: int | None, base_env: dict[str, str]) -> int:
+    """Fork one child per task (through a spare forked ahead) until the owner exits."""
     served = 0
     debug = bool(os.environ.get(ENV_DEBUG))
     me = os.getpid()
@@ -393,45 +250,44 @@ def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
                 conn, _ = lsock.accept()
             except OSError:
                 continue
-            fds: list[int] = []
-            try:
-                conn.settimeout(10.0)
-                if _peer_uid(conn) not in (None, os.getuid()):
-                    _log("refused a connection from another user")
-                    continue
-                req, fds = _recv_request(conn)
-                why = _refusal(req, fds, base_env)
-                if why:
-                    _log(f"task refused: {why}")
-                    send_json(conn, {"error": why})
-                    continue
-                conn.settimeout(None)
-                if spare is not None and spare.take(conn, req, fds):
-                    pid, how = spare.pid, "spare"
-                else:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    pid, how = os.fork(), "forked"
-                    if pid == 0:
-                        lsock.close()
-                        _child(conn, req, fds, me)
+            taken = _task(conn, lsock, spare, base_env, me)
+            if taken == _REFUSED:
+                continue
+            if taken is not None:
                 served += 1
                 spare = None  # taken, or gone
                 if debug:
-                    _log(f"task {served}: {how} {pid}")
-            except (OSError, ValueError, ConnectionError) as e:
-                _log(f"bad request: {e!r}")
-            finally:
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                conn.close()
+                    _log(f"task {served}: {taken[1]} {taken[0]}")
             if spare is None:  # the next task's, forked while this one runs; forked only
                 # now, so that it holds none of this task's connection or streams
                 spare = new_spare()
     finally:
         if spare is not None:
             spare.sock.close()  # the spare exits
+
+
+def serve(path: str, owner_pid: int | None, preload: list[str]) -> int:
+    """Import ``preload``, listen on ``path`` and fork one child per task until the owner
+    process (the SuperNode's SuperExec, or ``fedsgld supernode``) exits."""
+    base_env, t0 = _preload(preload)
+    backoff = backoff_from_env()  # set by `fedsgld supernode`: its children pull the same way
+    if backoff is not None:
+        check_flower()
+        adjust_pull_backoff(*backoff)
+        reuse_installed_bundle()  # the fast path: installed bundles are not unpacked again
+    gc.freeze()  # what is loaded now stays shared with the children (fewer copied pages)
+    lsock, ino = _listen(path)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+
+    def _stop(signum, _frame):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    _log(f"serving {path} (preloaded {len(preload)} modules in {time.monotonic() - t0:.1f} s)")
+    try:
+        return _loop(lsock, owner_pid, base_env)
+    finally:
         with contextlib.suppress(OSError):
             if os.stat(path).st_ino == ino:
                 os.unlink(path)

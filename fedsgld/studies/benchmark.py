@@ -32,8 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedsgld import engine
+from fedsgld.calibration.plots import plot_reliability_overlay
 from fedsgld.calibration.recal import RecalPlan
-from fedsgld.config import METHODS, Config, parse_overrides
+from fedsgld.config import METHODS, Config, flatten_tables, parse_overrides
 from fedsgld.engine import new_run_dir, write_json
 from fedsgld.posteriors import iterate_average
 from fedsgld.privacy import PrivacyAccountant
@@ -148,12 +150,7 @@ def load_benchmark(
             )
         if "method" in over or "seed" in over:
             raise ValueError(f"benchmark.overrides.{m}: 'method' and 'seed' cannot be overridden")
-    flat: dict[str, Any] = {}
-    for k, v in raw.items():
-        if isinstance(v, dict):
-            flat.update(v)
-        else:
-            flat[k] = v
+    flat = flatten_tables(raw)
     flat.update(overrides or {})
     config = Config.from_flat(flat)
     for m, over in per_method.items():
@@ -164,40 +161,35 @@ def load_benchmark(
     return config, bench
 
 
-def run_benchmark(
-    config: Config,
-    bench: dict[str, Any],
-    *,
-    out_dir: str | Path | None = None,
-    progress: bool = True,
-    log=print,
-) -> dict[str, Any]:
-    from fedsgld import engine
-    from fedsgld.calibration.plots import plot_reliability_overlay
+def _calibrated_dpsgd_sigma(base: dict[str, Any], bench: dict[str, Any], log) -> float | None:
+    """DP-SGD's noise multiplier that spends the budget in ``rounds`` steps (None unless
+    the benchmark runs DP-SGD with ``calibrate_dpsgd``)."""
+    if "dpsgd" not in bench["methods"] or not bench["calibrate_dpsgd"]:
+        return None
+    # with recalibration the run also spends its reserved recalibration steps
+    dpsgd_cfg = Config.from_flat(
+        {**base, "method": "dpsgd", **bench.get("overrides", {}).get("dpsgd", {})}
+    )
+    recal = RecalPlan.from_config(dpsgd_cfg)
+    dpsgd_sigma = calibrate_noise_multiplier(
+        sample_rate=base["sample_rate"],
+        steps=base["rounds"],
+        epsilon=base["epsilon"],
+        delta=base["delta"],
+        accountant=base["accountant"],
+        sigma_grid=base["sigma_grid"],
+        extra=recal.ledger() if recal is not None else None,
+    )
+    log(
+        f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps"
+        + (" and the recalibration steps" if recal is not None else "")
+    )
+    return dpsgd_sigma
 
-    out = Path(out_dir) if out_dir else new_run_dir(tag="benchmark")
-    out.mkdir(parents=True, exist_ok=True)
-    base = config.flat()
-    dpsgd_sigma = None
-    if "dpsgd" in bench["methods"] and bench["calibrate_dpsgd"]:
-        # with recalibration the run also spends its reserved recalibration steps
-        dpsgd_cfg = Config.from_flat(
-            {**base, "method": "dpsgd", **bench.get("overrides", {}).get("dpsgd", {})}
-        )
-        recal = RecalPlan.from_config(dpsgd_cfg)
-        dpsgd_sigma = calibrate_noise_multiplier(
-            sample_rate=base["sample_rate"],
-            steps=base["rounds"],
-            epsilon=base["epsilon"],
-            delta=base["delta"],
-            accountant=base["accountant"],
-            sigma_grid=base["sigma_grid"],
-            extra=recal.ledger() if recal is not None else None,
-        )
-        log(
-            f"DP-SGD noise multiplier calibrated to {dpsgd_sigma:.4f} for {base['rounds']} steps"
-            + (" and the recalibration steps" if recal is not None else "")
-        )
+
+def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
+    """Every method with every seed: the rows (one entry per run, derived rows included)
+    and the first seed's pooled test probabilities and labels per row (for the plot)."""
     rows: dict[str, list[dict[str, Any]]] = {}
     curves: dict[str, tuple] = {}
     for method in bench["methods"]:
@@ -234,6 +226,11 @@ def run_benchmark(
                 p = ev.get(ev_key)
                 if seed == bench["seeds"][0] and p is not None:
                     curves[name] = (p["_probs"].numpy(), p["_labels"].numpy())
+    return rows, curves
+
+
+def _table(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each row's metrics, steps and epsilons: mean and standard deviation over seeds."""
     table: dict[str, Any] = {}
     for method, entries in rows.items():
         site_ids = sorted(entries[0]["sites"], key=int)
@@ -246,6 +243,23 @@ def run_benchmark(
                 for k in ("gdp", "pld", "rdp")
             },
         }
+    return table
+
+
+def run_benchmark(
+    config: Config,
+    bench: dict[str, Any],
+    *,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    log=print,
+) -> dict[str, Any]:
+    out = Path(out_dir) if out_dir else new_run_dir(tag="benchmark")
+    out.mkdir(parents=True, exist_ok=True)
+    base = config.flat()
+    dpsgd_sigma = _calibrated_dpsgd_sigma(base, bench, log)
+    rows, curves = _run_all(base, bench, dpsgd_sigma, out, progress=progress, log=log)
+    table = _table(rows)
     finding = paper_finding(table)
     result = {
         "config": base,

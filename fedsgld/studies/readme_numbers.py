@@ -32,6 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedsgld import engine
+from fedsgld.config import load_config
+
 #: How ``make demo`` runs the demo: this config, these overrides, one directory per method.
 DEMO_CONFIG = "simulations/demo.toml"
 DEMO_OVERRIDES: dict[str, Any] = {"threads": 2}
@@ -224,9 +227,6 @@ def run_demo(
     """One demo run as ``make demo`` runs it (``seed`` overrides the config's, ``perf`` its
     threads or chunk_size; ``root``: the repository, where the demo's config lives); its
     results.json."""
-    from fedsgld import engine  # the training engine (torch): only for the runs themselves
-    from fedsgld.config import load_config
-
     overrides = {**DEMO_OVERRIDES, **perf, "method": method}
     if seed is not None:
         overrides["seed"] = seed

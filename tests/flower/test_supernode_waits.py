@@ -1,4 +1,4 @@
-"""The fast path's SuperNode waits (``fedsgld.deploy.fast._Waits``), on a simulated clock:
+"""The fast path's SuperNode waits (``fedsgld.deploy.waits._Waits``), on a simulated clock:
 Flower's loop after a reply (pull, sleep 3 s after every empty pull) against a server whose
 next message is ready a fixed time after the node's reply. No processes started."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedsgld.deploy import fast
+from fedsgld.deploy import waits as fast  # the fast path's waits
 
 
 class Clock:

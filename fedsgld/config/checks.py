@@ -1,0 +1,65 @@
+"""The checks every setting goes through, and the messages they give.
+
+:func:`setting` declares a field with its one-line help; :func:`_num`, :func:`_int` and
+:func:`_choice` raise ``ValueError`` naming the setting and its valid range; the tuples
+below are the valid choices of the string settings. Standard library only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import typing
+from dataclasses import field
+from typing import Any
+
+PLACEMENTS = ("server", "sites")
+METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
+OPTIMIZERS = ("sgd", "adam")
+PARTITIONS = ("iid", "dirichlet", "quantity")
+ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
+MODELS = ("cnn", "mlp", "logreg", "timm_head")
+RANDOMNESS = ("seeded", "os")
+DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
+SECURE_NOISE = ("auto", "on", "off")
+LR_SCHEDULES = ("polynomial", "cyclical")
+
+
+def setting(default: Any, help: str) -> Any:
+    """A settings field: its default and the one-line meaning shown by ``fedsgld config``."""
+    return field(default=default, metadata={"help": help})
+
+
+def _num(
+    name: str, v: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ValueError(f"{name} must be a number in {lb}{lo}, {hi}{rb}, got {v!r}")
+
+
+def _int(name: str, v: Any, lo: int, hi: int | None = None) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an integer {rng}, got {v!r}")
+
+
+def _choice(name: str, v: Any, options: tuple[str, ...]) -> None:
+    if v not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {v!r}")
+
+
+def unknown_settings_message(unknown: list[str], valid: typing.Iterable[str]) -> str:
+    """One line naming each unknown key, with the nearest valid key where one is close
+    ("did you mean"), and where the full list is (not the list itself)."""
+    valid = sorted(valid)
+    parts = []
+    for k in unknown:
+        near = difflib.get_close_matches(k, valid, n=1, cutoff=0.6)
+        parts.append(f"{k!r} (did you mean {near[0]!r}?)" if near else repr(k))
+    noun = "setting" if len(unknown) == 1 else "settings"
+    return f"unknown {noun} {', '.join(parts)}; `fedsgld config` lists every setting"

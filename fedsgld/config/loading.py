@@ -1,0 +1,67 @@
+"""Reading a run's settings: a flat TOML config file and ``--set KEY=VALUE`` overrides."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedsgld.config.settings import Config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as a TOML value (numbers, booleans, quoted strings), else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = parse_value(v.strip())
+    return out
+
+
+def flatten_tables(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config file's settings as one flat mapping: a table's keys join the top level's."""
+    values: dict[str, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, dict):
+            values.update(v)
+        else:
+            values[k] = v
+    return values
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a flat TOML config (nested tables are flattened) and apply overrides."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(
+                f"config file {str(p)!r} does not exist; pass a TOML file such as "
+                "simulations/demo.toml"
+            )
+        try:
+            with p.open("rb") as fh:
+                raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(
+                f"config file {str(p)!r} is not valid TOML: {err}; strings need quotes "
+                '(dataset = "mnist5k"), one key = value per line'
+            ) from err
+        raw.pop("benchmark", None)  # read by `fedsgld benchmark`; one file serves both commands
+        values = flatten_tables(raw)
+    values.update(overrides or {})
+    return Config.from_flat(values)

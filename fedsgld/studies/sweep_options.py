@@ -1,0 +1,74 @@
+"""``fedsgld sweep CONFIG --grid KEY=V1,V2,...``: hyper-parameters chosen on validation splits.
+
+CONFIG is a benchmark config (run settings plus an optional ``[benchmark]`` table with
+``methods``, ``seeds``, per-method ``overrides`` and ``calibrate_dpsgd``: see
+:mod:`fedsgld.studies.benchmark`). Every ``--grid`` adds one axis; ``--grid dpsgld.temperature=..``
+adds it for that method only. Each method runs every point of its own grid with every
+seed, as an independent trial on Ray (a local Ray instance by default, an existing cluster
+with ``--address``), one result directory per trial under ``OUT/trials/``.
+
+Selection never looks at the test split. Every trial holds ``validation_fraction`` of each
+site's training split out (``--validation-fraction``, default 0.2) and evaluates every model
+there as well; for each table row (a method's last iterate, ``+avg``/``+bma``, ``+swag``)
+the grid point with the best mean validation score over the seeds (``--select``, default
+NLL) is chosen, and the row reports that point's TEST metrics, mean and standard deviation
+over the seeds, pooled and per site. With ``--recal F`` the selected point of each
+non-variational method is run again with ``recal_fraction = F`` (a calibration split held
+out, private temperature scaling whose epsilon is reserved in the same budget), giving the
+``+recal`` rows.
+
+Tuning on private data has a privacy cost of its own: the reported epsilon is that of one
+trial, not of the choice among them (Papernot & Steinke 2022). The sweep is for benchmarks
+on data that may be used for tuning, or to fix settings before a private run.
+
+Written: OUT/sweep.json (every trial, the selection, the table), OUT/sweep.md (the table,
+per-site results and a sentence on which private model is best calibrated at which
+accuracy cost) and OUT/sweep_accuracy_ece.png (test accuracy against ECE, every row's
+grid points faint, the selected point bold). A crashed or interrupted sweep resumes:
+finished trials are read back, unfinished ones resume from their checkpoint.
+
+This module holds the command's options (argparse only, so that ``fedsgld sweep -h``
+starts fast); :mod:`fedsgld.studies.sweep` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+#: validation metrics a sweep can select on, and whether larger is better
+SELECT = {"nll": False, "accuracy": True, "ece": False, "brier": False, "ace": False}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``fedsgld sweep``'s options, and its description: this module's first paragraphs."""
+    paragraphs = __doc__.split("\n\n")
+    p.description = paragraphs[0] + "\n\n" + "\n\n".join(paragraphs[1:3])
+    p.add_argument("config", help="benchmark config: run settings and a [benchmark] table")
+    p.add_argument(
+        "--grid", action="append", metavar="[METHOD.]KEY=V1,V2,...",
+        help="one axis of the grid (repeatable); METHOD. limits it to that method",
+    )  # fmt: skip
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
+    p.add_argument("--methods", nargs="+", help="methods to sweep (default: the config's)")
+    p.add_argument(
+        "--seeds", nargs="+", type=int, help="seeds of every point (default: the config's)"
+    )
+    p.add_argument(
+        "--select", default="nll", choices=sorted(SELECT),
+        help="validation metric that picks each row's point (default: nll)",
+    )  # fmt: skip
+    p.add_argument(
+        "--validation-fraction", type=float, default=0.2,
+        help="share of each site's training split held out for selection, in (0, 1) (default 0.2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--recal", type=float, default=0.0, metavar="F",
+        help="also run each selected sgd/dpsgd/dpsgld point with recal_fraction F (+recal rows)",
+    )  # fmt: skip
+    p.add_argument("--address", default=None, help="an existing Ray cluster (default: local Ray)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="CPUs of the local Ray instance (default 2)"
+    )
+    p.add_argument("--no-ray", action="store_true", help="run the trials in this process, in turn")
+    p.add_argument("--out", default=None, help="output directory (default: a new one under runs/)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
