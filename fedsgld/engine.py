@@ -24,16 +24,8 @@ from fedsgld.calibration.recal import RECAL_STREAM, RecalPlan, site_temperature_
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.federation import Federation
-from fedsgld.run.lifecycle import (  # noqa: F401 - new_run_dir, write_json: see below
-    RunLifecycle,
-    new_run_dir,
-    write_json,
-)
+from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.strategies import LangevinServer
-
-# ``fedsgld.engine.new_run_dir`` and ``write_json`` are re-exported for callers that still
-# import them from here (studies.benchmark, studies.sweep, pate.flower, cli.pate); to be
-# removed once they import fedsgld.run.lifecycle.
 
 Evaluation = dict[str, Any]
 

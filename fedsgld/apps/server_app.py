@@ -14,7 +14,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsgld.flower.runner import serve
-from fedsgld.pate.flower import serve_pate
+from fedsgld.pate.server import serve_pate
 
 app = ServerApp()
 

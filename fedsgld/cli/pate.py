@@ -10,7 +10,7 @@ import sys
 
 from fedsgld.config import parse_overrides
 from fedsgld.pate.train import analyse_vote_file, load_pate_config, run_pate
-from fedsgld.run.lifecycle import new_run_dir
+from fedsgld.run.layout import new_run_dir
 
 
 def run_pate_command(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 from fedsgld.cli.errors import UserError, _removed_on_failure
 from fedsgld.config import load_config, parse_overrides
 from fedsgld.engine import run
-from fedsgld.run.lifecycle import new_run_dir
+from fedsgld.run.layout import new_run_dir
 from fedsgld.run.results import compare_runs
 
 

@@ -86,7 +86,7 @@ def settings_markdown() -> str:
     lines = [
         "# Config keys",
         "",
-        "<!-- Generated from fedsgld/config.py by `fedsgld config --markdown > docs/config.md`;",
+        "<!-- Generated from fedsgld/config/ by `fedsgld config --markdown > docs/config.md`;",
         "     tests/test_cli.py fails when this file and the generated text differ. -->",
         "",
         "Every key can be set in a run's TOML config (`fedsgld simulate CONFIG`, `fedsgld",

@@ -60,6 +60,7 @@ from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.federation import Federation, backbone_features, build_site, seeded_model, site_device
+from fedsgld.files import json_default
 from fedsgld.flower.protocol import (
     config_from_plan,
     config_from_record,
@@ -378,8 +379,8 @@ def evaluation_records(
     records: dict[str, Any] = {
         "meta": MetricRecord({"site-id": int(site_id)}),
         "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),
-        "reports": ConfigRecord({"json": json.dumps(reports, default=_json_default)}),
-        "stats": ConfigRecord({"json": json.dumps(stats, default=_json_default)}),
+        "reports": ConfigRecord({"json": json.dumps(reports, default=json_default)}),
+        "stats": ConfigRecord({"json": json.dumps(stats, default=json_default)}),
     }
     for g, p in probs.items():
         records[f"pred-{g}"] = ArrayRecord({"probs": Array(p.astype(np.float32, copy=False))})
@@ -402,16 +403,6 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     }
     records = evaluation_records(site.site_id, site.y_test.numpy(), probs)
     return Message(RecordDict(records), reply_to=msg)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 __all__ = [

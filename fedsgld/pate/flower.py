@@ -190,20 +190,6 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
-def __getattr__(name: str) -> Any:
-    """The server side's names, where they were before :mod:`fedsgld.pate.server` held them
-    (``fedsgld.apps.server_app`` still imports ``serve_pate`` from here)."""
-    if name in _SERVER_NAMES:
-        # imported when asked: a site, which imports this module, never runs the server,
-        # and fedsgld.pate.server imports this module (a re-export at the top would be a cycle)
-        from fedsgld.pate import server
-
-        return getattr(server, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_SERVER_NAMES = ("PateSitesFailed", "check_histogram", "check_student_reply", "serve_pate")
-
 __all__ = [
     "EVALUATE",
     "QUERY",

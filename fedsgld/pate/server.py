@@ -27,7 +27,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.pooling import check_stats, report_from_stats
-from fedsgld.engine import new_run_dir
 from fedsgld.flower.protocol import split_flower_options
 from fedsgld.flower.runner import discover, exchange
 from fedsgld.pate.config import PateConfig
@@ -41,6 +40,7 @@ from fedsgld.pate.flower import (
     pate_record,
 )
 from fedsgld.pate.train import release_and_learn
+from fedsgld.run.layout import new_run_dir
 
 _log = logging.getLogger("fedsgld.pate")
 

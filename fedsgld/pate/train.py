@@ -44,6 +44,7 @@ from torch import nn
 
 from fedsgld.calibration import calibration_report
 from fedsgld.core.noise import Randomness, seeded_generator
+from fedsgld.files import write_json
 from fedsgld.pate.aggregation import (
     combine_histograms,
     confident_gnmax,
@@ -61,7 +62,6 @@ from fedsgld.pate.teachers import (
     train_classifier,
     train_site_teachers,
 )
-from fedsgld.run.lifecycle import write_json
 
 
 def _mean(values: list[float]) -> float:

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsgld.files import fsync_dir
+
 CHAIN = "ledger.chain"
 RECORD = "record"  # ledger.json's key for its own place in the chain
 GENESIS = hashlib.sha256(b"fedsgld ledger.chain v1").hexdigest()
@@ -135,19 +137,6 @@ class LedgerChain:
         if new:
             fsync_dir(self.path.parent)
         self.head = link
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _drop_partial(path: Path) -> None:

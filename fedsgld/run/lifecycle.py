@@ -47,21 +47,18 @@ from fedsgld.files import atomic_write, strict_json, write_json
 from fedsgld.run.blocks import (
     Evaluate,
     history_row,
-    metrics_block,
     randomness_block,
-    round_time_summary,
 )
 from fedsgld.run.layout import (
     CHECKPOINT,
     LEDGER,
     LIFECYCLE_VERSION,
-    RESULTS,
     ckpt_config,
     new_run_dir,
 )
 from fedsgld.run.progress import Progress
 from fedsgld.run.recalibration import fit_temperature, reserve_recalibration
-from fedsgld.run.resume import ResumeError, open_run_dir, resolve_seed, restore_ledger
+from fedsgld.run.resume import open_run_dir, resolve_seed, restore_ledger
 
 
 class RunLifecycle:
@@ -386,18 +383,4 @@ class RunLifecycle:
         return results, last, post
 
 
-# RunLifecycle, and the names engine.py, cli/commands.py, pate/train.py and tests import
-# from here (re-exported until they import them from fedsgld.files and fedsgld.run.*)
-__all__ = [
-    "CHECKPOINT",
-    "LEDGER",
-    "RESULTS",
-    "Evaluate",
-    "ResumeError",
-    "RunLifecycle",
-    "atomic_write",
-    "metrics_block",
-    "new_run_dir",
-    "round_time_summary",
-    "write_json",
-]
+__all__ = ["RunLifecycle"]

@@ -36,9 +36,10 @@ from fedsgld import engine
 from fedsgld.calibration.plots import plot_reliability_overlay
 from fedsgld.calibration.recal import RecalPlan
 from fedsgld.config import METHODS, Config, flatten_tables, parse_overrides
-from fedsgld.engine import new_run_dir, write_json
+from fedsgld.files import write_json
 from fedsgld.posteriors import iterate_average
 from fedsgld.privacy import PrivacyAccountant
+from fedsgld.run.layout import new_run_dir
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from fedsgld.config import METHODS, parse_overrides
-from fedsgld.run.lifecycle import new_run_dir, write_json
+from fedsgld.files import write_json
+from fedsgld.run.layout import new_run_dir
 from fedsgld.studies.benchmark import load_benchmark
 from fedsgld.studies.sweep_grid import (
     method_points,

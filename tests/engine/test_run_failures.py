@@ -17,7 +17,7 @@ from fedsgld import engine
 from fedsgld.clients import site as site_module
 from fedsgld.config import load_config
 from fedsgld.privacy.ledger_chain import CHAIN
-from fedsgld.run.lifecycle import ResumeError
+from fedsgld.run.resume import ResumeError
 
 CFG = {
     "dataset": "synthetic",

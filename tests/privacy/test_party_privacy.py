@@ -25,7 +25,7 @@ from fedsgld.core.noise import Randomness, seeded_generator
 from fedsgld.flower.local_grid import run_local
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.events import subsampled_steps
-from fedsgld.run.lifecycle import ResumeError
+from fedsgld.run.resume import ResumeError
 from fedsgld.strategies import server as server_module
 
 SMALL = {
