@@ -128,7 +128,7 @@ def one_round(fed: Federation, server: LangevinServer, audit=None):
     if plan is None:
         return None
     if server.local:  # noise at the sites: local steps, then the average
-        server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
+        paid = server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
         thetas = [
             (
                 s.num_train,
@@ -138,6 +138,7 @@ def one_round(fed: Federation, server: LangevinServer, audit=None):
                     local_steps=plan.local_steps,
                     privacy=config.privacy,
                     weight_decay=config.run.weight_decay,
+                    charged=paid,
                 ),
             )
             for s in fed.sites

@@ -108,6 +108,7 @@ def draw(adm: Admission, receipt: Charged) -> np.ndarray | None:
     release's noise is drawn from fresh entropy (None where nothing is noised)."""
     if adm.site is not None:
         adm.site.randomness = adm.randomness  # the policy's sampler, never the server's
+        adm.site.paid = receipt  # its local round's noise is drawn through this charge
     if adm.noise_shape is None:
         return None
     fresh = adm.policy.randomness(seeded=False, seed=0, run_secure=adm.run_secure)

@@ -57,6 +57,9 @@ class Site:
         self.seed = seed
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.chunk_size = chunk_size
+        # the receipt of the charge that pays for the next local round, where the site's
+        # guard charged it (a deployment); used once, by local_round
+        self.paid: Charged | None = None
 
     @classmethod
     def from_site_data(
@@ -141,12 +144,14 @@ class Site:
         ``charged``: the receipt of the charge that paid for these steps (the server's
         :meth:`~fedsgld.strategies.server.LangevinServer.begin_local_round` in a
         simulation, the site's ledger in a deployment); the noise is drawn through it.
-        None: the caller charged the round before calling (transitional, for callers that
-        do not pass the receipt yet).
+        None: the receipt the site's guard left in :attr:`paid` (used once); without one,
+        the caller answers for the charge (unit tests of the step itself).
         """
+        if charged is None:
+            charged, self.paid = self.paid, None
         if self.num_train == 0:
             return theta.clone()
-        if charged is None:  # the caller charged the round before this call (see above)
+        if charged is None:  # no ledger in the loop: a direct call of the step
             charged = charge(None, None)
         q, clip = privacy.sample_rate, privacy.clip_bound
         expected = q * self.num_train

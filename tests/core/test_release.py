@@ -102,3 +102,36 @@ def test_a_site_ledger_admits_with_a_receipt_and_refuses_without_one(tmp_path):
     assert SiteLedger(0, pol, state_path=tmp_path / "site-0.json").spent_steps == 1
     with pytest.raises(PolicyRefused):
         ledger.admit(event=subsampled_steps([(1.0, 0.3)] * 50), round_of=("r", 0, 1))
+
+
+def test_a_sites_local_round_draws_through_the_receipt_its_guard_left_once(monkeypatch, tmp_path):
+    """In a deployment the site's guard charges the site's ledger and leaves the receipt on
+    the site (``Site.paid``); the local round draws every step's noise through exactly that
+    receipt and uses it up, so a second round cannot ride on the first round's charge."""
+    from fedsgld.clients.site import Site
+    from fedsgld.config import PrivacySettings
+    from fedsgld.models import LogisticRegression
+
+    priv = PrivacySettings(
+        method="dpsgld", sample_rate=0.5, noise_placement="sites", local_steps=2, clip=1.0
+    )
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen)
+    site = Site(0, x, y, x, y, LogisticRegression(3, 2), seed=1)
+    pol = SitePolicy(epsilon=50.0, delta=1e-5, state_dir=str(tmp_path))
+    ledger = SiteLedger(0, pol, state_path=tmp_path / "site-0.json")
+    site.paid = ledger.admit(
+        event=subsampled_steps([(0.5, priv.sigma(t)) for t in range(2)]),
+        round_of=("r", 0, 0),
+    )
+    used, real = [], Charged.add_noise
+
+    def spy(self, value, randomness, **kw):
+        used.append(self)
+        return real(self, value, randomness, **kw)
+
+    monkeypatch.setattr(Charged, "add_noise", spy)
+    paid = site.paid
+    theta = torch.zeros(sum(p.numel() for p in LogisticRegression(3, 2).parameters()))
+    site.local_round(theta, first_step=0, local_steps=2, privacy=priv)
+    assert used == [paid, paid] and site.paid is None
