@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from fedsgld.calibration import recal
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.core.mechanism import FlatModel
@@ -146,10 +147,6 @@ def hold_out(
     fraction = getattr(config.run, setting)
     if fraction == 0:
         return site_data, []
-    # start-up time: fedsgld.calibration imports scipy.stats, about a second of each
-    # Flower site task's start (measured); only runs with a held-out split need it
-    from fedsgld.calibration import recal
-
     stream, name = {
         "validation_fraction": (VALIDATION_STREAM, "validation"),
         "recal_fraction": (recal.RECAL_STREAM, "calibration"),

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 NLL_FLOOR = 1e-12
 SUM_TOL = 1e-4
@@ -167,6 +166,10 @@ def _binary_auc(scores: np.ndarray, positive: np.ndarray) -> float:
     n_neg = positive.size - n_pos
     if n_pos == 0 or n_neg == 0:
         return float("nan")
+    # scipy.stats takes about a second to import: only AUC needs it, so a site process
+    # that never reports an AUC never loads it (tests/flower/test_site_startup.py)
+    from scipy.stats import rankdata
+
     ranks = rankdata(scores)  # average ranks: ties count one half
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 

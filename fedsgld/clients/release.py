@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from fedsgld.calibration import metrics, pooling
+
 STATS_BINS = 15
 NLL_BOUND = 10.0  # nats: a record's NLL term in a noised release is min(-log p_y, NLL_BOUND)
 STATS_SENSITIVITY = math.sqrt(5.0)
@@ -53,11 +55,6 @@ def vote_sensitivity(n_queries: int) -> float:
 
 def stats_vector(probs: Any, labels: Any) -> np.ndarray:
     """The summed vector v of the module docstring (each record adds at most 1 to five entries)."""
-    # imported at the first release, not at start-up: fedsgld.calibration imports
-    # scipy.stats (about 1 s), which a site process that only trains never needs
-    # (tests/flower/test_client_startup.py)
-    from fedsgld.calibration import metrics, pooling
-
     s = pooling.pooling_stats(probs, labels, STATS_BINS)
     p, y = metrics.validate(probs, labels)
     nll = np.minimum(-np.log(np.maximum(p[np.arange(len(y)), y], metrics.NLL_FLOOR)), NLL_BOUND)

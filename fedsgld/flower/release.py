@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from fedsgld.calibration.pooling import report_from_stats
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.release import noisy_stats
 
@@ -50,10 +51,6 @@ def evaluation(
     else:
         probs, labels = c[f"pred-{group}"]["probs"].numpy(), c["labels"]["labels"].numpy()
         s = noisy_stats(probs, labels, noise)
-        # imported at the first noised evaluation, not at start-up: fedsgld.calibration
-        # imports scipy.stats (about 1 s) (tests/flower/test_client_startup.py)
-        from fedsgld.calibration.pooling import report_from_stats
-
         reports = {group: {**report_from_stats([s]), "release": "dp"}}
         stats = {group: s}
     out: dict[str, Any] = {

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from fedsgld.calibration import calibration_report, pooling
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
@@ -370,10 +371,6 @@ def evaluation_records(
     """The records of an evaluation at a site, exact and complete (the guard decides what
     leaves): ``meta`` (site-id), ``labels``, and per group ``pred-<group>``, the site's
     calibration report (``reports``) and pooling statistics (``stats``)."""
-    # start-up time: fedsgld.calibration imports scipy.stats, about a second of each task's
-    # start (measured); only evaluation tasks need it
-    from fedsgld.calibration import calibration_report, pooling
-
     reports = {g: calibration_report(p, labels) for g, p in probs.items()}
     stats = {g: pooling.pooling_stats(p, labels) for g, p in probs.items()}
     records: dict[str, Any] = {

@@ -24,10 +24,8 @@ and converts it to an (epsilon, delta) guarantee with these accountants:
   distinct (q, sigma): accurate, but seconds to minutes for a ledger with many distinct
   sigmas. Only computed when chosen as ``accountant``.
 
-The budget check uses the rigorous accountant chosen by ``accountant``.
-
-Sigmas can be rounded DOWN onto a geometric grid before they enter the ledger
-(``sigma_rel_grid``, conservative; see :mod:`fedsgld.privacy.ledger`).
+The budget check uses the rigorous accountant chosen by ``accountant``. Sigmas can be
+rounded DOWN onto a geometric grid before they enter the ledger (``sigma_rel_grid``).
 
 Every release is a privacy event (:mod:`fedsgld.privacy.events`); the accountant's one
 entry point is :meth:`~PrivacyAccountant.spend` (with :meth:`~PrivacyAccountant.fits`,

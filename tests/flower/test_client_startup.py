@@ -1,7 +1,7 @@
 """The ClientApp starts light: every task of a deployment is a new process that imports
 ``fedsgld.apps.client_app``, so what only some messages need is imported at the first of
-them (PATE's side, at the first PATE message; ``fedsgld.calibration`` and its scipy.stats,
-at the first evaluation release), never at start-up."""
+them (PATE's side, at the first PATE message; scipy.stats, which only the calibration
+metrics' AUC loads, at the first AUC), never at start-up."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import sys
 from flower_support import ROOT
 
 # imported only when a message needs them (see the comments at their imports)
-LATER = ("fedsgld.pate", "fedsgld.calibration", "scipy.stats")
+LATER = ("fedsgld.pate", "scipy.stats")
 
 
-def test_importing_the_client_app_leaves_pate_and_calibration_for_later():
+def test_importing_the_client_app_leaves_pate_and_scipy_stats_for_later():
     code = (
         "import sys\n"
         "import fedsgld.apps.client_app\n"
