@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from fedsgld.calibration import calibration_report
-from fedsgld.calibration.recal import RECAL_STREAM, RecalPlan, site_temperature_sum
+from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core import streams
 from fedsgld.federation import Federation
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.strategies import LangevinServer
@@ -109,7 +110,7 @@ def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> No
                 log_t=log_t,
                 sample_rate=plan.sample_rate,
                 clip=plan.clip,
-                generator=s.randomness.generator(1 + s.site_id, RECAL_STREAM, j, 0),
+                generator=s.randomness.generator(*streams.recal_site(s.site_id, j)),
             )
             for s, z, (_, y) in zip(fed.sites, logits, fed.cal_data, strict=True)
         ]

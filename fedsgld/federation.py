@@ -25,6 +25,7 @@ import torch
 from fedsgld.calibration import recal
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel
 from fedsgld.core.noise import Randomness, os_seed
 from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
@@ -33,9 +34,6 @@ from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.strategies import LangevinServer, PosteriorSamples
 from fedsgld.vi import VariationalModel
-
-#: key of the validation split's permutation (beside the calibration split's RECAL_STREAM)
-VALIDATION_STREAM = 0x7A1
 
 Log = Callable[[str], None]
 
@@ -148,8 +146,8 @@ def hold_out(
     if fraction == 0:
         return site_data, []
     stream, name = {
-        "validation_fraction": (VALIDATION_STREAM, "validation"),
-        "recal_fraction": (recal.RECAL_STREAM, "calibration"),
+        "validation_fraction": (streams.VALIDATION_STREAM, "validation"),
+        "recal_fraction": (streams.RECAL_STREAM, "calibration"),
     }[setting]
     held, kept = [], []
     for d in site_data:
@@ -317,7 +315,6 @@ class Federation:
 
 
 __all__ = [
-    "VALIDATION_STREAM",
     "DataSplit",
     "Federation",
     "backbone_features",

@@ -218,9 +218,8 @@ class SitePolicy:
         fresh operating-system entropy.
         """
         secure = self.secure_noise or bool(run_secure)
-        if seeded and self.insecure_seeded_noise:
-            return Randomness.seeded(seed, epoch=epoch, secure=secure)
-        return Randomness.system(secure=secure)
+        seeded = seeded and self.insecure_seeded_noise
+        return Randomness.chosen(seeded=seeded, seed=seed, epoch=epoch, secure=secure)
 
 
 STATE_VERSION = 2

@@ -187,6 +187,14 @@ class Randomness:
         """Fresh operating-system entropy for every generator (deployments)."""
         return cls("os", secure=secure)
 
+    @classmethod
+    def chosen(cls, *, seeded: bool, seed: int, epoch: int = 0, secure: bool) -> Randomness:
+        """The one choice of a party's randomness: streams of ``seed`` (and ``epoch``) where
+        the party accepts a seed (a simulation), else fresh operating-system entropy."""
+        if seeded:
+            return cls.seeded(seed, epoch=epoch, secure=secure)
+        return cls.system(secure=secure)
+
     def generator(self, *key: int, device: torch.device | str = "cpu") -> torch.Generator:
         """The generator for the use named by ``key``, drawing on ``device``."""
         if self.mode == "os":

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedsgld.core import streams
 from fedsgld.core.noise import seeded_generator
 from fedsgld.models import build_model
 from fedsgld.pate.config import PateConfig
@@ -98,7 +99,7 @@ def train_site_teachers(
         if len(ix):  # a teacher that drew no record votes with its initial (data-free) model
             train_classifier(
                 model, x_train[ix], y_train[ix], epochs=config.teacher_epochs, lr=config.lr,
-                batch_size=config.batch_size, generator=seeded_generator(config.seed, 1, tid),
+                batch_size=config.batch_size, generator=seeded_generator(config.seed, streams.PATE_TEACHER, tid),
             )  # fmt: skip
         preds.append(predict_proba(model, x_query).argmax(dim=1).numpy())
         acc.append(float((predict_proba(model, x_test).argmax(1) == y_test).float().mean()))

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from fedsgld.calibration import calibration_report
+from fedsgld.core import streams
 from fedsgld.core.noise import Randomness, seeded_generator
 from fedsgld.files import write_json
 from fedsgld.pate.aggregation import (
@@ -232,7 +233,7 @@ def _noisy_labels(
     """(labels, answered, params) of mechanism ``mech`` (the ``m_i``-th of the run) on the
     vote histogram ``counts``: the aggregator's noise, seeded or fresh entropy."""
     g = (
-        Randomness.seeded(config.seed).generator(2, m_i)
+        Randomness.seeded(config.seed).generator(streams.PATE_AGGREGATOR, m_i)
         if config.randomness == "seeded"
         else Randomness.system().generator()
     )
@@ -285,7 +286,7 @@ def _learn(
         train_classifier(
             student, x_q[answered], labels[answered], epochs=config.student_epochs,
             lr=config.lr, batch_size=config.batch_size,
-            generator=seeded_generator(config.seed, 3, m_i),
+            generator=seeded_generator(config.seed, streams.PATE_STUDENT, m_i),
         )  # fmt: skip
         pooled, per_site = evaluate_student(student)
         entry["student"] = {"pooled": pooled, "per_site": per_site}

@@ -106,9 +106,8 @@ class RunLifecycle:
     # -- randomness ------------------------------------------------------------------------
     def _randomness(self) -> Randomness:
         run = self.config.run
-        if run.randomness == "os":
-            return Randomness.system(secure=run.secure)
-        return Randomness.seeded(self.seed, epoch=self.epoch, secure=run.secure)
+        seeded = run.randomness != "os"
+        return Randomness.chosen(seeded=seeded, seed=self.seed, epoch=self.epoch, secure=run.secure)
 
     def server_randomness(self) -> Randomness:
         """The server's own noise (seeded: keyed by the epoch, so a resume never replays)."""
