@@ -121,7 +121,7 @@ def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> No
 # -- one round: the server's plan, every site's answer, the server's step ------------------
 
 
-def one_round(fed: Federation, server: LangevinServer, audit=None):
+def one_round(fed: Federation, server: LangevinServer):
     """Take the server's next round over every site; the plan it ran, or None (no round
     left: the round limit or the budget)."""
     config = fed.config
@@ -145,8 +145,6 @@ def one_round(fed: Federation, server: LangevinServer, audit=None):
             for s in fed.sites
         ]
         server.finish_local_round(plan, thetas)
-        if audit is not None:
-            audit.released(plan, server, [th for _, th in thetas])
     else:
         sums = [
             s.clipped_sum(
@@ -159,8 +157,6 @@ def one_round(fed: Federation, server: LangevinServer, audit=None):
             for s in fed.sites
         ]
         server.apply(plan, sums)
-        if audit is not None:
-            audit.released(plan, server)
     return plan
 
 
@@ -202,7 +198,8 @@ def run(
 ) -> dict[str, Any]:
     """Run one federation in-process and write its result directory. Returns results.json's dict
     (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
-    :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries and sees every release."""
+    :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries at a site and reads every
+    release (``LangevinServer.on_release``)."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
     server = fed.make_server(randomness=lc.server_randomness())
@@ -210,7 +207,7 @@ def run(
     if audit is not None:
         audit.attach(fed, server)
     test = partial(_evaluate_groups, fed)
-    lc.train(partial(one_round, fed, server, audit), test, progress=progress)
+    lc.train(partial(one_round, fed, server), test, progress=progress)
     results, last, post = lc.finish(
         test,
         sites=fed.site_table(),

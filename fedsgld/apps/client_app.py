@@ -17,6 +17,7 @@ teachers at the site, their vote histogram, the student's evaluation
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
 
 from flwr.app import Context, Message
@@ -82,4 +83,10 @@ def _register(app: ClientApp) -> ClientApp:
     return app
 
 
-app = _register(ClientApp(mods=[site_guard]))
+def build_app(inner_mods: Sequence = ()) -> ClientApp:
+    """The ClientApp; ``inner_mods`` run inside the guard, after it has passed a message
+    (an audit's canaries: :mod:`fedsgld.studies.audit_flower`)."""
+    return _register(ClientApp(mods=[site_guard, *inner_mods]))
+
+
+app = build_app()

@@ -41,6 +41,7 @@ from fedsgld.federation import initial_theta, make_server
 from fedsgld.flower.protocol import QUERY, run_record, split_run_config
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.strategies import LangevinServer
 
 _log = logging.getLogger("fedsgld")
 
@@ -357,8 +358,11 @@ def serve(
     run_config: dict[str, Any],
     *,
     log: Callable[[str], None] | None = None,
+    on_server: Callable[[LangevinServer], None] | None = None,
 ) -> dict[str, Any]:
-    """Run one DP-SGLD federation over ``grid``; write and return results.json's dict."""
+    """Run one DP-SGLD federation over ``grid``; write and return results.json's dict.
+    ``on_server``: called with the server before the first round (an audit reads its
+    releases there: :mod:`fedsgld.studies.audit_flower`)."""
     log = log or _log.info
     config, opts = split_run_config(run_config)
     _refuse_engine_only_settings(config)
@@ -383,6 +387,8 @@ def serve(
         randomness=lc.server_randomness(),
     )
     lc.attach(server)
+    if on_server is not None:
+        on_server(server)
     strategy = LangevinStrategy(
         server,
         directory,

@@ -27,7 +27,11 @@ Choosing how many guesses to make after looking at the scores is itself a test; 
 several and keeping the best invalidates the bound unless corrected. :func:`audit_scores`
 tries a fixed grid of guess counts and divides the significance by the number of tries
 (Bonferroni), or picks the count on one half of the canaries and evaluates it on the
-other half (``selection="split"``).
+other half (``selection="split"``). The grid has two shapes of guesses: k IN on the
+highest scores and k OUT on the lowest (``"both"``), and k IN on the highest alone,
+abstaining on the rest (``"in"``). Against a Poisson-subsampled mechanism the second is
+often the better: a canary that is IN but was rarely sampled looks OUT, so the lowest
+scores are a poor guess of OUT, while the highest are a sure guess of IN.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ __all__ = [
     "gdp_epsilon_at",
     "gdp_mu_at",
     "guess_grid",
+    "guess_pairs",
     "one_run_epsilon",
     "one_run_p_value",
 ]
@@ -228,6 +233,24 @@ def guess_grid(m: int, *, smallest: int = 10, ratio: float = 2.0) -> list[int]:
     return ks
 
 
+#: the shapes of guesses :func:`audit_scores` tries by default (see the module docstring)
+SIDES = ("both", "in")
+
+
+def guess_pairs(m: int, sides: Sequence[str] = SIDES, ks: Sequence[int] | None = None):
+    """(k_in, k_out) of every guess tried: for each k of ``ks`` (default
+    :func:`guess_grid`), (k, k) for ``"both"`` and (k, 0) for ``"in"``, where they fit."""
+    bad = set(sides) - {"both", "in"}
+    if bad or not sides:
+        raise ValueError(f"sides must be a non-empty subset of ('both', 'in'), got {sides!r}")
+    ks = list(ks) if ks is not None else guess_grid(m)
+    pairs = [(k, k) for k in ks if "both" in sides and 1 <= k and 2 * k <= m]
+    pairs += [(k, 0) for k in ks if "in" in sides and 1 <= k <= m]
+    if not pairs:
+        raise ValueError(f"no guess count fits {m} canaries")
+    return pairs
+
+
 def count_correct(
     scores: Sequence[float], included: Sequence[bool], k_in: int, k_out: int
 ) -> tuple[int, int]:
@@ -256,6 +279,9 @@ class AuditBound:
     guesses: int
     correct: int
     tries: int  # the hypotheses the significance was divided among (Bonferroni)
+    row: int = 0  # the score (row of the scores) that gave it
+    k_in: int = 0  # guessed IN on the k_in highest scores
+    k_out: int = 0  # and OUT on the k_out lowest
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -271,18 +297,19 @@ def audit_scores(
     delta: float,
     confidence: float = 0.95,
     ks: Sequence[int] | None = None,
-    two_sided: bool = True,
+    sides: Sequence[str] = SIDES,
     selection: str = "bonferroni",
     seed: int = 0,
 ) -> dict[str, AuditBound]:
     """Lower bounds by both methods from the canaries' scores and who was included.
 
     ``scores``: one score per canary (higher = more likely IN), or several score vectors
-    (rows), every row counted as tries. For every row and every k in ``ks`` (default
-    :func:`guess_grid`), the k highest are guessed IN and (``two_sided``) the k lowest
-    OUT. ``selection``: ``bonferroni`` (each try at significance (1 - confidence) / tries;
-    the best bound is reported) or ``split`` (row and k chosen on a random half of the
-    canaries by the largest bound there, then evaluated once on the other half).
+    (rows), every row counted as tries. For every row and every guess of
+    :func:`guess_pairs` (``ks``, default :func:`guess_grid`; ``sides``), the k_in highest
+    are guessed IN and the k_out lowest OUT. ``selection``: ``bonferroni`` (each try at
+    significance (1 - confidence) / tries; the best bound is reported) or ``split`` (row
+    and guess chosen on a random half of the canaries by the largest bound there, then
+    evaluated once on the other half).
     """
     _check_level(confidence, delta)
     rows = np.atleast_2d(np.asarray(scores, dtype=float))
@@ -297,31 +324,27 @@ def audit_scores(
         a, b = np.sort(perm[: m // 2]), np.sort(perm[m // 2 :])
         out = {}
         for name in METHODS:
-            pick = _best(rows[:, a], inc[a], name, delta, confidence, ks, two_sided, 1)
-            row, k = pick[1], pick[2]
-            kk = min(k, b.size // (2 if two_sided else 1))
-            r, v = count_correct(rows[row, b], inc[b], kk, kk if two_sided else 0)
+            pairs = guess_pairs(a.size, sides, ks)
+            _, row, (k_in, k_out) = _best(rows[:, a], inc[a], name, delta, confidence, pairs, 1)
+            # b holds m - m // 2 >= a's m // 2 canaries: a guess that fits a fits b
+            r, v = count_correct(rows[row, b], inc[b], k_in, k_out)
             eps = METHODS[name](b.size, r, v, delta=delta, confidence=confidence)
-            out[name] = AuditBound(name, eps, r, v, 1)
+            out[name] = AuditBound(name, eps, r, v, 1, row, k_in, k_out)
         return out
-    return {
-        name: _best(rows, inc, name, delta, confidence, ks, two_sided, None)[0] for name in METHODS
-    }
+    pairs = guess_pairs(m, sides, ks)
+    return {name: _best(rows, inc, name, delta, confidence, pairs, None)[0] for name in METHODS}
 
 
-def _best(rows, inc, name, delta, confidence, ks, two_sided, tries):
+def _best(rows, inc, name, delta, confidence, pairs, tries):
+    """(the best bound, its row, its (k_in, k_out)) over every row and guess."""
     m = inc.size
-    ks = list(ks) if ks is not None else guess_grid(m)
-    ks = [k for k in ks if 1 <= k and k * (2 if two_sided else 1) <= m]
-    if not ks:
-        raise ValueError(f"no guess count fits {m} canaries")
-    n = tries if tries is not None else rows.shape[0] * len(ks)
+    n = tries if tries is not None else rows.shape[0] * len(pairs)
     conf = 1.0 - (1.0 - confidence) / n
-    best = (AuditBound(name, 0.0, 0, 0, n), 0, ks[0])
+    best = (AuditBound(name, 0.0, 0, 0, n), 0, pairs[0])
     for j, row in enumerate(rows):
-        for k in ks:
-            r, v = count_correct(row, inc, k, k if two_sided else 0)
+        for k_in, k_out in pairs:
+            r, v = count_correct(row, inc, k_in, k_out)
             eps = METHODS[name](m, r, v, delta=delta, confidence=conf)
             if eps > best[0].epsilon:
-                best = (AuditBound(name, eps, r, v, n), j, k)
+                best = (AuditBound(name, eps, r, v, n, j, k_in, k_out), j, (k_in, k_out))
     return best

@@ -149,6 +149,9 @@ class LangevinServer:
             else PosteriorSamples(burn_in=0, thin=1, max_samples=0)
         )
         self.on_spend = on_spend
+        # called after every released round with (plan, the sites' parameters in "sites"
+        # placement, else None): an audit (fedsgld.studies.audit) reads the release here
+        self.on_release: Callable[[RoundPlan, list[torch.Tensor] | None], None] | None = None
         self.prior_std = prior_std
         self.optimizer = optimizer
         self.adam = None
@@ -260,6 +263,8 @@ class LangevinServer:
             )
         self.t += 1
         self.posterior.offer(self.t, self.theta)
+        if self.on_release is not None:
+            self.on_release(plan, None)
         return self.theta
 
     # -- noise placement "sites" -----------------------------------------------------
@@ -309,6 +314,8 @@ class LangevinServer:
         self.theta = new
         self.t += 1
         self.posterior.offer(self.t, self.theta)
+        if self.on_release is not None:
+            self.on_release(plan, [th for _, th in site_thetas])
         return self.theta
 
     def _vi_update(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:

@@ -29,18 +29,20 @@ a lower bound below it (at the stated confidence); a larger one is a bug.
 Scores: from each round's released parameters the auditor recovers the noisy gradient sum
 G_t (the update undone: the step size, the expected batch and the weight decay are public),
 reads it at every canary's parameter, y_jt = <G_t, u_j> / C (1 for a canary taken that
-step, plus noise of standard deviation sigma_t), and scores canary j three ways: the
-weighted sum sum_t y_jt / var_t (var_t the spread of y_.t over all canaries); the same
-after whitening the rounds by their covariance estimated over all canaries (generalised
-least squares with shrinkage); and the canary's energy in directions across rounds where
-the noise is quieter than it should be (:func:`quiet_energy`: noise reused across rounds).
-All use only what was released and the canaries' parameters, never who is IN; every score
-and every guess count of the grid counts as a try in the Bonferroni correction.
+step, plus noise of standard deviation sigma_t), and scores every canary by the scores of
+:mod:`fedsgld.studies.audit_scores`: the likelihood ratio of a Poisson-sampled canary (the most
+powerful test of one canary when the mechanism is what it claims), the weighted sum, the
+whitened sum and the quiet-direction energy (which see mechanisms that are not). All use
+only what was released and the canaries' parameters, never who is IN; every score and
+every guess of the grid counts as a try in the Bonferroni correction.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,9 +51,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsgld.config import Config
+from fedsgld.config import Config, load_config, parse_overrides
 from fedsgld.core.noise import seeded_generator
+from fedsgld.engine import run as engine_run
 from fedsgld.privacy import audit_bounds as ab
+from fedsgld.studies import audit_scores as sc
 
 #: key parts of the audit's generators (beside the sites' 1 + site_id and the server's 0)
 DIRECTION_STREAM = 0xA0D1
@@ -90,36 +94,58 @@ class CanaryAudit:
 
             inclusion_seed = secrets.randbits(62)
         self._inclusion_seed = int(inclusion_seed)
+        self.confidence = 0.95  # of the bounds (make_audit sets it)
         gen = seeded_generator(self._inclusion_seed, INCLUSION_STREAM)
         self._included = torch.rand(canaries, generator=gen) < 0.5  # opened only in result()
         self.coords: torch.Tensor | None = None  # canary j's parameter
         self.rows: list[np.ndarray] = []  # y_.t, one (m,) row per released round
-        self.sigmas: list[float] = []
+        self.variances: list[float] = []  # v_t: the public noise variance of round t's reading
+        self.steps: list[int] = []  # E_t: the steps a round's release sums
+        self.sample_rate = 1.0
+
+    def settings(self) -> dict[str, Any]:
+        """What a site needs to insert these canaries (:meth:`from_settings`): the
+        inclusion seed is the site's, never the auditor's."""
+        return {
+            "canaries": self.m,
+            "seed": self.seed,
+            "site": self.site_index,
+            "raw_norm": self.raw_norm,
+            "inclusion_seed": self._inclusion_seed,
+        }
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> CanaryAudit:
+        s = dict(settings)
+        return cls(s.pop("canaries"), **s)
 
     # -- the mechanism's side ------------------------------------------------------------------
     def attach(self, fed, server) -> None:
-        """Draw the canaries' parameters and give the canaries' site its extra records."""
-        method = fed.config.privacy.method
-        if method not in AUDITABLE:
-            raise ValueError(
-                f"the audit runs methods {', '.join(AUDITABLE)}; got method {method!r}"
-            )
+        """The in-process engine: the canaries at their site of ``fed``, the auditor on
+        ``server``'s releases."""
         if self.site_index >= len(fed.sites):
             raise ValueError(
                 f"site must be in [0, {len(fed.sites) - 1}] (the federation's sites), got {self.site_index}"
             )
-        p = int(server.theta.numel())
-        if self.m > p:
+        self.watch(server)
+        self.insert_at(fed.sites[self.site_index])
+
+    def _draw_coords(self, size: int) -> torch.Tensor:
+        if self.m > size:
             raise ValueError(
-                f"canaries must be at most the number of parameters ({p}) of this model, "
+                f"canaries must be at most the number of parameters ({size}) of this model, "
                 f"got {self.m}"
             )
         gen = seeded_generator(self.seed, DIRECTION_STREAM)
-        self.coords = torch.randperm(p, generator=gen)[: self.m]
-        self.size = p
-        self.site = fed.sites[self.site_index]
-        self.site.extra_records = self._extra_records
-        self._prev = server.theta.clone()
+        return torch.randperm(size, generator=gen)[: self.m]
+
+    def insert_at(self, site) -> None:
+        """Give ``site`` (a :class:`fedsgld.clients.Site`) the canaries as extra records."""
+        if site.site_id != self.site_index:
+            raise ValueError(f"the canaries live at site {self.site_index}, not {site.site_id}")
+        self.size = int(site.fm.size)
+        self.coords = self._draw_coords(self.size)
+        site.extra_records = self._extra_records
 
     def _extra_records(self, step: int, clip: float | None, sample_rate: float) -> torch.Tensor:
         """The clipped sum of this step's sampled included canaries (records of the site):
@@ -134,41 +160,65 @@ class CanaryAudit:
         return out
 
     # -- the auditor's side --------------------------------------------------------------------
+    def watch(self, server) -> None:
+        """Read every release of ``server`` (a :class:`LangevinServer`; its
+        ``on_release``): the same on every transport."""
+        method = server.privacy.method
+        if method not in AUDITABLE:
+            raise ValueError(
+                f"the audit runs methods {', '.join(AUDITABLE)}; got method {method!r}"
+            )
+        if self.site_index >= len(server.site_sizes):
+            raise ValueError(
+                f"site must be in [0, {len(server.site_sizes) - 1}] (the federation's sites), "
+                f"got {self.site_index}"
+            )
+        self.coords = self._draw_coords(int(server.theta.numel()))
+        self._server = server
+        self._prev = server.theta.clone()
+        server.on_release = lambda plan, thetas: self.released(plan, server, thetas)
+
     def released(self, plan, server, site_thetas: list[torch.Tensor] | None = None) -> None:
         """One round released: recover the noisy sum it was made from, project it on the
         canaries. With noise at the sites the canaries' site's own parameters are used."""
         before = self._prev
-        after = server.theta if site_thetas is None else site_thetas[self.site_index].float()
         privacy = server.privacy
         first = plan.first_step if plan.first_step is not None else plan.round
         steps = range(first, first + plan.local_steps)
         alpha = sum(privacy.step_size(t) for t in steps)
         if site_thetas is None:
-            batch = server.expected_batch
+            after, batch = server.theta, server.expected_batch
         else:
-            batch = privacy.sample_rate * self.site.num_train
+            if len(site_thetas) != len(server.site_sizes):
+                raise ValueError(
+                    f"round {plan.round}: {len(site_thetas)} of {len(server.site_sizes)} sites "
+                    "answered; the audit needs the canaries' site's parameters every round"
+                )
+            after = site_thetas[self.site_index].float()
+            batch = privacy.sample_rate * server.site_sizes[self.site_index]
         g = ((before - after) / alpha - server.weight_decay * before) * batch
         clip = plan.clip if plan.clip is not None else 1.0
         self.rows.append((g[self.coords] / clip).numpy().astype(np.float64))
-        self.sigmas.append(float(np.mean([privacy.sigma(t) for t in steps])))
+        weights = [privacy.step_size(t) / alpha for t in steps]
+        self.variances.append(sc.round_variance(weights, [privacy.sigma(t) for t in steps]))
+        self.steps.append(plan.local_steps)
+        self.sample_rate = privacy.sample_rate
         self._prev = server.theta.clone()
 
-    def scores(self) -> np.ndarray:
-        """(3, m): the weighted sum, the whitened sum and the quiet-direction energy of
-        every canary (see :func:`whitened_score` and :func:`quiet_energy`)."""
+    def scores(self) -> dict[str, np.ndarray]:
+        """Every score of :func:`fedsgld.studies.audit_scores.all_scores`, one (m,) vector each."""
         if not self.rows:
             raise ValueError("the audit saw no released round (did the run take any step?)")
         y = np.stack(self.rows, axis=1)  # (m, T)
-        var = y.var(axis=0) + 1e-12
-        weighted = (y / var).sum(axis=1)
-        if y.shape[1] < 3:  # too few rounds for a covariance: the weighted sum alone
-            return weighted[None, :]
-        return np.stack([weighted, whitened_score(y), quiet_energy(y)])
+        return sc.all_scores(y, self.sample_rate, self.variances, self.steps)
 
     def result(self, *, delta: float, confidence: float = 0.95) -> dict[str, Any]:
         """The lower bounds from the scores; the inclusion bits are opened here."""
+        scores = self.scores()  # computed before the inclusion bits are read
         inc = self._included.numpy()
-        bounds = ab.audit_scores(self.scores(), inc, delta=delta, confidence=confidence)
+        names = list(scores)
+        rows = np.stack([scores[n] for n in names])
+        bounds = ab.audit_scores(rows, inc, delta=delta, confidence=confidence)
         best = max(bounds.values(), key=lambda b: b.epsilon)
         return {
             "epsilon_lower_bound": best.epsilon,
@@ -179,46 +229,66 @@ class CanaryAudit:
             "included": int(inc.sum()),
             "guesses": best.guesses,
             "correct": best.correct,
-            "bounds": {k: b.to_dict() for k, b in bounds.items()},
+            "bounds": {k: {**b.to_dict(), "score": names[b.row]} for k, b in bounds.items()},
+            "score_of_bound": names[best.row],
+            "scores": names,
+            "separation": {n: round(sc.separation(scores[n], inc), 4) for n in names},
             "confidence": confidence,
             "delta": delta,
             "rounds_seen": len(self.rows),
         }
 
 
-def whitened_score(y: np.ndarray) -> np.ndarray:
-    """sum over rounds after whitening: y (m, T) -> y S^-1 1, S the covariance of the rounds
-    over the canaries, shrunk towards its diagonal (Schaefer & Strimmer 2005, target D)."""
-    m, t = y.shape
-    yc = y - y.mean(axis=0)
-    sd = yc.std(axis=0) + 1e-12
-    x = yc / sd
-    r = x.T @ x / m
-    w2 = (x * x).T @ (x * x) / m
-    var_r = np.clip(w2 - r * r, 0.0, None) / max(m - 1, 1)
-    off = ~np.eye(t, dtype=bool)
-    denom = float((r[off] ** 2).sum())
-    lam = 1.0 if denom == 0 else min(max(float(var_r[off].sum()) / denom, 0.0), 1.0)
-    shrunk = (1 - lam) * r
-    np.fill_diagonal(shrunk, 1.0)
-    w = np.linalg.solve(shrunk, 1.0 / sd) / sd
-    return y @ w
+def make_audit(
+    config: Config,
+    canaries: int = 1000,
+    *,
+    confidence: float = 0.95,
+    site: int = 0,
+    raw_norm: float = 10.0,
+    audit_seed: int | None = None,
+    inclusion_seed: int | None = None,
+) -> CanaryAudit:
+    """The canaries of an audit of ``config`` (arguments checked; see :func:`run_audit`)."""
+    if config.privacy.method not in AUDITABLE:
+        raise ValueError(
+            f"the audit runs methods {', '.join(AUDITABLE)}; got method {config.privacy.method!r}"
+        )
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if audit_seed is None:
+        audit_seed = (
+            config.run.seed
+            if config.run.seed >= 0
+            else int(np.random.SeedSequence().entropy % 2**62)
+        )
+    audit = CanaryAudit(
+        canaries, seed=audit_seed, site=site, raw_norm=raw_norm, inclusion_seed=inclusion_seed
+    )
+    audit.confidence = confidence
+    return audit
 
 
-def quiet_energy(y: np.ndarray) -> np.ndarray:
-    """A canary's energy in the directions across rounds where the released noise is
-    quieter than it should be.
-
-    With independent noise every direction across rounds carries about the same noise.
-    A direction with much less (noise reused across rounds cancels in their difference)
-    shows a canary's presence pattern almost noise-free: included canaries vary there,
-    excluded ones do not. The score weighs each eigen-direction k of the rounds'
-    covariance over all canaries by max(0, 1 / lambda_k - 1 / median lambda)."""
-    yc = y - y.mean(axis=0)
-    lam, vec = np.linalg.eigh(yc.T @ yc / y.shape[0])
-    lam = np.clip(lam, 1e-12 * max(float(lam.max()), 1e-300), None)
-    w = np.clip(1.0 / lam - 1.0 / float(np.median(lam)), 0.0, None)
-    return ((yc @ vec) ** 2) @ w
+def audit_result(
+    audit: CanaryAudit, results: dict[str, Any], config: Config, start: float
+) -> dict[str, Any]:
+    """The audit's JSON (the keys of ``fedsgld audit``) after the run ``results``."""
+    trained = time.perf_counter() - start
+    pr = results["privacy"]
+    out = audit.result(delta=pr["delta"], confidence=audit.confidence)
+    return {
+        **out,
+        "epsilon_accountant": pr["epsilon"][pr["rigorous_accountant"]],
+        "accountant": pr["rigorous_accountant"],
+        "epsilon_budget": pr["budget"],
+        "method": config.privacy.method,
+        "noise_placement": config.privacy.noise_placement,
+        "steps": pr["steps"],
+        "seconds": round(time.perf_counter() - start, 2),
+        "seconds_training": round(trained, 2),
+        "accuracy": results["metrics"]["pooled"]["accuracy"],
+        "transport": results.get("engine", "in-process"),
+    }
 
 
 def run_audit(
@@ -237,66 +307,33 @@ def run_audit(
     """Run ``config`` with canaries on the in-process engine and audit it (the JSON keys of
     ``fedsgld audit``). ``audit_seed``: the canaries' parameters (default: the config's
     seed); ``inclusion_seed``: the randomness the auditor does not control (default: the
-    operating system; a test may fix it)."""
-    import tempfile
-
-    from fedsgld.engine import run
-
-    if config.privacy.method not in AUDITABLE:
-        raise ValueError(
-            f"the audit runs methods {', '.join(AUDITABLE)}; got method {config.privacy.method!r}"
-        )
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if audit_seed is None:
-        audit_seed = (
-            config.run.seed
-            if config.run.seed >= 0
-            else int(np.random.SeedSequence().entropy % 2**62)
-        )
-    audit = CanaryAudit(
+    operating system; a test may fix it). :func:`fedsgld.studies.audit_flower.run_audit_flower`
+    runs the same audit on a Flower simulation."""
+    audit = make_audit(
+        config,
         canaries,
-        seed=audit_seed,
+        confidence=confidence,
         site=site,
         raw_norm=raw_norm,
+        audit_seed=audit_seed,
         inclusion_seed=inclusion_seed,
     )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedsgld-audit-") as tmp:
-        results = run(
+        results = engine_run(
             config,
             out_dir=out_dir if out_dir is not None else Path(tmp) / "run",
             progress=progress,
             log=log,
             audit=audit,
         )
-    trained = time.perf_counter() - start
     if progress:
         log(f"audit: scoring {canaries} canaries over {len(audit.rows)} released rounds")
-    pr = results["privacy"]
-    out = audit.result(delta=pr["delta"], confidence=confidence)
-    out = {
-        **out,
-        "epsilon_accountant": pr["epsilon"][pr["rigorous_accountant"]],
-        "accountant": pr["rigorous_accountant"],
-        "epsilon_budget": pr["budget"],
-        "method": config.privacy.method,
-        "noise_placement": config.privacy.noise_placement,
-        "steps": pr["steps"],
-        "seconds": round(time.perf_counter() - start, 2),
-        "seconds_training": round(trained, 2),
-        "accuracy": results["metrics"]["pooled"]["accuracy"],
-    }
-    return out
+    return audit_result(audit, results, config, start)
 
 
 def main_audit(args) -> int:
     """``fedsgld audit``: run, print the bounds (or JSON), write audit.json with --out."""
-    import json
-    import sys
-
-    from fedsgld.config import load_config, parse_overrides
-
     config = load_config(args.config, parse_overrides(args.set))
     if not (isinstance(args.canaries, int) and args.canaries >= 2):
         raise ValueError(f"--canaries must be an integer >= 2, got {args.canaries!r}")

@@ -146,10 +146,55 @@ def test_audit_scores_reports_counts_and_tries():
     got = ab.audit_scores(scores, inc, delta=DELTA)
     grid = ab.guess_grid(2000)
     for b in got.values():
-        assert b.tries == 2 * len(grid)
-        assert b.guesses % 2 == 0 and 0 < b.correct <= b.guesses
+        assert b.tries == 2 * 2 * len(grid)  # 2 scores, (k, k) and (k, 0) guesses
+        assert b.row == 0 and b.guesses == b.k_in + b.k_out and 0 < b.correct <= b.guesses
         assert b.epsilon > 2.0
     assert got["fdp"].epsilon >= got["one_run"].epsilon
+    both = ab.audit_scores(scores, inc, delta=DELTA, sides=("both",))
+    assert all(b.tries == 2 * len(grid) and b.k_in == b.k_out for b in both.values())
+    with pytest.raises(ValueError, match="sides"):
+        ab.audit_scores(scores, inc, delta=DELTA, sides=("out",))
+
+
+def _subsampled_game(m: int, steps: int, q: float, sigma: float, seed: int = 0):
+    """Every canary's readings in the idealised subsampled game: per step, 1 if the
+    canary is IN and Poisson-sampled (rate q), plus N(0, sigma^2)."""
+    rng = np.random.default_rng(seed)
+    inc = rng.random(m) < 0.5
+    y = ((rng.random((m, steps)) < q) & inc[:, None]) + sigma * rng.standard_normal((m, steps))
+    return inc, y
+
+
+def test_likelihood_ratio_is_the_log_ratio_of_the_two_mixtures():
+    """Against densities computed directly: one step, log((1-q) phi(y-0) + q phi(y-1)) -
+    log phi(y); and a round of 3 local steps with equal weights, a Binomial mixture."""
+    from fedsgld.studies.audit_scores import likelihood_ratio
+
+    y = np.array([[-1.0, 0.3], [0.5, 2.0], [3.0, -0.2]])
+    q, sd = 0.1, [1.5, 0.7]
+    want = np.zeros(3)
+    for t in range(2):
+        n = stats.norm(scale=sd[t])
+        want += np.log((1 - q) * n.pdf(y[:, t]) + q * n.pdf(y[:, t] - 1)) - n.logpdf(y[:, t])
+    got = likelihood_ratio(y, q, [s * s for s in sd])
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    v = 3 * (1 / 3) ** 2 * 1.2**2  # 3 steps of sigma 1.2, weights 1/3
+    n = stats.norm(scale=math.sqrt(v))
+    mix = sum(stats.binom.pmf(k, 3, q) * n.pdf(y[:, 0] - k / 3) for k in range(4))
+    got3 = likelihood_ratio(y[:, :1], q, [v], steps=[3])
+    np.testing.assert_allclose(got3, np.log(mix) - n.logpdf(y[:, 0]), rtol=1e-10)
+
+
+def test_likelihood_ratio_beats_the_sum_in_the_subsampled_game():
+    """The most powerful score separates IN from OUT better than the linear one where a
+    canary is sampled rarely but shows strongly (q 0.05, sigma 0.6, 200 steps)."""
+    from fedsgld.studies.audit_scores import likelihood_ratio, separation, weighted_sum
+
+    inc, y = _subsampled_game(20_000, 200, 0.05, 0.6)
+    lr = likelihood_ratio(y, 0.05, [0.36] * 200)
+    assert separation(lr, inc) > separation(weighted_sum(y), inc) + 0.1
+    lin = ab.audit_scores(weighted_sum(y), inc, delta=DELTA)["fdp"].epsilon
+    assert ab.audit_scores(lr, inc, delta=DELTA)["fdp"].epsilon > lin + 0.3
 
 
 # -- the audit, as an attacker ------------------------------------------------------------------
