@@ -26,7 +26,9 @@ from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.federation import Federation
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.secagg import run_round
 from fedsgld.strategies import LangevinServer
+from fedsgld.strategies.secure_sum import SecureSumServer, round_label
 
 Evaluation = dict[str, Any]
 
@@ -121,6 +123,53 @@ def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> No
 # -- one round: the server's plan, every site's answer, the server's step ------------------
 
 
+def secure_round(fed: Federation, server: SecureSumServer, plan, drop=None):
+    """A round under secure aggregation: every site's clipped sum goes through its guard
+    (plan check, its ledger, then its share: :meth:`Federation.secure_sites`) and the
+    masking protocol (:func:`fedsgld.secagg.run_round`, which plays the parties' messages);
+    the server steps on the decoded sum. ``drop``: {site index: protocol step} makes sites
+    fall silent (a test hook); more than ``max_dropouts`` aborts the round
+    (:class:`fedsgld.secagg.RoundAborted`) and nothing is released."""
+    params = server.begin_round(plan)  # the run's ledger first
+    guards = fed.secure_sites()
+    sigma = fed.config.privacy.sigma(plan.round)
+    vectors = {
+        i: s.clipped_sum(
+            server.theta,
+            round=plan.round,
+            sample_rate=plan.sample_rate,
+            clip=plan.clip,
+            prenoise=plan.prenoise,
+        )
+        .double()
+        .numpy()
+        for i, s in enumerate(fed.sites)
+    }
+
+    def encoder(i, vector, secagg_plan):
+        return guards[i].contribution(
+            vector,
+            plan=secagg_plan,
+            params=params,
+            noise_multiplier=sigma,
+            sample_rate=plan.sample_rate,
+            round_of=(server.run_key, 0, plan.round),
+        )
+
+    res = run_round(
+        vectors,
+        params,
+        round_label=round_label(server.run_key, plan.round),
+        max_dropouts=server.max_dropouts,
+        max_colluders=server.max_colluders,
+        drop=drop,
+        encoder=encoder,
+    )
+    server.last_round = res  # what the server party received, and the round's cost
+    server.apply_sum(plan, torch.from_numpy(res.total))
+    return plan
+
+
 def one_round(fed: Federation, server: LangevinServer):
     """Take the server's next round over every site; the plan it ran, or None (no round
     left: the round limit or the budget)."""
@@ -128,6 +177,8 @@ def one_round(fed: Federation, server: LangevinServer):
     plan = server.plan()
     if plan is None:
         return None
+    if isinstance(server, SecureSumServer):
+        return secure_round(fed, server, plan)
     if server.local:  # noise at the sites: local steps, then the average
         paid = server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
         thetas = [
@@ -203,8 +254,12 @@ def run(
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
     server = fed.make_server(randomness=lc.server_randomness())
+    if isinstance(server, SecureSumServer):
+        server.run_key = lc.run_key
     lc.attach(server)
     if audit is not None:
+        if lc.config.privacy.secure_aggregation:
+            raise ValueError("canary audits do not support secure_aggregation = true yet")
         audit.attach(fed, server)
     test = partial(_evaluate_groups, fed)
     lc.train(partial(one_round, fed, server), test, progress=progress)

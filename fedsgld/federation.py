@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from fedsgld.calibration import recal
+from fedsgld.clients.policy import SiteLedger, SitePolicy
+from fedsgld.clients.secure_site import SecureSumSite
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.core import streams
@@ -33,6 +35,7 @@ from fedsgld.data.datasets import subsample
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.strategies import LangevinServer, PosteriorSamples
+from fedsgld.strategies.secure_sum import SecureSumServer
 from fedsgld.vi import VariationalModel
 
 Log = Callable[[str], None]
@@ -226,7 +229,8 @@ def make_server(
     """The run's server, starting at ``theta`` for sites of ``site_sizes`` (their public
     N_k); ``randomness`` None: its noise seeded from ``seed``."""
     run = config.run
-    return LangevinServer(
+    cls = SecureSumServer if config.privacy.secure_aggregation else LangevinServer
+    return cls(
         config.privacy,
         theta=theta,
         site_sizes=site_sizes,
@@ -295,6 +299,25 @@ class Federation:
             randomness=randomness,
             on_spend=on_spend,
         )
+
+    def secure_sites(self) -> list[SecureSumSite]:
+        """Each site's guard for secure sums (``secure_aggregation = true``), built once: a
+        simulated site's ledger (budget: the run's epsilon) and the run's plan bounds as its
+        policy's; its shares from the operating system."""
+        if not hasattr(self, "_secure_sites"):
+            p = self.config.privacy
+            policy = SitePolicy.simulation(epsilon=p.epsilon, delta=p.delta)
+            self._secure_sites = [
+                SecureSumSite(
+                    s.site_id,
+                    SiteLedger(s.site_id, policy),
+                    clip=p.clip,
+                    max_dropouts=p.max_dropouts,
+                    max_colluders=p.max_colluders,
+                )
+                for s in self.sites
+            ]
+        return self._secure_sites
 
     def site_table(self) -> list[dict[str, Any]]:
         """What results.json says of each site: its sizes and label histogram."""

@@ -66,7 +66,7 @@ from fedsgld.core.noise import Randomness
 from fedsgld.core.release import Charged, charge
 from fedsgld.files import write_json
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
-from fedsgld.privacy.events import DpEvent, gaussian_steps
+from fedsgld.privacy.events import DpEvent, ddg_steps
 
 EVALUATIONS = ("dp", "exact")
 STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
@@ -333,7 +333,7 @@ class SiteLedger:
                     f"site {self.site_id} already answered {done} evaluations of run "
                     f"{evaluation_of}; policy max_evaluations is {pol.max_evaluations}"
                 )
-        n = 0 if event is None else sum(1 for _ in gaussian_steps(event))
+        n = 0 if event is None else sum(map(len, ddg_steps(event)))
         if n and pol.epsilon is not None:
             fits = acc.affordable(event)
             if fits < n:

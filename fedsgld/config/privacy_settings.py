@@ -93,6 +93,22 @@ class PrivacySettings:
         1,
         "local steps per round with noise_placement = sites, in [1, 10000]; must be 1 with server",
     )
+    secure_aggregation: bool = setting(
+        False,
+        "true: the server learns only the sum of the sites' clipped sums, each site adding its "
+        "share of the distributed discrete Gaussian noise (docs/secure_aggregation.md); needs "
+        "noise_placement = sites, local_steps = 1 and method dpsgd or dpsgld",
+    )
+    max_dropouts: int = setting(
+        0,
+        "sites that may drop out of a secure aggregation round with the round still completing "
+        "(their noise shares are not counted on), in [0, sites - 1 - max_colluders]",
+    )
+    max_colluders: int = setting(
+        0,
+        "sites assumed to collude with the server in secure aggregation (their noise shares are "
+        "not counted on), in [0, sites - 1 - max_dropouts]",
+    )
     lr_schedule: str = setting(
         "polynomial",
         "polynomial (alpha_t = lr (1 + t / decay_t0)^(-decay_gamma)) | cyclical (cSGLD: cosine "
@@ -134,6 +150,12 @@ class PrivacySettings:
         _num("sigma_grid", self.sigma_grid, 0.0, 0.5, hi_open=True)
         _choice("noise_placement", self.noise_placement, PLACEMENTS)
         _int("local_steps", self.local_steps, 1, 10_000)
+        if not isinstance(self.secure_aggregation, bool):
+            raise ValueError(
+                f"secure_aggregation must be true or false, got {self.secure_aggregation!r}"
+            )
+        _int("max_dropouts", self.max_dropouts, 0, 10_000)
+        _int("max_colluders", self.max_colluders, 0, 10_000)
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _int("cycle_length", self.cycle_length, 1, 10**9)
         _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)
@@ -157,6 +179,27 @@ class PrivacySettings:
             raise ValueError(
                 f"noise_placement = 'sites' supports methods sgd, dpsgd and dpsgld, got "
                 f"method {self.method!r}; use noise_placement = 'server'"
+            )
+
+        if self.secure_aggregation:
+            self._check_secure_aggregation()
+
+    def _check_secure_aggregation(self) -> None:
+        """secure_aggregation sums one step's clipped sums of DP methods at the sites."""
+        if self.noise_placement != "sites":
+            raise ValueError(
+                "secure_aggregation = true needs noise_placement = 'sites' (each site adds its "
+                f"noise share), got noise_placement = {self.noise_placement!r}"
+            )
+        if self.method not in ("dpsgd", "dpsgld"):
+            raise ValueError(
+                "secure_aggregation = true needs method dpsgd or dpsgld, got method "
+                f"{self.method!r}"
+            )
+        if self.local_steps != 1:
+            raise ValueError(
+                "secure_aggregation = true needs local_steps = 1 (the secure sum is one step's "
+                f"clipped sums), got local_steps = {self.local_steps}"
             )
 
     @property

@@ -236,6 +236,15 @@ class Config:
                     "'server'; set recal_fraction = 0 or noise_placement = 'server'"
                 )
 
+        if self.privacy.secure_aggregation:
+            p, k = self.privacy, self.run.sites
+            if k - p.max_dropouts - p.max_colluders < 1:
+                raise ValueError(
+                    "secure_aggregation = true needs max_dropouts + max_colluders in [0, sites - "
+                    f"1 = {k - 1}] (at least one honest noise share), got max_dropouts = "
+                    f"{p.max_dropouts}, max_colluders = {p.max_colluders}"
+                )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "privacy": dataclasses.asdict(self.privacy),

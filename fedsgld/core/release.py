@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from fedsgld.core.noise import Randomness
-from fedsgld.privacy.events import DpEvent, gaussian_steps
+from fedsgld.privacy.events import DpEvent, ddg_steps
 
 
 class Ledger(Protocol):
@@ -49,8 +49,9 @@ class Charged:
 
     @property
     def steps(self) -> tuple[tuple[float, float], ...]:
-        """The event's Gaussian steps (q, sigma), in order; () for none."""
-        return () if self.event is None else tuple(gaussian_steps(self.event))
+        """The event's Gaussian steps (q, sigma), in order; () for none (a distributed
+        discrete Gaussian round has none: its noise is drawn by :mod:`fedsgld.secagg`)."""
+        return () if self.event is None else tuple(ddg_steps(self.event)[0])
 
     def noise(
         self,

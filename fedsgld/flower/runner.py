@@ -305,7 +305,13 @@ class _Exchanges:
 
 
 def _refuse_engine_only_settings(config: Config) -> None:
-    """Held-out splits exist in the in-process engine only."""
+    """Held-out splits and secure aggregation exist in the in-process engine only."""
+    if config.privacy.secure_aggregation:
+        raise ValueError(
+            "secure_aggregation = true runs in the in-process engine (fedsgld simulate) only: "
+            "the Flower transport has no secagg message type yet (docs/secure_aggregation.md); "
+            "set secure_aggregation = false for a Flower run"
+        )
     if config.run.recal_fraction > 0:
         raise ValueError(
             "recal_fraction > 0: private recalibration runs in the in-process engine "

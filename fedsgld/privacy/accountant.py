@@ -7,10 +7,8 @@ one record. The accountant keeps the run-length encoded ledger ``[(q, sigma, cou
 and converts it to an (epsilon, delta) guarantee with these accountants:
 
 * ``"gdp"``: Gaussian DP central limit theorem (Dong, Roth & Su 2019), the paper's
-  accountant, mu = sqrt(sum_t q_t^2 (exp(1/sigma_t^2) - 1)). APPROXIMATE: it
-  under-estimates epsilon (2-12 % for a constant sigma, ~20 % for a decaying DP-SGLD
-  schedule ending below sigma = 1). Reported, never used for the budget. It is computed
-  on the sigmas as given to :meth:`~PrivacyAccountant.step` (not the rounded ones).
+  accountant. APPROXIMATE (under-estimates epsilon by 2-20 %): reported, never used for
+  the budget; computed on the sigmas as given (not the rounded ones).
 * ``"pld"`` (default): privacy loss distributions composed in the Fourier domain
   (:mod:`fedsgld.privacy.pld_fft`): every distinct step discretised by pessimistic
   connect-the-dots on one shared grid, composed by one product of transforms, truncation
@@ -19,24 +17,17 @@ and converts it to an (epsilon, delta) guarantee with these accountants:
 * ``"rdp"``: Renyi DP (Mironov et al. 2019, conversion of Canonne, Kamath & Steinke 2020;
   :mod:`fedsgld.privacy.rdp`, the formulas of ``dp_accounting.rdp`` vectorised over
   sigma): a valid but looser upper bound.
-* ``"dp_accounting_pld"``: the reference, ``dp_accounting``'s PLD accountant (connect-the-
-  dots, pessimistic, ``value_discretization_interval = pld_discretization``), one PLD per
-  distinct (q, sigma): accurate, but seconds to minutes for a ledger with many distinct
-  sigmas. Only computed when chosen as ``accountant``.
+* ``"dp_accounting_pld"``: the reference, ``dp_accounting``'s PLD accountant, one PLD per
+  distinct (q, sigma): accurate but slow. Only computed when chosen as ``accountant``.
 
-The budget check uses the rigorous accountant chosen by ``accountant``. Sigmas can be
+The budget check uses the rigorous accountant chosen by ``accountant`` or, once a round of
+the distributed discrete Gaussian is recorded, RDP of the whole run
+(:mod:`fedsgld.privacy.ddg_ledger`, the accountant's second ledger). Sigmas can be
 rounded DOWN onto a geometric grid before they enter the ledger (``sigma_rel_grid``).
 
-Every release is a privacy event (:mod:`fedsgld.privacy.events`); the accountant's one
-entry point is :meth:`~PrivacyAccountant.spend` (with :meth:`~PrivacyAccountant.fits`,
-:meth:`~PrivacyAccountant.affordable` and :meth:`~PrivacyAccountant.epsilon_after` for
-budget checks of a candidate event); ``step(q, sigma)`` and ``check(q, sigma)`` are the
-same for one :class:`~fedsgld.privacy.events.SubsampledGaussianStep`. Steps within budget
-are cheap to check once a plan was certified (:mod:`fedsgld.privacy.budget`).
-
-Performance: see ``benchmarks/accountant_speed.py`` (epsilon of a 2,000-step DP-SGLD
-schedule with a distinct sigma per step: "pld" a fraction of a second; ``max_steps``
-searches the step count with a few such evaluations).
+Every release is a privacy event (:mod:`fedsgld.privacy.events`): ``spend`` records one,
+``fits``/``affordable``/``epsilon_after`` check one against the budget (certified plans make
+later checks cheap, :mod:`fedsgld.privacy.budget`); ``step``/``check`` do it for one step.
 """
 
 from __future__ import annotations
@@ -46,12 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fedsgld.privacy import pld_fft
-from fedsgld.privacy.accountant_state import (
-    check_same_settings,
-    read_state,
-    saved_mu2,
-    write_state,
-)
+from fedsgld.privacy.accountant_state import check_same_settings, read_state, saved_mu2, write_state
 from fedsgld.privacy.budget import (
     BudgetExhausted,
     dominates,
@@ -59,6 +45,7 @@ from fedsgld.privacy.budget import (
     max_steps_by_search,
     single_step_delta_lower_bound,
 )
+from fedsgld.privacy.ddg_ledger import DDGLedger
 from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, gaussian_steps
 from fedsgld.privacy.gdp import gdp_epsilon, gdp_mu
 from fedsgld.privacy.ledger import (
@@ -100,7 +87,7 @@ def _gdp_mu2(q: float, sigma: float) -> float:
     return gdp_mu([(q, sigma, 1)]) ** 2
 
 
-class PrivacyAccountant:
+class PrivacyAccountant(DDGLedger):
     """Ledger of (q, sigma, count) Poisson-subsampled Gaussian steps, its epsilon and the budget.
 
     Args (keyword-only):
@@ -174,8 +161,8 @@ class PrivacyAccountant:
 
     @property
     def steps(self) -> int:
-        """Total number of recorded steps."""
-        return sum(c for _, _, c in self._ledger)
+        """Total number of recorded steps (Gaussian steps and DDG rounds)."""
+        return sum(c for _, _, c in self._ledger) + sum(c for _, _, c in self._ddg)
 
     def bucket(self, sigma: float) -> float:
         """sigma rounded DOWN onto the grid (1 + r)^k, r = ``sigma_rel_grid``; always <= sigma.
@@ -211,14 +198,14 @@ class PrivacyAccountant:
         return self._ledger if ledger is None else normalise(ledger)
 
     def epsilon(self, ledger: Iterable[Any] | None = None) -> dict[str, float]:
-        """{"gdp": CLT (approximate), "pld": rigorous, "rdp": rigorous} at ``delta``.
-
-        For the recorded ledger (sigma already bucketed; "gdp" on the exact sigmas that
-        were recorded), or for a given list of (q, sigma, count), which is used as given
-        (no bucketing). With ``accountant="dp_accounting_pld"`` the dict also holds that
-        reference under its name. Empty ledger: all 0.0.
+        """{"gdp": CLT (approximate), "pld": rigorous, "rdp": rigorous} at ``delta``, of the
+        recorded ledger or of a given list of (q, sigma, count) (used as given), plus the
+        chosen reference accountant. Empty ledger: all 0.0. With DDG rounds recorded,
+        every value is the RDP epsilon of the whole run (:mod:`fedsgld.privacy.ddg_ledger`).
         """
         key = self._key(ledger)
+        if self._ddg:
+            return self._ddg_epsilons(key)
         out = {
             "gdp": self._gdp_exact() if ledger is None else self._gdp(key),
             "pld": self._eps("pld", key),
@@ -229,7 +216,10 @@ class PrivacyAccountant:
         return out
 
     def rigorous_epsilon(self, ledger: Iterable[Any] | None = None) -> float:
-        """Epsilon of the ledger under the rigorous accountant ``rigorous_name`` (budget check)."""
+        """Epsilon of the ledger under the rigorous accountant ``rigorous_name`` (budget check);
+        with DDG rounds recorded, by RDP with them."""
+        if self._ddg:
+            return self._ddg_epsilon(self._key(ledger), self._ddg)
         return self._eps(self.rigorous_name, self._key(ledger))
 
     def delta_at(self, epsilon: float, ledger: Iterable[Any] | None = None) -> float:
@@ -317,6 +307,9 @@ class PrivacyAccountant:
             BudgetExhausted: the event does not fit the budget; NOTHING was recorded.
             UnsupportedEvent: a PATE answer event (see :mod:`fedsgld.privacy.pate_events`).
         """
+        if self._event_has_ddg(event):
+            self._ddg_spend(event)
+            return
         steps = list(gaussian_steps(event))
         if len(steps) == 1:
             self._record(*steps[0])
@@ -335,6 +328,8 @@ class PrivacyAccountant:
 
     def fits(self, event: DpEvent) -> bool:
         """Whether ``event`` keeps the rigorous epsilon <= budget (True without a budget)."""
+        if self._event_has_ddg(event):
+            return self._ddg_fits(event)
         steps = list(gaussian_steps(event))
         if len(steps) == 1:
             q, s = check_q(steps[0][0]), self.bucket(steps[0][1])
@@ -346,6 +341,8 @@ class PrivacyAccountant:
     def affordable(self, event: DpEvent) -> int:
         """How many of ``event``'s steps, in order, fit the budget (all without a budget).
         Certifies what fits, as :meth:`max_steps` does."""
+        if self._event_has_ddg(event):
+            return self._ddg_affordable(event)
         steps = list(gaussian_steps(event))
         if self.epsilon_budget is None:
             self.ledger_after(steps.__getitem__, len(steps))  # validated all the same
@@ -354,22 +351,18 @@ class PrivacyAccountant:
 
     def epsilon_after(self, event: DpEvent) -> float:
         """The rigorous epsilon the ledger would have with ``event`` (nothing recorded)."""
+        if self._event_has_ddg(event):
+            return self._ddg_epsilon(*self._after(event))
         steps = list(gaussian_steps(event))
         return self.rigorous_epsilon(self.ledger_after(steps.__getitem__, len(steps)))
 
     def check(self, q: float, sigma: float) -> bool:
-        """Whether one more step (q, sigma) keeps the rigorous epsilon <= budget (True
-        without a budget): :meth:`fits` of one :class:`SubsampledGaussianStep`."""
+        """:meth:`fits` of one :class:`SubsampledGaussianStep` (q, sigma)."""
         return self.fits(SubsampledGaussianStep(q, sigma))
 
     def step(self, q: float, sigma: float) -> None:
-        """Record one step (q, sigma), sigma rounded down onto the grid: :meth:`spend` of
-        one :class:`SubsampledGaussianStep`.
-
-        Raises:
-            BudgetExhausted: the step would take the rigorous epsilon past the budget. The
-                step is NOT recorded (a step that would overspend is never taken).
-        """
+        """:meth:`spend` of one :class:`SubsampledGaussianStep` (q, sigma): past the budget,
+        raises BudgetExhausted and records nothing."""
         self.spend(SubsampledGaussianStep(q, sigma))
 
     def _record(self, q: float, sigma: float) -> None:
@@ -423,7 +416,10 @@ class PrivacyAccountant:
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict: the ledger (as [q, sigma, count] lists), the settings and
         ``gdp_mu2`` (the GDP mu^2 of the recorded steps at their exact sigmas)."""
-        return write_state(self._ledger, self._mu2, self._settings())
+        state = write_state(self._ledger, self._mu2, self._settings())
+        if self._ddg:
+            state["ddg"] = self._ddg_state()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the ledger of :meth:`state_dict`, replacing the current one.
@@ -439,6 +435,7 @@ class PrivacyAccountant:
         check_same_settings(settings, ours)
         self._ledger = normalise((q, self.bucket(s), c) for q, s, c in key)
         self._mu2 = saved_mu2(state, key)
+        self._load_ddg_state(state)
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> PrivacyAccountant:

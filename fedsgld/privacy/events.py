@@ -19,6 +19,11 @@ The accountants read events instead of bare ``(q, sigma, count)`` tuples:
   :mod:`fedsgld.privacy.pate_analysis` accounts them (moments accountant for LNMax, Renyi
   DP for GNMax), data-independently from the event alone, and data-dependently from the
   event and the private vote histogram (:func:`~fedsgld.privacy.pate_events.answers_epsilon`).
+* :class:`DistributedDiscreteGaussianStep`: one round of the distributed discrete
+  Gaussian sum under secure aggregation (:mod:`fedsgld.privacy.distributed`), records
+  Poisson-sampled with rate q. Its bound is Renyi DP, so it is NOT in the Gaussian
+  ledger: the accountant keeps it in a second ledger composed by RDP
+  (:mod:`fedsgld.privacy.ddg_ledger`); :func:`ddg_steps` flattens an event into it.
 * :class:`Repeated` (one event ``count`` times) and :class:`Composed` (events in order):
   composition.
 
@@ -34,9 +39,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from fedsgld.privacy.distributed import DDGParameters
+
 __all__ = [
     "ConfidentGnmaxAnswers",
     "Composed",
+    "DistributedDiscreteGaussianStep",
     "DpEvent",
     "GaussianRelease",
     "GnmaxAnswers",
@@ -44,6 +52,7 @@ __all__ = [
     "Repeated",
     "SubsampledGaussianStep",
     "UnsupportedEvent",
+    "ddg_steps",
     "gaussian_steps",
     "ledger_entries",
     "subsampled_steps",
@@ -84,6 +93,16 @@ class GaussianRelease(DpEvent):
     def std(self) -> float:
         """The noise standard deviation, ``noise_multiplier * sensitivity``."""
         return self.noise_multiplier * self.sensitivity
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussianStep(DpEvent):
+    """One round of the distributed discrete Gaussian sum (Kairouz, Liu & Steinke 2021)
+    with public parameters ``params``, every record in the sites' clipped sums with
+    probability ``sample_rate`` q: RDP ``params.subsampled_rdp(q)``."""
+
+    params: DDGParameters
+    sample_rate: float
 
 
 @dataclass(frozen=True)
@@ -149,6 +168,11 @@ def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
     elif isinstance(event, Composed):
         for e in event.events:
             yield from gaussian_steps(e)
+    elif isinstance(event, DistributedDiscreteGaussianStep):
+        raise UnsupportedEvent(
+            "DistributedDiscreteGaussianStep is composed by RDP (fedsgld.privacy.ddg_ledger), "
+            "not by the Gaussian ledger"
+        )
     elif isinstance(event, (LnmaxAnswers, GnmaxAnswers, ConfidentGnmaxAnswers)):
         raise UnsupportedEvent(
             f"{type(event).__name__} is accounted by "
@@ -156,6 +180,28 @@ def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
         )
     else:
         raise UnsupportedEvent(f"not a privacy event: {event!r}")
+
+
+def ddg_steps(
+    event: DpEvent,
+) -> tuple[list[tuple[float, float]], list[tuple[float, DDGParameters]]]:
+    """``event`` split into its Gaussian steps ``(q, sigma)`` and its distributed discrete
+    Gaussian steps ``(q, params)`` (each in release order; the two ledgers compose apart,
+    then together by RDP, so their interleaving does not matter)."""
+    if isinstance(event, DistributedDiscreteGaussianStep):
+        return [], [(event.sample_rate, event.params)]
+    if isinstance(event, Repeated):
+        g, d = ddg_steps(event.event)
+        return g * event.count, d * event.count
+    if isinstance(event, Composed):
+        gs: list[tuple[float, float]] = []
+        ds: list[tuple[float, DDGParameters]] = []
+        for e in event.events:
+            g, d = ddg_steps(e)
+            gs += g
+            ds += d
+        return gs, ds
+    return list(gaussian_steps(event)), []
 
 
 def ledger_entries(event: DpEvent) -> list[tuple[float, float, int]]:

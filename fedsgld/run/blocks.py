@@ -165,6 +165,8 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
         )
         return block
     acc = server.accountant
+    if hasattr(server, "secure_block"):  # secure aggregation: the mechanism, its accounting
+        block["secure_aggregation"] = {**server.secure_block(), "epsilon": acc.rigorous_epsilon()}
     block.update(
         ledger=[list(e) for e in acc.ledger],
         ledger_steps=acc.steps,

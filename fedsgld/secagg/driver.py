@@ -12,7 +12,7 @@ runs the sites in parallel: divide the sites' share by K for its wall time).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,6 +90,26 @@ def check_site_plan(
             raise ValueError(f"secure aggregation plan refused: {why}")
 
 
+def _checked(
+    vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray],
+    params: DDGParameters,
+    drop: Mapping[int, str] | None,
+) -> tuple[dict[int, np.ndarray], int, dict[int, str]]:
+    """``run_round``'s arguments checked: the vectors by site, their one length, the drops."""
+    if not isinstance(vectors, Mapping):
+        vectors = dict(enumerate(vectors))
+    lengths = {np.asarray(v).shape[0] for v in vectors.values()}
+    if len(lengths) != 1:
+        raise ValueError("all sites' vectors must have one length")
+    if len(vectors) != params.sites:
+        raise ValueError(f"{len(vectors)} vectors for parameters planned for {params.sites} sites")
+    drop = dict(drop or {})
+    for when in drop.values():
+        if when not in STEPS:
+            raise ValueError(f"drop step must be one of {STEPS}, got {when!r}")
+    return dict(vectors), lengths.pop(), drop
+
+
 def run_round(
     vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray],
     params: DDGParameters,
@@ -98,24 +118,17 @@ def run_round(
     max_dropouts: int = 0,
     max_colluders: int = 0,
     drop: Mapping[int, str] | None = None,
+    encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
 ) -> RoundResult:
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
     ``drop``: {site: step} makes a site fall silent from that step of :data:`STEPS` on.
+    ``encoder(site, vector, plan)``: the site's encoded contribution, called when the site
+    answers the ``masked_input`` step (where a site checks the plan and charges its ledger
+    before it draws its share); default :func:`~fedsgld.secagg.ddg.encode`.
     Raises :class:`~fedsgld.secagg.protocol.RoundAborted` when more sites drop than planned.
     """
-    if not isinstance(vectors, Mapping):
-        vectors = dict(enumerate(vectors))
-    length = {np.asarray(v).shape[0] for v in vectors.values()}
-    if len(length) != 1:
-        raise ValueError("all sites' vectors must have one length")
-    (length,) = length
-    if len(vectors) != params.sites:
-        raise ValueError(f"{len(vectors)} vectors for parameters planned for {params.sites} sites")
-    drop = dict(drop or {})
-    for when in drop.values():
-        if when not in STEPS:
-            raise ValueError(f"drop step must be one of {STEPS}, got {when!r}")
+    vectors, length, drop = _checked(vectors, params, drop)
     plan = SecAggPlan(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
         max_dropouts=max_dropouts, max_colluders=max_colluders,
@@ -155,7 +168,11 @@ def run_round(
         res.received[v] += message_bytes(inbox.get(v, {}))
 
     def masked(v: int) -> dict:
-        encoded = encode(np.asarray(vectors[v], dtype=np.float64), params, round_label)
+        vector = np.asarray(vectors[v], dtype=np.float64)
+        if encoder is not None:
+            encoded = encoder(v, vector, plan)
+        else:
+            encoded = encode(vector, params, round_label)
         return sites[v].masked_input(inbox[v], encoded)
 
     announcement = step("masked_input", masked, server.collect_masked)

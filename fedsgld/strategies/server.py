@@ -199,10 +199,7 @@ class LangevinServer:
         first = self.t * e
         q, sigma = self.schedule_point(first)
         if self.accountant is not None:
-            ok = self.accountant.fits(
-                subsampled_steps(self.schedule_point(first + i) for i in range(e))
-            )
-            if not ok:
+            if not self.accountant.fits(self.round_event(first)):
                 eps = self.accountant.rigorous_epsilon()
                 what = (
                     f"step {self.t + 1}"
@@ -227,6 +224,11 @@ class LangevinServer:
             first_step=first if self.local else None,
         )
 
+    def round_event(self, first: int) -> DpEvent | None:
+        """The privacy event of the round whose first step is ``first``: its steps
+        (q, sigma_t), local steps included."""
+        return subsampled_steps(self.schedule_point(first + i) for i in range(self.local_steps))
+
     # -- the step ---------------------------------------------------------------
     def apply(self, plan: RoundPlan, site_sums: Sequence[torch.Tensor]) -> torch.Tensor:
         """Record the privacy spend, add the noise, take the Langevin step."""
@@ -249,6 +251,10 @@ class LangevinServer:
         noisy = charged.add_noise(
             total, self.noise, std=noise_std, key=streams.server_noise(self.t)
         )
+        return self._step(plan, noisy)
+
+    def _step(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:
+        """The update on the noisy sum of round ``plan`` (post-processing of the release)."""
         if self.privacy.variational:
             self.theta = self._vi_update(plan, noisy)
         else:

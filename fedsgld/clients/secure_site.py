@@ -1,0 +1,69 @@
+"""A site's part in a round of secure aggregation with distributed noise.
+
+The guard's order, as on every other release path: the site checks the round's public
+plan against its own assumptions (:func:`fedsgld.secagg.check_site_plan`: the dropouts and
+colluders it assumes, the clip it applies, the noise multiplier of the round), charges
+ITS OWN ledger with the round's
+:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`
+(:meth:`fedsgld.clients.policy.SiteLedger.admit`, persisted before any noise exists), and
+only then encodes its clipped sum with its discrete Gaussian share, drawn from the
+operating system (:func:`fedsgld.secagg.encode`). The masking itself is the protocol's
+:class:`~fedsgld.secagg.SiteParty`, which the transport plays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from fedsgld.clients.policy import SiteLedger
+from fedsgld.privacy.distributed import DDGParameters
+from fedsgld.privacy.events import DistributedDiscreteGaussianStep
+from fedsgld.secagg import SecAggPlan, check_site_plan, encode
+
+
+class SecureSumSite:
+    """One site's guard for secure sums: plan check, ledger charge, then its share."""
+
+    def __init__(
+        self,
+        site_id: int,
+        ledger: SiteLedger,
+        *,
+        clip: float,
+        max_dropouts: int,
+        max_colluders: int,
+        randbytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.site_id = int(site_id)
+        self.ledger = ledger
+        self.clip = clip
+        self.max_dropouts, self.max_colluders = max_dropouts, max_colluders
+        self.randbytes = randbytes
+
+    def contribution(
+        self,
+        vector: np.ndarray,
+        *,
+        plan: SecAggPlan,
+        params: DDGParameters,
+        noise_multiplier: float,
+        sample_rate: float,
+        round_of: tuple[str, int, int],
+    ) -> np.ndarray:
+        """The encoded, noised ``vector`` (this site's clipped sum of the round) modulo
+        2^bits, or an exception having drawn nothing (a refused plan, the site's budget)."""
+        check_site_plan(
+            plan,
+            params,
+            clip=self.clip,
+            noise_multiplier=noise_multiplier,
+            max_dropouts=self.max_dropouts,
+            max_colluders=self.max_colluders,
+        )
+        self.ledger.admit(
+            event=DistributedDiscreteGaussianStep(params, sample_rate), round_of=round_of
+        )
+        return encode(vector, params, plan.round_label, self.randbytes)

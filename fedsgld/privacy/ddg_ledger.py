@@ -1,0 +1,151 @@
+"""The accountant's second ledger: rounds of the distributed discrete Gaussian, by RDP.
+
+:class:`~fedsgld.privacy.accountant.PrivacyAccountant` composes Poisson-subsampled
+Gaussian steps by privacy loss distributions. The distributed discrete Gaussian's bound
+(Kairouz, Liu & Steinke 2021, Prop. 14; Poisson subsampling by Zhu & Wang's general
+bound: :mod:`fedsgld.privacy.distributed`) is Renyi DP, which a PLD cannot take. So the
+accountant keeps the rounds of :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`
+in a second, run-length encoded ledger ``[(q, DDGParameters, count), ...]``, and once it
+holds any, the epsilon of the WHOLE run (Gaussian steps included, at their recorded
+sigmas) is the RDP composition of both ledgers at integer orders,
+:func:`~fedsgld.privacy.distributed.ddg_epsilon`: every value ``epsilon()`` reports, and
+the budget check. Without DDG rounds nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedsgld.privacy.budget import BudgetExhausted
+from fedsgld.privacy.distributed import INTEGER_ORDERS, DDGParameters
+from fedsgld.privacy.events import (
+    Composed,
+    DistributedDiscreteGaussianStep,
+    DpEvent,
+    SubsampledGaussianStep,
+    ddg_steps,
+)
+from fedsgld.privacy.gdp import gdp_mu
+from fedsgld.privacy.ledger import LedgerKey, append, check_q
+from fedsgld.privacy.rdp import rdp_epsilon, subsampled_gaussian_rdp
+
+#: what the result file says of the accounting once a DDG round is in the ledger
+ACCOUNTING = (
+    "RDP, Kairouz et al. 2021 Prop. 14 with Poisson subsampling by the general bound "
+    "(Zhu & Wang 2019), composed with the run's Gaussian steps by RDP at integer orders"
+)
+
+DDGKey = tuple[tuple[float, DDGParameters, int], ...]
+
+
+def ddg_append(key: DDGKey, steps: Iterable[tuple[float, DDGParameters]]) -> DDGKey:
+    """``key`` with ``steps`` (q, params) appended, run-length encoded."""
+    out = [list(e) for e in key]
+    for q, params in steps:
+        q = check_q(q)
+        if not isinstance(params, DDGParameters):
+            raise ValueError(f"a DDG step needs DDGParameters, got {params!r}")
+        if out and out[-1][0] == q and out[-1][1] == params:
+            out[-1][2] += 1
+        else:
+            out.append([q, params, 1])
+    return tuple((q, p, c) for q, p, c in out)
+
+
+class DDGLedger:
+    """The DDG half of :class:`~fedsgld.privacy.accountant.PrivacyAccountant` (a mixin: it
+    uses the accountant's ``delta``, ``epsilon_budget``, ``bucket``, ``_ledger``)."""
+
+    _ddg: DDGKey = ()
+
+    @property
+    def ddg_ledger(self) -> list[tuple[float, DDGParameters, int]]:
+        """The DDG rounds recorded, [(q, params, count), ...] in order."""
+        return list(self._ddg)
+
+    def _ddg_epsilon(self, key: LedgerKey, ddg: DDGKey) -> float:
+        """The RDP epsilon of the Gaussian ledger ``key`` and the DDG ledger ``ddg`` together:
+        :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each distinct round's curve
+        computed once (a DP-SGLD run has a distinct sigma_t, so parameters, every round)."""
+        if not key and not ddg:
+            return 0.0
+        curves = self.__dict__.setdefault("_ddg_curves", {})
+        total = np.zeros(len(INTEGER_ORDERS))
+        for q, params, count in ddg:
+            curve = curves.get((q, params))
+            if curve is None:
+                curve = curves[(q, params)] = params.subsampled_rdp(q, INTEGER_ORDERS)
+            total += count * curve
+        for q, sigma, count in key:
+            total += count * subsampled_gaussian_rdp(q, sigma, INTEGER_ORDERS)[0]
+        if not np.any(total):
+            return 0.0
+        return float(rdp_epsilon(total, self.delta, INTEGER_ORDERS)[0])
+
+    def _after(self, event: DpEvent) -> tuple[LedgerKey, DDGKey]:
+        """Both ledgers as they would be with ``event`` (nothing recorded)."""
+        gauss, ddg = ddg_steps(event)
+        key = self._ledger
+        for q, sigma in gauss:
+            key = append(key, check_q(q), self.bucket(sigma), 1)
+        return key, ddg_append(self._ddg, ddg)
+
+    def _event_has_ddg(self, event: DpEvent) -> bool:
+        return bool(ddg_steps(event)[1])
+
+    def _ddg_fits(self, event: DpEvent) -> bool:
+        if self.epsilon_budget is None:
+            self._after(event)  # validated all the same
+            return True
+        return self._ddg_epsilon(*self._after(event)) <= self.epsilon_budget
+
+    def _ddg_affordable(self, event: DpEvent) -> int:
+        """How many of ``event``'s releases, in order, fit (Gaussian steps first, then DDG
+        rounds: they compose by RDP, so order does not change the sum)."""
+        gauss, ddg = ddg_steps(event)
+        parts: Sequence[DpEvent] = [SubsampledGaussianStep(q, s) for q, s in gauss] + [
+            DistributedDiscreteGaussianStep(p, q) for q, p in ddg
+        ]
+        n = 0
+        while n < len(parts) and self._ddg_fits(Composed(tuple(parts[: n + 1]))):
+            n += 1
+        return n
+
+    def _ddg_spend(self, event: DpEvent) -> None:
+        """Record all of ``event`` or, past the budget, none."""
+        key, ddg = self._after(event)
+        if self.epsilon_budget is not None:
+            eps = self._ddg_epsilon(key, ddg)
+            if eps > self.epsilon_budget:
+                raise BudgetExhausted(
+                    f"release from step {self.steps + 1} would take epsilon (RDP, with "
+                    f"distributed discrete Gaussian rounds) to {eps:.6g} > budget "
+                    f"{self.epsilon_budget:g} at delta={self.delta:g}; not recorded",
+                    epsilon=eps,
+                    budget=self.epsilon_budget,
+                )
+        gauss = ddg_steps(event)[0]
+        self._mu2 += sum(gdp_mu([(q, s, 1)]) ** 2 for q, s in gauss)
+        self._ledger, self._ddg = key, ddg
+        self._certified = []  # certified without these rounds: no longer dominating
+
+    def _ddg_state(self) -> list[list[Any]]:
+        return [[q, dataclasses.asdict(p), c] for q, p, c in self._ddg]
+
+    def _load_ddg_state(self, state: Mapping[str, Any]) -> None:
+        entries = state.get("ddg", [])
+        self._ddg = tuple(
+            (float(q), DDGParameters(**p), int(c)) for q, p, c in entries if int(c) > 0
+        )
+        self._certified = []
+
+    def _ddg_epsilons(self, key: LedgerKey) -> dict[str, float]:
+        """Every name ``epsilon()`` reports, all the RDP epsilon of the whole run."""
+        v = self._ddg_epsilon(key, self._ddg)
+        names = ("gdp", "pld", "rdp", self.rigorous_name)
+        return dict.fromkeys(names, v if math.isfinite(v) else math.inf)

@@ -1,0 +1,179 @@
+"""Secure aggregation with distributed discrete Gaussian noise (docs/secure_aggregation.md):
+its settings, its accounting."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedsgld import engine
+from fedsgld.config import Config, load_config
+from fedsgld.federation import Federation
+from fedsgld.flower.runner import serve
+from fedsgld.privacy.distributed import ddg_epsilon
+from fedsgld.secagg import RoundAborted, run_round
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "privacy"))
+from test_secagg import servers_residual  # noqa: E402  (the primitives' attacker)
+
+SECAGG = {
+    "secure_aggregation": True,
+    "noise_placement": "sites",
+    "method": "dpsgld",
+    "local_steps": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"noise_placement": "server"}, "noise_placement"),
+        ({"method": "sgd"}, "method dpsgd or dpsgld"),
+        ({"method": "dpvi", "noise_placement": "server"}, "noise_placement"),
+        ({"local_steps": 2}, "local_steps = 1"),
+        ({"max_dropouts": -1}, "max_dropouts must be an integer"),
+        ({"max_colluders": 1.5}, "max_colluders must be an integer"),
+        ({"secure_aggregation": "yes"}, "secure_aggregation must be true or false"),
+        ({"max_dropouts": 2, "max_colluders": 2}, r"sites - 1 = 3"),
+    ],
+)
+def test_secure_aggregation_settings_are_checked(change, names):
+    with pytest.raises(ValueError, match=names):
+        Config.from_flat({**SECAGG, "sites": 4, **change})
+
+
+def test_secure_aggregation_settings_accepted_within_range():
+    cfg = Config.from_flat({**SECAGG, "sites": 4, "max_dropouts": 2, "max_colluders": 1})
+    assert cfg.privacy.secure_aggregation and cfg.privacy.max_dropouts == 2
+    # off, the plan bounds are not checked against the sites (they do not apply)
+    assert Config.from_flat({"sites": 2, "max_dropouts": 5}).privacy.max_dropouts == 5
+
+
+# -- the in-process engine -----------------------------------------------------------------
+
+SMALL = {
+    "dataset": "synthetic",
+    "model": "mlp",
+    "sites": 4,
+    "rounds": 6,
+    "sample_rate": 0.2,
+    "lr": 0.2,
+    "temperature": 2.0,
+    "prenoise": 0.01,
+    "epsilon": 30.0,
+    "eval_every": 3,
+    "checkpoint_every": 3,
+    "seed": 5,
+    **SECAGG,
+}
+
+
+def _run(tmp_path, name="secagg", **over):
+    cfg = load_config(None, {**SMALL, **over})
+    return engine.run(cfg, out_dir=tmp_path / name, progress=False, log=lambda s: None)
+
+
+def test_engine_run_names_the_mechanism_and_its_epsilon(tmp_path):
+    res = _run(tmp_path, max_dropouts=1)
+    on_disk = json.loads((tmp_path / "secagg" / "results.json").read_text())
+    block = on_disk["privacy"]["secure_aggregation"]
+    assert block["mechanism"] == "distributed discrete Gaussian"
+    assert block["accounting"].startswith("RDP, Kairouz et al. 2021 Prop. 14")
+    assert on_disk["privacy"]["steps"] == 6 and res["privacy"]["steps"] == 6
+    # the run's epsilon is ddg_epsilon of its rounds (dpsgld, constant step size here)
+    cfg = load_config(None, {**SMALL, "max_dropouts": 1})
+    server = Federation(cfg, log=lambda s: None).make_server()
+    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(6)]
+    ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
+    assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
+    assert on_disk["privacy"]["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    assert all(np.isfinite(v) for v in on_disk["privacy"]["epsilon"].values())
+
+
+def _federation(**over):
+    cfg = load_config(None, {**SMALL, **over})
+    fed = Federation(cfg, log=lambda s: None)
+    server = fed.make_server()
+    server.run_key = "test"
+    return fed, server
+
+
+def test_budget_stops_the_run_before_a_round_past_it(tmp_path):
+    fed, server = _federation()
+    one = ddg_epsilon([(0.2, server.parameters(0), 1)], 1e-5)[0]
+    three = ddg_epsilon([(0.2, server.parameters(0), 3)], 1e-5)[0]
+    res = _run(tmp_path, epsilon=(three + one) / 2 if three > one else three)
+    assert res["privacy"]["halted"] and res["privacy"]["steps"] < 6
+    assert res["privacy"]["secure_aggregation"]["epsilon"] <= (three + one) / 2
+
+
+def test_a_planned_dropout_completes_the_round_and_one_more_aborts_it():
+    fed, server = _federation(max_dropouts=1)
+    theta0 = server.theta.clone()
+    plan = server.plan()
+    engine.secure_round(fed, server, plan, drop={2: "masked_input"})
+    assert server.t == 1 and not torch.equal(server.theta, theta0)
+    assert server.last_round.survivors == (0, 1, 3)
+    # the dropped site drew nothing and charged nothing; the others charged their ledgers
+    ledgers = [g.ledger.accountant.steps for g in fed.secure_sites()]
+    assert ledgers == [1, 1, 0, 1]
+    theta1 = server.theta.clone()
+    plan = server.plan()
+    with pytest.raises(RoundAborted):
+        engine.secure_round(fed, server, plan, drop={0: "masked_input", 3: "masked_input"})
+    assert server.t == 1 and torch.equal(server.theta, theta1)  # nothing released
+
+
+def test_the_server_sees_only_masked_inputs_and_the_sum():
+    """Site 0's contribution is its clipped sum plus its share, masked: from everything the
+    server party received in an engine round (the transcript), rebuilding and removing
+    site 0's self mask leaves a residual that is uniform modulo 2^bits, unrelated to site
+    0's encoded input. Fails when the pairwise masks are left out."""
+    fed, server = _federation()
+    plan = server.plan()
+    engine.secure_round(fed, server, plan)
+    party = server.last_round.server
+    residual = servers_residual(party, 0)
+    bits = party.plan.bits
+    u = residual.astype(np.float64) / 2.0**bits
+    assert stats.kstest(u, "uniform").pvalue > 1e-6
+    names = [name for name, _ in party.transcript]
+    assert names == ["advertise_keys", "share_keys", "masked_input", "unmask"]
+
+
+def test_the_engine_sum_carries_the_central_noise():
+    """The decoded sum of an engine round minus the sites' clipped sums has variance
+    sigma_t^2 C^2 (tolerance 5 standard errors; statistical): shares of 1/K of it each."""
+    fed, server = _federation(model="mlp", clip=1.0)
+    plan = server.plan()
+    sums = [
+        s.clipped_sum(server.theta, round=0, sample_rate=plan.sample_rate, clip=plan.clip,
+                      prenoise=plan.prenoise).double()
+        for s in fed.sites
+    ]  # fmt: skip
+    # the same clipped sums the round computes (the sites' generators are keyed by round)
+    params = server.begin_round(plan)
+    guards = fed.secure_sites()
+    res = run_round(
+        [x.numpy() for x in sums], params, round_label=b"noise",
+        encoder=lambda i, v, p: guards[i].contribution(
+            v, plan=p, params=params, noise_multiplier=plan.sigma,
+            sample_rate=plan.sample_rate, round_of=("noise", 0, 0)),
+    )  # fmt: skip
+    noise = res.total - sum(sums).numpy()
+    target = (plan.sigma * plan.clip) ** 2
+    dim = noise.shape[0]
+    assert dim > 2000
+    assert abs(noise.var() / target - 1.0) < 5 * math.sqrt(2.0 / dim) + 0.02
+
+
+def test_the_flower_runner_refuses_secure_aggregation():
+    with pytest.raises(ValueError, match=r"secure_aggregation = true runs in the in-process"):
+        serve(None, {**SMALL, "out": ""}, log=lambda s: None)

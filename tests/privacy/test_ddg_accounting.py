@@ -1,0 +1,66 @@
+"""The accountant's second ledger: distributed discrete Gaussian rounds composed by RDP."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.privacy import BudgetExhausted, PrivacyAccountant, Repeated, SubsampledGaussianStep
+from fedsgld.privacy.distributed import choose_ddg, ddg_epsilon
+from fedsgld.privacy.events import DistributedDiscreteGaussianStep, UnsupportedEvent, ledger_entries
+
+DELTA = 1e-5
+PARAMS = choose_ddg(
+    noise_multiplier=1.1, clip=1.0, dim=100, sites=4, max_dropouts=1, signal_norm=50.0
+)
+Q = 0.05
+
+
+def test_epsilon_is_ddg_epsilon_of_the_rounds_and_gaussian_steps():
+    acc = PrivacyAccountant(delta=DELTA)
+    acc.spend(SubsampledGaussianStep(0.02, 3.0))
+    acc.spend(Repeated(DistributedDiscreteGaussianStep(PARAMS, Q), 20))
+    ref = ddg_epsilon([(Q, PARAMS, 20)], DELTA, gaussian=[(0.02, 3.0, 1)])[0]
+    assert acc.rigorous_epsilon() == pytest.approx(ref, rel=1e-12)
+    assert all(v == pytest.approx(ref, rel=1e-12) for v in acc.epsilon().values())
+    assert acc.steps == 21 and acc.ddg_ledger == [(Q, PARAMS, 20)]
+    # the round-trip keeps both ledgers
+    back = PrivacyAccountant.from_state_dict(acc.state_dict())
+    assert back.rigorous_epsilon() == pytest.approx(ref, rel=1e-12)
+
+
+def test_ddg_round_past_the_budget_is_refused_and_not_recorded():
+    one = ddg_epsilon([(Q, PARAMS, 1)], DELTA)[0]
+    acc = PrivacyAccountant(delta=DELTA, epsilon_budget=one * 1.2)
+    step = DistributedDiscreteGaussianStep(PARAMS, Q)
+    assert acc.fits(step)
+    acc.spend(step)
+    ten = ddg_epsilon([(Q, PARAMS, 10)], DELTA)[0]
+    assert ten > one * 1.2  # so that the test means something
+    assert acc.affordable(Repeated(step, 10)) < 10
+    before = acc.steps
+    with pytest.raises(BudgetExhausted):
+        acc.spend(Repeated(step, 10))
+    assert acc.steps == before
+    # a Gaussian step is checked against the whole run too, DDG rounds included
+    with pytest.raises(BudgetExhausted):
+        for _ in range(1000):
+            acc.step(Q, 1.1)
+    assert acc.rigorous_epsilon() <= one * 1.2
+
+
+def test_gaussian_ledger_refuses_a_ddg_round():
+    with pytest.raises(UnsupportedEvent):
+        ledger_entries(DistributedDiscreteGaussianStep(PARAMS, Q))
+
+
+def test_site_ledger_admits_a_ddg_round_within_its_budget_only():
+    one = ddg_epsilon([(Q, PARAMS, 1)], DELTA)[0]
+    policy = SitePolicy.simulation(epsilon=one * 1.2, delta=DELTA)
+    ledger = SiteLedger(0, policy)
+    step = DistributedDiscreteGaussianStep(PARAMS, Q)
+    receipt = ledger.admit(event=step, round_of=("run", 0, 0))
+    assert receipt.event == step and receipt.steps == ()
+    with pytest.raises(PolicyRefused):
+        ledger.admit(event=Repeated(step, 5), round_of=("run", 0, 1))
+    assert ledger.accountant.ddg_ledger == [(Q, PARAMS, 1)]
