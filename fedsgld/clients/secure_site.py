@@ -63,7 +63,7 @@ class SecureSumSite:
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
         )
-        self.ledger.admit(
+        paid = self.ledger.admit(
             event=DistributedDiscreteGaussianStep(params, sample_rate), round_of=round_of
         )
-        return encode(vector, params, plan.round_label, self.randbytes)
+        return paid.draw(encode, vector, params, plan.round_label, self.randbytes)

@@ -67,6 +67,11 @@ class Charged:
         where = {} if device is None else {"device": device}
         return randomness.gaussian(shape, std=std, key=key, dtype=dtype, **where)
 
+    def draw(self, sampler: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``sampler(*args, **kwargs)``: a noise of this charge drawn by another sampler than
+        the party's Gaussian (a secure-aggregation site's discrete Gaussian share)."""
+        return sampler(*args, **kwargs)
+
     def add_noise(
         self,
         value: torch.Tensor,

@@ -177,3 +177,23 @@ def test_the_engine_sum_carries_the_central_noise():
 def test_the_flower_runner_refuses_secure_aggregation():
     with pytest.raises(ValueError, match=r"secure_aggregation = true runs in the in-process"):
         serve(None, {**SMALL, "out": ""}, log=lambda s: None)
+
+
+def test_every_share_is_drawn_through_the_receipt_of_its_sites_charge(monkeypatch):
+    """Each site's discrete Gaussian share is drawn by the receipt its own ledger returned
+    for this round's event: no share exists without its site's charge."""
+    from fedsgld.core.release import Charged
+
+    fed, server = _federation()
+    drawn = []
+    real = Charged.draw
+
+    def spy(self, sampler, *args, **kwargs):
+        drawn.append(self.event)
+        return real(self, sampler, *args, **kwargs)
+
+    monkeypatch.setattr(Charged, "draw", spy)
+    engine.secure_round(fed, server, server.plan())
+    assert len(drawn) == len(fed.sites)
+    assert all(type(e).__name__ == "DistributedDiscreteGaussianStep" for e in drawn)
+    assert [g.ledger.accountant.steps for g in fed.secure_sites()] == [1] * len(fed.sites)
