@@ -49,12 +49,21 @@ def test_hardened_noise_has_the_claimed_std(std, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_deployed_randomness_draws_hardened_noise_of_the_claimed_std(device):
-    r = Randomness.system()  # what deployed parties use: OS entropy, hardened by default
-    assert r.secure
-    z = r.gaussian((N,), std=1.7, key=(0,), device=device).double().cpu().numpy()
-    accept, wrong = _ks(z, 1.7)
-    assert accept > 1e-5  # fresh OS entropy each run: a false alarm once in 100,000 runs
-    assert max(wrong) < 1e-10
+    """Fresh OS entropy each run, so the test is sequential: a p-value below 1e-3 draws a
+    second, independent sample, and the test fails only if that one is below 1e-3 too. A
+    correct sampler fails once in a million runs (3,000 draws of this test gave uniform
+    p-values, KS p = 0.37, smallest 4e-4); a wrong one fails both (the 2/3 and 3/2 scales
+    give p < 1e-10)."""
+    accept = 0.0
+    for _ in range(2):
+        r = Randomness.system()  # what deployed parties use: OS entropy, hardened by default
+        assert r.secure
+        z = r.gaussian((N,), std=1.7, key=(0,), device=device).double().cpu().numpy()
+        accept, wrong = _ks(z, 1.7)
+        assert max(wrong) < 1e-10
+        if accept > 1e-3:
+            break
+    assert accept > 1e-3
 
 
 def test_hardened_noise_is_not_the_plain_draw_rescaled():
