@@ -10,7 +10,8 @@ refused. The handlers behind it:
 ``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
 the site's calibration report and statistics of one model on its test split. See
-:mod:`fedsgld.flower.sites`. ``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE
+:mod:`fedsgld.flower.sites`. ``train.secagg``: one step of a secure-aggregation round
+(:mod:`fedsgld.flower.secure_site`). ``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE
 teachers at the site, their vote histogram, the student's evaluation
 (:mod:`fedsgld.pate.flower`).
 """
@@ -25,8 +26,11 @@ from flwr.clientapp import ClientApp
 
 from fedsgld.clients.guard import Admission
 from fedsgld.flower.guard import DOORS, Door, make_site_guard
+from fedsgld.flower.protocol import SECAGG
+from fedsgld.flower.secure_site import handle_secagg, secagg_door
 from fedsgld.flower.sites import handle_evaluate, handle_query, handle_train
 
+SECURE = SECAGG.split(".")[1]  # train.secagg: one step of a secure-aggregation round
 PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate
 
 
@@ -49,7 +53,11 @@ def _pate_door(kind: str) -> Door:
 
 
 site_guard = make_site_guard(
-    {**DOORS, **{f"{k}.{PATE}": _pate_door(f"{k}.{PATE}") for k in ("query", "train", "evaluate")}}
+    {
+        **DOORS,
+        SECAGG: secagg_door,
+        **{f"{k}.{PATE}": _pate_door(f"{k}.{PATE}") for k in ("query", "train", "evaluate")},
+    }
 )
 
 
@@ -67,6 +75,10 @@ def _register(app: ClientApp) -> ClientApp:
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         return handle_evaluate(msg, context)
+
+    @app.train(SECURE)
+    def secure_step(msg: Message, context: Context) -> Message:
+        return handle_secagg(msg, context)
 
     @app.query(PATE)
     def pate_query(msg: Message, context: Context) -> Message:

@@ -27,6 +27,9 @@ Policy file keys (all optional except ``epsilon`` for the ``sites`` placement)::
     max_models_per_evaluation = 32 # parameter vectors one evaluation may average (posterior
                                   # samples of a Bayesian model average)
     vote_noise_multiplier = 1.0   # PATE: noise std of a vote histogram / its L2 sensitivity
+    max_dropouts = 0              # secure aggregation: the site takes part only in rounds
+    max_colluders = 0             # planned for at least this many sites dropping out / colluding
+                                  # with the server (its noise share assumes them missing)
     secure_noise = true           # hardened Gaussian draws; false: the run's secure_noise decides
     state_dir = "."               # where the site's ledger file lives (relative: to this file)
     approved_apps = [...]         # bundles the site runs: {sha256, name, version} (deploy/approval.py)
@@ -101,6 +104,8 @@ class SitePolicy:
     max_evaluations: int = 20
     max_models_per_evaluation: int = 32
     vote_noise_multiplier: float = 1.0
+    max_dropouts: int = 0
+    max_colluders: int = 0
     secure_noise: bool = True
     state_dir: str | None = None
     approved_apps: tuple[ApprovedApp, ...] = ()
@@ -127,6 +132,8 @@ class SitePolicy:
             _num(f"policy {k}", getattr(self, k), 0.0, 1e6, lo_open=True)
         _int("policy max_evaluations", self.max_evaluations, 0)
         _int("policy max_models_per_evaluation", self.max_models_per_evaluation, 1)
+        _int("policy max_dropouts", self.max_dropouts, 0)
+        _int("policy max_colluders", self.max_colluders, 0)
         for k in (
             "insecure_seeded_noise",
             "allow_non_private",

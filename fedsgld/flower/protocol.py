@@ -22,6 +22,15 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               config rides in the plan rather than in a ``run`` record of its own: 3
               objects per instruction and 3 per reply instead of 7 and 6, which shortens
               every deployed round.
+``train.secagg``  server -> node, one step of a secure-aggregation round
+              (``secure_aggregation = true``; :mod:`fedsgld.flower.secure_rounds`,
+              :mod:`fedsgld.flower.secure_site`), one message per site: ``plan`` (the
+              train plan's fields and run config, without ``theta`` except at the
+              ``masked_input`` step, plus the round's public secure-aggregation plan:
+              ``secagg-step``, ``secagg-sites``, ``secagg-length``, ``secagg-bits``,
+              ``secagg-dropouts``, ``secagg-colluders``, ``signal-norm``; and the step's
+              protocol message, flattened under ``secagg/``: :mod:`fedsgld.secagg.wire`).
+              reply: ``secagg`` (ConfigRecord: the site's protocol message, flattened).
 ``evaluate``  server -> node, one model per message: ``thetas`` (ArrayRecord ``{"0":
               theta_0, ...}``: one vector, or the posterior samples one model averages),
               ``eval`` (ConfigRecord: site-id, run-key, groups = JSON ``{"posterior": [0,
@@ -48,10 +57,14 @@ import numpy as np
 from flwr.app import ConfigRecord
 
 from fedsgld.config import Config
+from fedsgld.secagg import SecAggPlan
+from fedsgld.strategies.secure_sum import round_label
 
 QUERY = "query"
 TRAIN = "train"
 EVALUATE = "evaluate"
+SECAGG = "train.secagg"
+SECAGG_PREFIX = "secagg/"  # a step's protocol message inside the plan record
 
 # Flower-only run-config keys and their defaults.
 FLOWER_KEYS: dict[str, Any] = {
@@ -167,6 +180,40 @@ def config_from_plan(plan: ConfigRecord) -> Config:
     if not flat:
         raise ValueError(f"the train plan carries no run config ({RUN_PREFIX}* keys)")
     return Config.from_flat(flat)
+
+
+def secagg_label(run_key: str, epoch: int, rnd: int) -> bytes:
+    """The round label of a Flower secure-aggregation round: a resumed run (new epoch)
+    never repeats one."""
+    return round_label(f"{run_key}/{epoch}", rnd)
+
+
+def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
+    """A step's public secure-aggregation plan, as ``plan`` record fields."""
+    return {
+        "secagg-step": step,
+        "secagg-sites": list(sp.sites),
+        "secagg-length": sp.length,
+        "secagg-bits": sp.bits,
+        "secagg-dropouts": sp.max_dropouts,
+        "secagg-colluders": sp.max_colluders,
+    }
+
+
+def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
+    """The round's :class:`SecAggPlan` from a ``train.secagg`` plan record (``ValueError``,
+    ``TypeError`` or ``KeyError`` for a malformed one)."""
+    sites = rec["secagg-sites"]
+    ints = [rec[k] for k in ("secagg-length", "secagg-bits", "secagg-dropouts", "secagg-colluders")]
+    if not isinstance(sites, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in [*sites, *ints]
+    ):
+        raise TypeError("secagg-sites, -length, -bits, -dropouts, -colluders must be integers")
+    length, bits, dropouts, colluders = ints
+    return SecAggPlan(
+        round_label=secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
+        bits=bits, max_dropouts=dropouts, max_colluders=colluders,
+    )  # fmt: skip
 
 
 def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:

@@ -7,7 +7,9 @@
    seconds), asks each node which sites it hosts and their public sizes N_k.
 2. The server: built by :mod:`fedsgld.federation` as the engine builds it (the same
    seeded model, :func:`~fedsgld.federation.make_server`).
-3. Rounds (:class:`~fedsgld.flower.strategy.LangevinStrategy`): plan (budget check),
+3. Rounds (:class:`~fedsgld.flower.strategy.LangevinStrategy`; with
+   ``secure_aggregation = true`` four ``train.secagg`` exchanges per round,
+   :mod:`fedsgld.flower.secure_rounds`): plan (budget check),
    train messages, checked replies ordered by site id (fewer than ``min_sites`` good
    replies fail the run: :class:`~fedsgld.flower.strategy.TooFewSites`),
    ``LangevinServer.apply``; the
@@ -39,9 +41,12 @@ from flwr.serverapp import Grid
 from fedsgld.config import Config
 from fedsgld.federation import initial_theta, make_server
 from fedsgld.flower.protocol import QUERY, run_record, split_run_config
+from fedsgld.flower.secure_rounds import SecureRounds
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.secagg import RoundAborted
 from fedsgld.strategies import LangevinServer
+from fedsgld.strategies.secure_sum import SecureSumServer
 
 _log = logging.getLogger("fedsgld")
 
@@ -288,9 +293,17 @@ class _Exchanges:
         self.grid, self.strategy, self.pacer = grid, strategy, pacer
         self.server = strategy.server
         self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
+        self.secure: SecureRounds | None = None
+        if isinstance(self.server, SecureSumServer):
+            self.secure = SecureRounds(
+                strategy,
+                lambda msgs: exchange(grid, msgs, timeout=self.timeout, poll=self.poll),
+            )
 
     def one_round(self):
         """One training round; the plan it ran, or None (no round left)."""
+        if self.secure is not None:
+            return self.secure.one_round()
         server, strategy = self.server, self.strategy
         arrays = ArrayRecord({"theta": Array(server.theta.numpy())})
         msgs = list(strategy.configure_train(server.t + 1, arrays, ConfigRecord(), self.grid))
@@ -305,13 +318,7 @@ class _Exchanges:
 
 
 def _refuse_engine_only_settings(config: Config) -> None:
-    """Held-out splits and secure aggregation exist in the in-process engine only."""
-    if config.privacy.secure_aggregation:
-        raise ValueError(
-            "secure_aggregation = true runs in the in-process engine (fedsgld simulate) only: "
-            "the Flower transport has no secagg message type yet (docs/secure_aggregation.md); "
-            "set secure_aggregation = false for a Flower run"
-        )
+    """Held-out splits exist in the in-process engine only."""
     if config.run.recal_fraction > 0:
         raise ValueError(
             "recal_fraction > 0: private recalibration runs in the in-process engine "
@@ -354,6 +361,11 @@ def _finish(
             "dropped_replies": all_drops(),
             "evaluation_missing_sites": holder.get("missing"),
             "pooled_metrics_from": holder.get("pooled_from"),
+            **(
+                {"secure_aggregation": exchanges.secure.summary()}
+                if exchanges.secure is not None
+                else {}
+            ),
         },
     )
     return results
@@ -392,6 +404,8 @@ def serve(
         seed=lc.seed,
         randomness=lc.server_randomness(),
     )
+    if isinstance(server, SecureSumServer):
+        server.run_key = lc.run_key
     lc.attach(server)
     if on_server is not None:
         on_server(server)
@@ -415,7 +429,7 @@ def serve(
         exchanges.evaluate,
         progress=False,
         on_checkpoint=lambda: {"flower_drops": all_drops()},
-        checkpoint_on=(TooFewSites,),
+        checkpoint_on=(TooFewSites, RoundAborted),
         contributors=lambda: strategy.last_train_sites,
     )
     strategy.summary()

@@ -21,6 +21,15 @@ from fedsgld.posteriors import RECAL, SWAG, iterate_average
 Evaluate = Callable[[dict[str, list[torch.Tensor]]], dict[str, dict[str, Any]] | None]
 
 
+def budget_accounting(server: Any) -> str:
+    """The accounting the budget is checked with: the accountant's rigorous one, or RDP
+    where the run's rounds are secure sums with distributed noise (every epsilon the
+    accountant reports is then that RDP epsilon: :mod:`fedsgld.privacy.ddg_ledger`)."""
+    if server.accountant is None:
+        return "none"
+    return "rdp" if hasattr(server, "secure_block") else server.accountant.rigorous_name
+
+
 def round_time_summary(round_times: list[float]) -> dict[str, Any]:
     """Wall time of the training rounds; the first includes warm-up (first calls, caches)."""
     n = len(round_times)
@@ -167,15 +176,16 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
     acc = server.accountant
     if hasattr(server, "secure_block"):  # secure aggregation: the mechanism, its accounting
         block["secure_aggregation"] = {**server.secure_block(), "epsilon": acc.rigorous_epsilon()}
+    name = budget_accounting(server)
     block.update(
         ledger=[list(e) for e in acc.ledger],
         ledger_steps=acc.steps,
         epsilon=acc.epsilon(),
-        rigorous_accountant=acc.rigorous_name,
+        rigorous_accountant=name,
         note=(
             "epsilon['gdp'] is the Gaussian-DP CLT of the paper: asymptotic, it can "
             "under-estimate epsilon; the budget is checked with the rigorous accountant "
-            f"'{acc.rigorous_name}'. "
+            f"'{name}'. "
             + (
                 f"Sigma is rounded down to a {p.sigma_grid:g} relative grid for accounting "
                 "(conservative). "

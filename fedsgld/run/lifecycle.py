@@ -46,6 +46,7 @@ from fedsgld.core.noise import Randomness
 from fedsgld.files import atomic_write, strict_json, write_json
 from fedsgld.run.blocks import (
     Evaluate,
+    budget_accounting,
     history_row,
     randomness_block,
 )
@@ -241,7 +242,7 @@ class RunLifecycle:
         if server.accountant is not None:
             self.log(
                 f"budget epsilon={self.config.privacy.epsilon:g} at delta="
-                f"{self.config.privacy.delta:g} ({server.accountant.rigorous_name}) allows "
+                f"{self.config.privacy.delta:g} ({budget_accounting(server)}) allows "
                 f"{affordable} of the remaining {run.rounds - server.t} rounds"
             )
         return Progress(

@@ -158,6 +158,43 @@ class SiteParty:
         self._inbox: dict[int, bytes] = {}
         self._stage = 0
 
+    def state(self) -> Message:
+        """Everything this party holds between two steps (its secrets included), for a
+        transport whose site process does not live from one message to the next: it is
+        kept on the site's machine (a Flower node's ``context.state``), never sent."""
+        return {
+            "site": self.site,
+            "label": self.plan.round_label,
+            "stage": self._stage,
+            "enc_sk": crypto.private_bytes(self._enc_key),
+            "mask_sk": crypto.private_bytes(self._mask_key),
+            "self_seed": self._self_seed,
+            "roster": {v: {"enc_pk": e, "mask_pk": m} for v, (e, m) in self._roster.items()},
+            "inbox": dict(self._inbox),
+            "u2": sorted(getattr(self, "_u2", ())),
+        }
+
+    @classmethod
+    def restore(cls, plan: SecAggPlan, state: Mapping) -> SiteParty:
+        """The party of :meth:`state`, for the same ``plan`` (its round label) only."""
+        if state["label"] != plan.round_label:
+            raise RoundAborted("the kept secure-aggregation state is of another round")
+        party = cls.__new__(cls)
+        party.site, party.plan = int(state["site"]), plan
+        if party.site not in plan.sites:
+            raise RoundAborted(f"site {party.site} is not in the round's sites {plan.sites}")
+        party._enc_key = X25519PrivateKey.from_private_bytes(state["enc_sk"])
+        party._mask_key = X25519PrivateKey.from_private_bytes(state["mask_sk"])
+        party._self_seed = bytes(state["self_seed"])
+        party._roster = {
+            int(v): (k["enc_pk"], k["mask_pk"]) for v, k in state.get("roster", {}).items()
+        }
+        party._inbox = {int(v): bytes(c) for v, c in state.get("inbox", {}).items()}
+        party._stage = int(state["stage"])
+        if party._stage >= 3:
+            party._u2 = {int(v) for v in state["u2"]}
+        return party
+
     def _advance(self, expected: int) -> None:
         if self._stage != expected:
             raise RoundAborted(f"site {self.site}: protocol step out of order")

@@ -94,6 +94,7 @@ def test_engine_run_names_the_mechanism_and_its_epsilon(tmp_path):
     ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
     assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
     assert on_disk["privacy"]["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    assert on_disk["privacy"]["rigorous_accountant"] == "rdp"
     assert all(np.isfinite(v) for v in on_disk["privacy"]["epsilon"].values())
 
 

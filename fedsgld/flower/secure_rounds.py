@@ -1,0 +1,189 @@
+"""The ServerApp's side of a secure-aggregation round over Flower.
+
+With ``secure_aggregation = true`` a training round is four exchanges of ``train.secagg``
+messages (:mod:`fedsgld.flower.protocol`), one per protocol step, each site's protocol
+message in its own record, the server's half played by
+:class:`fedsgld.secagg.ServerParty`:
+
+1. the server's plan (budget check) and the charge of the run's ledger, BEFORE any site
+   draws its share (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.begin_round`:
+   a round that then aborts stays counted);
+2. ``advertise_keys`` to every site, ``share_keys`` (the roster) to those that answered,
+   ``masked_input`` (each site's relayed ciphertexts and theta_t) to those, ``unmask`` (the
+   survivors) to the survivors;
+3. decode the modular sum and take the Langevin step on it with no noise of the server's
+   own (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.apply_sum`).
+
+A site that does not answer a step before ``round-timeout``, answers with an error (its
+guard refused), or answers out of shape is a dropout from that step on, recorded in the
+run's dropped replies. More dropouts than the plan's ``max_dropouts`` abort the round
+(:class:`fedsgld.secagg.RoundAborted`, at the server, and every honest site refuses to
+unmask such a round): nothing is released and the run stops with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from fedsgld.flower.protocol import (
+    SECAGG,
+    SECAGG_PREFIX,
+    pack_vector,
+    plan_record,
+    secagg_fields,
+    secagg_label,
+)
+from fedsgld.flower.replies import source_node
+from fedsgld.flower.strategy import LangevinStrategy
+from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
+from fedsgld.secagg.wire import flatten, unflatten
+from fedsgld.strategies.server import RoundPlan
+
+Send = Callable[[list[Message]], list[Message]]
+
+#: the keys of each step's reply, besides "site"
+REPLY_FIELDS = {
+    "advertise_keys": {"enc_pk", "mask_pk"},
+    "share_keys": {"shares"},
+    "masked_input": {"y"},
+    "unmask": {"self_mask_shares", "mask_key_shares"},
+}
+
+
+class SecureRounds:
+    """The secure-aggregation rounds of one Flower run (module docstring). ``send`` pushes
+    one step's messages and returns the replies that came back in time."""
+
+    def __init__(self, strategy: LangevinStrategy, send: Send) -> None:
+        self.strategy, self.send = strategy, send
+        self.server = strategy.server
+        self.costs: list[dict[str, Any]] = []
+
+    def _fields(self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int) -> dict[str, Any]:
+        server = self.server
+        rec: dict[str, Any] = {
+            "site-id": site,
+            "round": plan.round,
+            "epoch": self.strategy.epoch,
+            "run-key": self.strategy.run_key,
+            "sample-rate": plan.sample_rate,
+            "sigma": plan.sigma,
+            "prenoise": plan.prenoise,
+            "clip": plan.clip,
+            "signal-norm": server.privacy.clip * sum(server.site_sizes),
+            **secagg_fields(sp, step),
+        }
+        return rec
+
+    def _step(
+        self,
+        plan: RoundPlan,
+        sp: SecAggPlan,
+        step: str,
+        sites: list[int],
+        payload: Callable[[int], dict[str, Any]],
+        cost: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Send ``step`` to ``sites``; the well-formed protocol messages that came back."""
+        directory, strategy = self.strategy.directory, self.strategy
+        msgs, sent_to = [], {}
+        for v in sites:
+            body = payload(v)
+            fields = {**self._fields(plan, sp, step, v), **(extra or {}),
+                      **flatten(body, SECAGG_PREFIX)}  # fmt: skip
+            content = RecordDict({"plan": plan_record(fields, strategy.run)})
+            msgs.append(Message(content, directory[v].node_id, SECAGG,
+                                group_id=f"secagg-{plan.round}-{step}"))  # fmt: skip
+            sent_to[v] = msgs[-1]
+            cost["server_sent"] += message_bytes(body) + message_bytes(extra or {})
+        t0 = time.perf_counter()
+        replies = self.send(msgs)
+        cost["seconds"][step] = time.perf_counter() - t0
+        by_id = {m.metadata.message_id: v for v, m in sent_to.items()}
+        good: dict[int, dict[str, Any]] = {}
+        answered: set[int] = set()
+        for r in replies:
+            v = by_id.get(r.metadata.reply_to_message_id)
+            why = self._reply_problem(r, v, step, good)
+            answered.add(v)
+            if why is not None:
+                strategy._drop(plan.round, f"secagg {step}", v, source_node(r), why)
+                continue
+            good[v] = unflatten(r.content["secagg"], "")
+            cost["server_received"] += message_bytes(good[v])
+        for v in sorted(set(sites) - answered):
+            strategy._drop(plan.round, f"secagg {step}", v, directory[v].node_id,
+                           "no reply before the timeout")  # fmt: skip
+        return [good[v] for v in sorted(good)]
+
+    @staticmethod
+    def _reply_problem(r: Message, v: int | None, step: str, good: dict) -> str | None:
+        if v is None or v in good:
+            return "a reply to no open instruction of this step"
+        if r.has_error():
+            return str(r.error.reason or "error reply")[-500:]
+        try:
+            rec = r.content["secagg"]
+            if not isinstance(rec, ConfigRecord):
+                raise TypeError("the secagg record is not a ConfigRecord")
+            m = unflatten(rec, "")
+        except (KeyError, TypeError, ValueError) as err:
+            return f"malformed {step} reply: {err}"
+        if m.get("site") != v or set(m) != {"site", *REPLY_FIELDS[step]}:
+            return f"a {step} reply must be site {v}'s with {sorted(REPLY_FIELDS[step])}"
+        return None
+
+    def one_round(self) -> RoundPlan | None:
+        """One secure-aggregation round; the plan it ran, or None (no round left)."""
+        server, strategy = self.server, self.strategy
+        strategy.plan = plan = server.plan()
+        if plan is None:
+            return None
+        params = server.begin_round(plan)  # the run's ledger first
+        sp = SecAggPlan(
+            round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
+            sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
+            max_dropouts=server.max_dropouts, max_colluders=server.max_colluders,
+        )  # fmt: skip
+        party = ServerParty(sp)
+        cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
+                                "server_received": 0}  # fmt: skip
+        t0 = time.perf_counter()
+        got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+        roster = party.collect_keys(got)
+        got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster, cost)
+        inbox = party.route_shares(got)
+        theta = {"theta": pack_vector(server.theta)}
+        got = self._step(plan, sp, "masked_input", sorted(inbox), inbox.__getitem__, cost, theta)
+        announcement = party.collect_masked(got)
+        survivors = list(announcement["survivors"])
+        got = self._step(plan, sp, "unmask", survivors, lambda v: announcement, cost)
+        modular = party.finish(got)
+        total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
+        server.apply_sum(plan, torch.from_numpy(total))
+        cost["seconds"]["round"] = time.perf_counter() - t0
+        cost["survivors"] = survivors
+        self.costs.append(cost)
+        strategy.last_train_sites = survivors
+        return plan
+
+    def summary(self) -> dict[str, Any]:
+        """results.json's ``flower.secure_aggregation``: the rounds' median cost."""
+        if not self.costs:
+            return {"rounds": 0}
+        med = statistics.median
+        steps = sorted({k for c in self.costs for k in c["seconds"]})
+        return {
+            "rounds": len(self.costs),
+            "median_seconds": {k: med(c["seconds"].get(k, 0.0) for c in self.costs) for k in steps},
+            "median_server_sent_bytes": med(c["server_sent"] for c in self.costs),
+            "median_server_received_bytes": med(c["server_received"] for c in self.costs),
+            "bytes": "protocol messages and theta_t (message_bytes), not Flower's framing",
+        }

@@ -1,0 +1,253 @@
+"""A site's part in a secure-aggregation round over Flower: its door and its handler.
+
+``train.secagg`` messages (:mod:`fedsgld.flower.protocol`) carry the four steps of a round
+(:mod:`fedsgld.secagg.protocol`: ``advertise_keys``, ``share_keys``, ``masked_input``,
+``unmask``). Every one passes the site's guard like any other message; its admission
+(:func:`secagg_door`) checks, in order:
+
+1. the request: the run asks for secure aggregation, the site is hosted here and is one of
+   the round's sites, the plan is for the run's number of sites and this model's
+   (padded) dimension, and it plans for at least the dropouts and colluders the site's
+   POLICY assumes (``max_dropouts``, ``max_colluders``: never the run's values); the
+   step's protocol message has the step's shape (:func:`step_message`);
+2. at ``masked_input``, where the site's noise share is drawn, the training request as
+   everywhere (:func:`fedsgld.clients.guard.check_training`: sample rate, noise
+   multiplier, clip against the policy), then the mechanism: the site builds the round's
+   distributed discrete Gaussian ITSELF from the public numbers
+   (:func:`fedsgld.privacy.distributed.choose_ddg`) and checks that the plan matches it
+   (:func:`fedsgld.secagg.check_site_plan`), and the admission carries the round's
+   :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`, which the guard
+   charges to the site's ledger before the handler runs.
+
+The handler (:func:`handle_secagg`) computes the site's clipped, pre-noised sum on theta_t
+and encodes it with its share, drawn from the operating system through the receipt of
+that charge (used once), then masks it. Between the steps of a round the site's
+:class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
+``context.state``, on the site's machine; it is deleted after ``unmask``, and a new
+``advertise_keys`` replaces it. The ledger refuses a second ``masked_input`` for a round
+(replay numbering), so no round draws two shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from fedsgld.clients import guard
+from fedsgld.clients.guard import Admission
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site import Site
+from fedsgld.config import Config
+from fedsgld.flower.guard import request_record
+from fedsgld.flower.protocol import SECAGG_PREFIX, config_from_plan, secagg_plan, unpack_vector
+from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
+from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
+from fedsgld.privacy.events import DistributedDiscreteGaussianStep
+from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode
+from fedsgld.secagg.driver import STEPS
+from fedsgld.secagg.wire import flatten, unflatten
+
+STATE = "fedsgld.secagg-{}"  # a site's SiteParty between the steps of a round
+KEY_BYTES = 32
+
+
+@dataclass(frozen=True)
+class _Request:
+    plan: Any  # the ``plan`` ConfigRecord
+    config: Config
+    policy: SitePolicy
+    site: Site
+    round_of: tuple[str, int, int]
+    step: str
+    secagg: SecAggPlan
+
+
+def _request(msg: Message, context: Context) -> _Request:
+    plan = request_record(msg, "plan", ConfigRecord)
+    config = config_from_plan(plan)
+    if not config.privacy.secure_aggregation:
+        raise PolicyRefused("train.secagg refused: the run config has secure_aggregation = false")
+    policy = node_policy(context, config)
+    site = hosted_site(hosted_sites(context, config), plan.get("site-id"), required=True)
+    rnd, epoch = guard.whole_number(plan, "round"), guard.whole_number(plan, "epoch")
+    key = guard.run_key(plan)
+    step = plan.get("secagg-step")
+    if step not in STEPS:
+        raise PolicyRefused(f"secagg-step {step!r} refused: must be one of {', '.join(STEPS)}")
+    sp = secagg_plan(plan, run_key=key, epoch=epoch, rnd=rnd)
+    return _Request(plan, config, policy, site, (key, epoch, rnd), step, sp)
+
+
+def _ids(d: Any, what: str) -> dict[int, Any]:
+    if not isinstance(d, dict) or not all(isinstance(k, int) for k in d):
+        raise ValueError(f"{what} must map site ids to values")
+    return d
+
+
+def _key(b: Any, what: str) -> bytes:
+    if not isinstance(b, bytes) or len(b) != KEY_BYTES:
+        raise ValueError(f"{what} must be {KEY_BYTES} bytes")
+    return b
+
+
+def step_message(step: str, plan: Any) -> dict[str, Any]:
+    """The protocol message a ``step`` request carries, checked for its shape
+    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's public keys;
+    the ciphertexts relayed to this site; the announced survivors."""
+    m = unflatten(plan, SECAGG_PREFIX)
+    want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
+            "unmask": {"survivors"}}[step]  # fmt: skip
+    if set(m) != want:
+        raise ValueError(f"a {step} request carries {sorted(m)}, expected {sorted(want)}")
+    if step == "share_keys":
+        for v, k in _ids(m["keys"], "keys").items():
+            if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk"}:
+                raise ValueError(f"keys of site {v} must be enc_pk and mask_pk")
+            _key(k["enc_pk"], f"site {v}'s enc_pk"), _key(k["mask_pk"], f"site {v}'s mask_pk")
+    elif step == "masked_input":
+        for v, ct in _ids(m["shares"], "shares").items():
+            if not isinstance(ct, bytes):
+                raise ValueError(f"the shares from site {v} must be bytes")
+    elif step == "unmask" and not isinstance(m["survivors"], list):
+        raise ValueError("survivors must be a list of site ids")
+    return m
+
+
+def site_mechanism(r: _Request, *, clip: float, sigma: float) -> DDGParameters:
+    """The round's distributed discrete Gaussian as this site builds it from the public
+    numbers, checked against the plan and the site's policy (a refusal otherwise)."""
+    try:
+        params = choose_ddg(
+            noise_multiplier=sigma,
+            clip=clip,
+            dim=r.site.fm.size,
+            sites=len(r.secagg.sites),
+            max_dropouts=r.secagg.max_dropouts,
+            max_colluders=r.secagg.max_colluders,
+            signal_norm=guard.number(
+                "signal-norm", r.plan.get("signal-norm"), lo=0.0, hi=float("inf"),
+                limit="must be a finite number >= 0",
+            ),
+        )  # fmt: skip
+        check_site_plan(
+            r.secagg,
+            params,
+            clip=clip,
+            noise_multiplier=sigma,
+            max_dropouts=r.policy.max_dropouts,
+            max_colluders=r.policy.max_colluders,
+        )
+    except ValueError as err:
+        raise PolicyRefused(str(err)) from None
+    return params
+
+
+def _check_plan(r: _Request) -> None:
+    sp, pol, site = r.secagg, r.policy, r.site
+    checks = [
+        (site.site_id in sp.sites, f"site {site.site_id} is not one of the round's sites"),
+        (len(sp.sites) == r.config.run.sites,
+         f"the round has {len(sp.sites)} sites, the run config {r.config.run.sites}"),
+        (sp.length == padded_dimension(site.fm.size),
+         f"secagg-length {sp.length} is not this model's padded dimension "
+         f"{padded_dimension(site.fm.size)}"),
+        (sp.max_dropouts >= pol.max_dropouts,
+         f"the round plans for {sp.max_dropouts} dropouts; policy max_dropouts is {pol.max_dropouts}"),
+        (sp.max_colluders >= pol.max_colluders,
+         f"the round plans for {sp.max_colluders} colluders; policy max_colluders is "
+         f"{pol.max_colluders}"),
+    ]  # fmt: skip
+    for ok, why in checks:
+        if not ok:
+            raise PolicyRefused(f"secure aggregation plan refused: {why}")
+
+
+def secagg_door(msg: Message, context: Context) -> Admission:
+    """The admission of one step of a secure-aggregation round (module docstring)."""
+    r = _request(msg, context)
+    _check_plan(r)
+    step_message(r.step, r.plan)
+    if r.step != "masked_input":
+        return Admission(r.policy)  # public keys, ciphertexts, shares: nothing to charge
+    plan, pol, run = r.plan, r.policy, r.config.run
+    (steps, clip) = guard.check_training(
+        pol,
+        steps=[(plan.get("sample-rate"), plan.get("sigma"))],
+        clip=plan.get("clip"),
+        prenoise=plan.get("prenoise"),
+        seeded=run.randomness == "seeded",
+    )
+    ((q, sigma),) = steps
+    if clip is None or sigma <= 0.0:
+        raise PolicyRefused("secure aggregation releases private sums only: clip and sigma > 0")
+    if pol.epsilon is None:
+        raise PolicyRefused(
+            f"site {r.site.site_id} adds its noise share (secure aggregation) but has no budget "
+            "of its own: give it a privacy-policy file with epsilon"
+        )
+    guard.finite("theta", unpack_vector(plan.get("theta"), size=r.site.fm.size, name="theta"))
+    params = site_mechanism(r, clip=clip, sigma=sigma)
+    _, epoch, _ = r.round_of
+    return Admission(
+        pol,
+        r.site.site_id,
+        event=DistributedDiscreteGaussianStep(params, q),
+        round_of=r.round_of,
+        site=r.site,
+        randomness=pol.randomness(
+            seeded=run.randomness == "seeded", seed=run.seed, epoch=epoch, run_secure=run.secure
+        ),
+    )
+
+
+def _masked_input(r: _Request, party: SiteParty, inbox: dict[str, Any]) -> dict[str, Any]:
+    """The site's clipped sum of the round, encoded with its share drawn through the
+    receipt its guard's charge left (once), then masked."""
+    plan, site = r.plan, r.site
+    charged, site.paid = site.paid, None
+    if charged is None:
+        raise RuntimeError("masked_input without the guard's charge: no share is drawn")
+    clip, sigma = float(plan["clip"]), float(plan["sigma"])
+    params = site_mechanism(r, clip=clip, sigma=sigma)
+    theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
+    total = site.clipped_sum(
+        theta,
+        round=r.round_of[2],
+        sample_rate=float(plan["sample-rate"]),
+        clip=clip,
+        prenoise=float(plan["prenoise"]),
+    )
+    encoded = charged.draw(encode, total.double().numpy(), params, r.secagg.round_label)
+    return party.masked_input(inbox, encoded)
+
+
+def handle_secagg(msg: Message, context: Context) -> Message:
+    """One step of the site's side of the round (behind its guard)."""
+    r = _request(msg, context)
+    slot = STATE.format(r.site.site_id)
+    m = step_message(r.step, r.plan)
+    if r.step == "advertise_keys":
+        party = SiteParty(r.site.site_id, r.secagg)
+        out = party.advertise_keys()
+    else:
+        kept = context.state.get(slot)
+        if not isinstance(kept, ConfigRecord):
+            raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
+        party = SiteParty.restore(r.secagg, unflatten(kept, ""))
+        if r.step == "share_keys":
+            out = party.share_keys(m)
+        elif r.step == "masked_input":
+            out = _masked_input(r, party, m)
+        else:
+            out = party.unmask(m)
+    if r.step == "unmask":
+        del context.state[slot]
+    else:
+        context.state[slot] = ConfigRecord(flatten(party.state(), ""))
+    return Message(RecordDict({"secagg": ConfigRecord(flatten(out, ""))}), reply_to=msg)
+
+
+__all__ = ["STATE", "handle_secagg", "secagg_door", "site_mechanism", "step_message"]
