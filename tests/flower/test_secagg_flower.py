@@ -1,0 +1,216 @@
+"""Secure aggregation over Flower (``train.secagg``): the ServerApp and the ClientApp with
+their guard, over the in-process grid (fault hooks lose replies; a real deployment:
+test_secagg_deploy.py). The server's view, dropouts within and beyond the plan, the
+site's own policy, the ledger's charges, and the accounting against the reference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from scipy import stats
+
+from fedsgld.apps import APPS
+from fedsgld.config import load_config
+from fedsgld.federation import Federation
+from fedsgld.flower.guard import LEDGER_STATE
+from fedsgld.flower.local_grid import run_local
+from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.secure_site import STATE
+from fedsgld.privacy.distributed import ddg_epsilon
+from fedsgld.secagg import RoundAborted
+from fedsgld.secagg.crypto import mask, modulus_mask
+from fedsgld.secagg.shamir import combine
+from fedsgld.secagg.wire import unflatten
+
+SMALL = {
+    "dataset": "synthetic",
+    "model": "mlp",
+    "sites": 4,
+    "rounds": 3,
+    "sample_rate": 0.2,
+    "lr": 0.2,
+    "temperature": 2.0,
+    "prenoise": 0.01,
+    "epsilon": 30.0,
+    "eval_every": 0,
+    "checkpoint_every": 1,
+    "seed": 5,
+    "secure_aggregation": True,
+    "noise_placement": "sites",
+    "method": "dpsgld",
+    "local_steps": 1,
+    "hidden": 16,  # P = 1,000: a round's shares take milliseconds
+    "round-timeout": 1.0,
+    "poll-interval": 0.05,
+}
+
+
+class Wire:
+    """Everything the server receives (every reply) and what it sent, by step."""
+
+    def __init__(self, lose=None) -> None:
+        self.seen: list[tuple[Message, Message]] = []
+        self.lose = lose or (lambda rnd, step, site: False)
+
+    def __call__(self, msg: Message, reply: Message) -> Message | None:
+        if msg.metadata.message_type != SECAGG:
+            return reply
+        plan = msg.content["plan"]
+        if self.lose(plan["round"], plan["secagg-step"], plan["site-id"]):
+            return None
+        self.seen.append((msg, reply))
+        return reply
+
+    def replies(self, rnd: int, step: str) -> dict[int, dict]:
+        return {
+            m.content["plan"]["site-id"]: unflatten(r.content["secagg"], "")
+            for m, r in self.seen
+            if m.content["plan"]["round"] == rnd
+            and m.content["plan"]["secagg-step"] == step
+            and not r.has_error()
+        }
+
+    def instruction(self, rnd: int, step: str, site: int) -> Message:
+        return next(
+            m
+            for m, _ in self.seen
+            if (m.content["plan"]["round"], m.content["plan"]["secagg-step"]) == (rnd, step)
+            and m.content["plan"]["site-id"] == site
+        )
+
+
+def _run(tmp_path, wire=None, **over):
+    cfg = {**SMALL, **over, "out": str(tmp_path / "run")}
+    grid = run_local(cfg, **APPS, fault=wire)
+    return grid, json.loads((tmp_path / "run" / "results.json").read_text())
+
+
+def _ddg_rounds(state: dict) -> int:
+    """Rounds of the distributed discrete Gaussian in an accountant's saved state."""
+    return sum(int(c) for *_, c in state["ddg"])
+
+
+def _ledgers(grid) -> dict[int, dict]:
+    out = {}
+    for ctx in grid.contexts.values():
+        for k in range(SMALL["sites"]):
+            rec = ctx.state.get(LEDGER_STATE.format(k))
+            if isinstance(rec, ConfigRecord):
+                out[k] = json.loads(str(rec["json"]))
+    return out
+
+
+def test_a_flower_run_charges_every_site_and_reports_the_reference_epsilon(tmp_path):
+    wire = Wire()
+    grid, res = _run(tmp_path, wire, max_dropouts=1)
+    p = res["privacy"]
+    assert p["steps"] == 3 and p["rigorous_accountant"] == "rdp"
+    assert p["secure_aggregation"]["mechanism"] == "distributed discrete Gaussian"
+    cost = res["flower"]["secure_aggregation"]
+    assert cost["rounds"] == 3 and cost["median_server_received_bytes"] > 0
+    # the reference: the engine's mechanism of each round, composed by ddg_epsilon
+    cfg = load_config(None, {k: v for k, v in SMALL.items() if "-" not in k} | {"max_dropouts": 1})
+    server = Federation(cfg, log=lambda s: None).make_server()
+    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(3)]
+    ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
+    assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    # every site charged its own ledger once per round, with the round's mechanism
+    ledgers = _ledgers(grid)
+    assert sorted(ledgers) == [0, 1, 2, 3]
+    assert [_ddg_rounds(led["ledger"]) for led in ledgers.values()] == [3, 3, 3, 3]
+    # a finished round leaves no secret behind at the site
+    assert not any(STATE.format(k) in ctx.state for ctx in grid.contexts.values() for k in range(4))
+
+
+def test_the_server_cannot_unmask_one_site_from_everything_it_receives(tmp_path):
+    """The server's whole view of round 1 (every reply): site 0's masked input minus the
+    self mask the server rebuilds from the unmasking shares is uniform modulo 2^bits, while
+    the same attack on the sum of all inputs finds the small noisy sum (so the test can
+    tell the two apart)."""
+    wire = Wire()
+    _run(tmp_path, wire, rounds=1)
+    inst = wire.instruction(0, "unmask", 0).content["plan"]
+    sp = secagg_plan(inst, run_key=inst["run-key"], epoch=inst["epoch"], rnd=0)
+    masked, unmask = wire.replies(0, "masked_input"), wire.replies(0, "unmask")
+    assert sorted(masked) == [0, 1, 2, 3]
+
+    def residual(v: int) -> np.ndarray:
+        y = np.frombuffer(masked[v]["y"], dtype="<u4").astype(np.uint64)
+        seed = combine({sp.point(u): m["self_mask_shares"][v] for u, m in unmask.items()},
+                       sp.threshold)  # fmt: skip
+        return (y - mask(seed, sp.length, sp.bits)) & modulus_mask(sp.bits)
+
+    one = residual(0).astype(np.float64) / 2**sp.bits
+    assert stats.kstest(one, "uniform").pvalue > 1e-6
+    total = sum(residual(v) for v in range(4)) & modulus_mask(sp.bits)
+    centred = (total.astype(np.float64) / 2**sp.bits + 0.5) % 1.0
+    assert stats.kstest(centred, "uniform").pvalue < 1e-10
+
+
+def test_a_dropout_within_the_plan_completes_the_round(tmp_path):
+    wire = Wire(lose=lambda rnd, step, site: (rnd, step, site) == (1, "masked_input", 2))
+    _, res = _run(tmp_path, wire, max_dropouts=1)
+    assert res["privacy"]["steps"] == 3
+    drops = res["flower"]["dropped_replies"]
+    assert [(d["round"], d["kind"], d["site"]) for d in drops] == [(1, "secagg masked_input", 2)]
+    assert res["round_contributors"] == [
+        {"rounds": [0, 0], "sites": [0, 1, 2, 3]},
+        {"rounds": [1, 1], "sites": [0, 1, 3]},
+        {"rounds": [2, 2], "sites": [0, 1, 2, 3]},
+    ]
+
+
+def test_more_dropouts_than_planned_abort_the_round_and_keep_it_counted(tmp_path):
+    wire = Wire(lose=lambda rnd, step, site: rnd == 1 and step == "share_keys" and site in (1, 2))
+    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):
+        _run(tmp_path, wire, max_dropouts=1)
+    assert not wire.replies(1, "masked_input")  # no site drew a share for the aborted round
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert _ddg_rounds(ledger) == 2  # round 1 was charged before any site drew
+
+
+def test_a_site_refuses_a_round_planned_for_fewer_dropouts_than_its_policy(tmp_path):
+    policy = tmp_path / "site0.toml"
+    policy.write_text("epsilon = 50.0\ninsecure_seeded_noise = true\nmax_dropouts = 1\n")
+    nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
+    nodes[0]["privacy-policy"] = str(policy)
+    wire = Wire()
+    cfg = {**SMALL, "out": str(tmp_path / "run"), "max_dropouts": 0}
+    with pytest.raises(RoundAborted):
+        run_local(cfg, **APPS, node_configs=nodes, fault=wire)
+    (_, reply), *_ = [(m, r) for m, r in wire.seen if m.content["plan"]["site-id"] == 0]
+    assert reply.has_error()
+    assert "the round plans for 0 dropouts; policy max_dropouts is 1" in reply.error.reason
+    # the same node takes part when the run plans for its dropout
+    wire = Wire()
+    run_local({**cfg, "max_dropouts": 1, "out": str(tmp_path / "ok")}, **APPS, node_configs=nodes,
+              fault=wire)  # fmt: skip
+    assert json.loads((tmp_path / "ok" / "results.json").read_text())["privacy"]["steps"] == 3
+
+
+def _resend(grid, msg: Message, **change) -> Message:
+    plan = dict(msg.content["plan"].items())
+    plan.update(change)
+    fresh = Message(RecordDict({"plan": ConfigRecord(plan)}), msg.metadata.dst_node_id, SECAGG,
+                    group_id="again")  # fmt: skip
+    (reply,) = grid.pull_messages(grid.push_messages([fresh]))
+    return reply
+
+
+def test_the_site_guard_refuses_replays_malformed_steps_and_steps_out_of_order(tmp_path):
+    wire = Wire()
+    grid, _ = _run(tmp_path, wire, rounds=1)
+    before = _ledgers(grid)
+    replay = _resend(grid, wire.instruction(0, "masked_input", 1))
+    assert replay.has_error() and "refusing the replayed request" in replay.error.reason
+    bad_key = _resend(grid, wire.instruction(0, "share_keys", 1), **{"secagg/keys/0/enc_pk": b"x"})
+    assert bad_key.has_error() and "malformed request" in bad_key.error.reason
+    order = _resend(grid, wire.instruction(0, "unmask", 1))  # its round is over
+    assert order.has_error() and "no secure-aggregation round in progress" in order.error.reason
+    # the site builds the round's mechanism itself: a plan with other bits is refused
+    bits = _resend(grid, wire.instruction(0, "masked_input", 2), **{"round": 5, "secagg-bits": 20})
+    assert bits.has_error() and "dimension or bits differ from the plan's" in bits.error.reason
+    assert _ledgers(grid) == before  # nothing refused was charged
