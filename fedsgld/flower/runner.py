@@ -107,6 +107,22 @@ def polls_are_requests(grid: Grid) -> bool:
     return isinstance(grid, HttpGrid)
 
 
+def waves(messages: list[Message]) -> list[list[Message]]:
+    """``messages`` in waves with at most one message per node each, in order. A node that
+    hosts several sites answers their messages one after the other: Flower's simulation
+    may run two messages of one node at once, each on its own copy of the node's
+    ``context.state``, and keep only the copy returned last, which would lose the other
+    site's ledger update or secure-aggregation state."""
+    out: list[list[Message]] = []
+    for m in messages:
+        node = m.metadata.dst_node_id
+        wave = next((w for w in out if all(x.metadata.dst_node_id != node for x in w)), None)
+        if wave is None:
+            out.append(wave := [])
+        wave.append(m)
+    return out
+
+
 def exchange(
     grid: Grid,
     messages: list[Message],
@@ -120,7 +136,12 @@ def exchange(
     The same as ``Grid.send_and_receive`` but polling every ``poll`` seconds: Flower's
     deployment grid sleeps 3 s between polls, a large share of a round on loopback. With
     a ``pacer``, the first poll waits as it says, and a complete exchange is recorded.
+    Messages to a node that hosts several sites go in :func:`waves`, each with its own
+    ``timeout``.
     """
+    split = waves(messages)
+    if len(split) > 1:
+        return [r for w in split for r in exchange(grid, w, timeout=timeout, poll=poll)]
     ids = set(grid.push_messages(messages))
     start = time.monotonic()  # after the push: a grid that answers while pushing waits 0
     deadline = start + timeout

@@ -72,3 +72,27 @@ def test_ray_simulation_of_pate_equals_in_process(flower_tmp, tmp_path):
     for mech, e in ref["mechanisms"].items():
         assert got["mechanisms"][mech]["epsilon"] == e["epsilon"]
         assert got["mechanisms"][mech]["noisy_label_accuracy"] == e["noisy_label_accuracy"]
+
+
+def test_ray_simulation_of_secure_aggregation_charges_as_the_engine(flower_tmp, tmp_path):
+    """``secure_aggregation = true`` over Flower's simulation: 3 sites on 2 SuperNodes (one
+    node keeps two sites' protocol state between the steps), every round a secure sum
+    whose accounting is the engine's (the shares are the operating system's, so only the
+    ledger and epsilon, not the metrics, are compared)."""
+    root, _procs = flower_tmp
+    secure = {**SMALL, "rounds": 2, "secure_aggregation": True, "noise_placement": "sites",
+              "local_steps": 1, "max_dropouts": 1, "hidden": 16, "eval_every": 0,
+              "burn_in": 1, "thin": 1, "max_samples": 1, "checkpoint_every": 0}  # fmt: skip
+    ref_out = tmp_path / "engine"
+    engine.run(load_config(None, secure), out_dir=ref_out, progress=False, log=lambda s: None)
+    _simulate(root, {**secure, "threads": 1, "out": str(root / "out")}, nodes=2)
+    got = json.loads((root / "out" / "results.json").read_text())
+    ref = json.loads((ref_out / "results.json").read_text())
+    assert got["flower"]["dropped_replies"] == []
+    assert got["flower"]["secure_aggregation"]["rounds"] == 2
+    assert got["privacy"]["steps"] == ref["privacy"]["steps"] == 2
+    assert got["privacy"]["epsilon"] == ref["privacy"]["epsilon"]
+    assert (
+        got["privacy"]["secure_aggregation"]["last_round"]
+        == (ref["privacy"]["secure_aggregation"]["last_round"])
+    )

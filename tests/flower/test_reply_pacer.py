@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from fedsgld.flower.runner import ReplyPacer, exchange
+from fedsgld.flower.runner import ReplyPacer, exchange, waves
 
 
 class DelayedGrid:
@@ -35,7 +35,7 @@ class DelayedGrid:
 
 
 def messages(n: int = 3) -> list[SimpleNamespace]:
-    return [SimpleNamespace(metadata=SimpleNamespace()) for _ in range(n)]
+    return [SimpleNamespace(metadata=SimpleNamespace(dst_node_id=i)) for i in range(n)]
 
 
 def test_paced_polls_after_the_first_rounds():
@@ -123,3 +123,12 @@ def test_rounds_that_get_shorter_are_waited_on_once_at_most():
         took.append(time.monotonic() - t0)
     assert took[0] > 0.3  # the one late look (0.7 x 0.6 - 0.01 s)
     assert max(took[1:]) < 0.05 + 0.06, took
+
+
+def test_a_node_that_hosts_several_sites_gets_one_message_at_a_time():
+    """Flower's simulation may run two messages of one node at once on copies of its
+    state; the exchange sends them in waves, one message per node each."""
+
+    a, b, c, d = (SimpleNamespace(metadata=SimpleNamespace(dst_node_id=n)) for n in (1, 1, 2, 1))
+    assert waves([a, b, c, d]) == [[a, c], [b], [d]]
+    assert waves([a, c]) == [[a, c]]
