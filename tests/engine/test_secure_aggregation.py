@@ -16,7 +16,6 @@ from scipy import stats
 from fedsgld import engine
 from fedsgld.config import Config, load_config
 from fedsgld.federation import Federation
-from fedsgld.flower.runner import serve
 from fedsgld.privacy.distributed import ddg_epsilon
 from fedsgld.secagg import RoundAborted, run_round
 
@@ -173,11 +172,6 @@ def test_the_engine_sum_carries_the_central_noise():
     dim = noise.shape[0]
     assert dim > 2000
     assert abs(noise.var() / target - 1.0) < 5 * math.sqrt(2.0 / dim) + 0.02
-
-
-def test_the_flower_runner_refuses_secure_aggregation():
-    with pytest.raises(ValueError, match=r"secure_aggregation = true runs in the in-process"):
-        serve(None, {**SMALL, "out": ""}, log=lambda s: None)
 
 
 def test_every_share_is_drawn_through_the_receipt_of_its_sites_charge(monkeypatch):

@@ -214,3 +214,16 @@ def test_the_site_guard_refuses_replays_malformed_steps_and_steps_out_of_order(t
     bits = _resend(grid, wire.instruction(0, "masked_input", 2), **{"round": 5, "secagg-bits": 20})
     assert bits.has_error() and "dimension or bits differ from the plan's" in bits.error.reason
     assert _ledgers(grid) == before  # nothing refused was charged
+
+
+@pytest.mark.parametrize("key", ["max_dropouts", "max_colluders"])
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_a_policy_file_with_a_bad_dropout_or_colluder_count_names_the_key(tmp_path, key, value):
+    from fedsgld.clients.policy import SitePolicy
+
+    f = tmp_path / "policy.toml"
+    f.write_text(f"epsilon = 4.0\n{key} = {str(value).lower()}\n")
+    with pytest.raises(ValueError, match=f"policy {key}"):
+        SitePolicy.from_file(f)
+    f.write_text(f"epsilon = 4.0\n{key} = 2\n")
+    assert getattr(SitePolicy.from_file(f), key) == 2
