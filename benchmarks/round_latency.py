@@ -57,6 +57,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedsgld.deploy.loopback import flower_env
+from fedsgld.deploy.loopback import run_config_arg as _run_config
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TRANSPORTS = ("engine", "local_grid", "ray", "deploy", "deploy_fast")
@@ -81,19 +84,9 @@ DEPLOY_RUN = {"poll-interval": 0.05, "wait-for-sites": 600.0, "round-timeout": 6
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
-    home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
+    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = flower_env(home, PYTHONPATH=pythonpath.rstrip(os.pathsep), **extra)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.update(
-        FLWR_HOME=str(home),
-        FLWR_TELEMETRY_ENABLED="0",
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-        RAY_USAGE_STATS_ENABLED="0",
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),  # flower-superexec etc.
-    )
-    env.update(extra)
     return env
 
 
@@ -129,18 +122,6 @@ def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 30
             break
         time.sleep(0.2)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}; log:\n{log.read_text()[-3000:]}")
-
-
-def _run_config(cfg: dict) -> str:
-    parts = []
-    for k, v in cfg.items():
-        if isinstance(v, bool):
-            parts.append(f"{k}={'true' if v else 'false'}")
-        elif isinstance(v, str):
-            parts.append(f"{k}='{v}'")
-        else:
-            parts.append(f"{k}={v!r}")
-    return " ".join(parts)
 
 
 def _stop(procs: list[subprocess.Popen], tag: str) -> None:

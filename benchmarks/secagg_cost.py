@@ -1,6 +1,7 @@
 """Per-round cost of secure aggregation with distributed discrete Gaussian noise.
 
     python benchmarks/secagg_cost.py [--sites 4 8] [--dim 100000] [--rounds 3] [--json]
+    python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
 on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no dropouts
@@ -23,6 +24,21 @@ It also prints the accounting's price: epsilon of 60 and 600 DP-SGLD-like rounds
 (q = 0.064, delta = 1e-5) under the distributed discrete Gaussian against the central
 Gaussian (fedsgld's PLD accountant and RDP), and the noise multiplier the distributed
 mechanism needs to reach the central epsilon.
+
+``--loopback`` measures whole rounds of a real deployment instead
+(:class:`fedsgld.deploy.loopback.Loopback`: one stock ``flower-superlink`` and one stock
+``flower-supernode`` per site on 127.0.0.1, each with its own FLWR_HOME under a temporary
+directory, started here and stopped by the PIDs started here). For each K in ``--sites``
+it runs the model of ``simulations/demo.toml`` (MNIST-5k, the paper CNN, DP-SGLD, its
+rounds cut to ``--rounds``, no evaluation rounds) twice on the same federation: with
+``secure_aggregation = true`` (``noise_placement = "sites"``, ``local_steps = 1``) and in
+the ``server`` placement. Each site has its own privacy-policy file (a budget of its own,
+approving the bundle). Sites are warm (the ``flwr-clientapp`` shim of docs/deployment.md
+first on PATH: a task is forked from a process that has imported torch); ``--cold`` runs
+every task in a fresh interpreter, as Flower's own SuperNode does. Reported: the median
+wall time of a round (the ServerApp's own timer, results.json ``round_wall_time_s``) of
+both, their ratio, and the secure rounds' median protocol bytes and per-step seconds
+(results.json ``flower.secure_aggregation``).
 """
 
 from __future__ import annotations
@@ -30,7 +46,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -93,14 +112,113 @@ def accounting(sites: int, dim: int) -> dict:
     return out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+#: the demo's run config, without the keys a cost measurement does not want
+SKIP = {"rounds", "burn_in", "thin", "max_samples", "eval_every", "checkpoint_every"}
+LOOPBACK_RUN = {
+    "eval_every": 0,
+    "checkpoint_every": 0,
+    "burn_in": 1000,
+    "max_samples": 0,
+    "threads": 1,
+    "poll-interval": 0.05,
+    "wait-for-sites": 600.0,
+    "round-timeout": 600.0,
+}
+SECURE = {"secure_aggregation": True, "noise_placement": "sites", "local_steps": 1}
+PLAIN = {"secure_aggregation": False, "noise_placement": "server"}
+
+
+def demo_config() -> dict:
+    import tomllib
+
+    with open(ROOT / "simulations" / "demo.toml", "rb") as f:
+        return {k: v for k, v in tomllib.load(f).items() if k not in SKIP}
+
+
+def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
+    """One deployment of run config ``cfg`` under ``root``; its results.json."""
+    from fedsgld.config import load_config
+    from fedsgld.deploy.export_sites import export_sites
+    from fedsgld.deploy.loopback import Loopback, approved_policy
+
+    files = export_sites(load_config(None, {k: v for k, v in cfg.items() if "-" not in k}),
+                         root / "data")  # fmt: skip
+    nodes = []
+    for k, f in enumerate(files):  # each site's own policy: its budget, the approved bundle
+        policy = approved_policy(root / f"site{k}" / "policy.toml", "epsilon = 100.0\n")
+        nodes.append(f"site-id={k} site-data='{f}' privacy-policy='{policy}'")
+    with Loopback(root / "flwr") as lo:
+        lo.start(nodes, warm=warm, timeout=300.0)
+        return lo.run({**cfg, "out": str(root / "out")}, timeout=3600.0)
+
+
+def loopback_cost(sites: int, rounds: int, tmp: Path, *, warm: bool) -> dict:
+    """The secure and the plain deployment of the demo's model with ``sites`` sites."""
+    base = {**demo_config(), **LOOPBACK_RUN, "sites": sites, "rounds": rounds}
+    runs = {}
+    for name, over in (("secure", SECURE), ("plain", PLAIN)):
+        t0 = time.perf_counter()
+        runs[name] = loopback_run({**base, **over}, tmp / f"{name}-{sites}", warm=warm)
+        print(f"K={sites} {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    sec, plain = runs["secure"], runs["plain"]
+    cost = sec["flower"]["secure_aggregation"]
+    s, p = sec["round_wall_time_s"]["median"], plain["round_wall_time_s"]["median"]
+    return {
+        "sites": sites,
+        "rounds": rounds,
+        "warm": warm,
+        "dim": sec["privacy"]["secure_aggregation"]["last_round"]["dim"],
+        "secure_round_s": s,
+        "plain_round_s": p,
+        "ratio": s / p,
+        "secure_step_s": cost["median_seconds"],
+        "server_sent_kib": cost["median_server_sent_bytes"] / 1024,
+        "server_received_kib": cost["median_server_received_bytes"] / 1024,
+        "secure_epsilon": sec["privacy"]["secure_aggregation"]["epsilon"],
+    }
+
+
+def print_loopback(rows: list[dict]) -> None:
+    print("| K | rounds | secure round s (median) | plain `server` round s (median) | ratio "
+          "| secure steps s: keys / shares / masked input / unmask "
+          "| server sent KiB/round | server received KiB/round |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        st = r["secure_step_s"]
+        steps = " / ".join(f"{st[k]:.2f}" for k in
+                           ("advertise_keys", "share_keys", "masked_input", "unmask"))  # fmt: skip
+        print(f"| {r['sites']} | {r['rounds']} | {r['secure_round_s']:.2f} | "
+              f"{r['plain_round_s']:.2f} | {r['ratio']:.2f} | {steps} | "
+              f"{r['server_sent_kib']:.0f} | {r['server_received_kib']:.0f} |")  # fmt: skip
+
+
+def main_loopback(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="fedsgld-secagg-") as tmp:
+        rows = [loopback_cost(k, args.rounds, Path(tmp), warm=not args.cold) for k in args.sites]
+    if args.json:
+        print(json.dumps({"loopback": rows}, indent=2))
+        return
+    print(f"loopback deployment, {'cold' if args.cold else 'warm'} sites, demo CNN "
+          f"(padded dim {rows[0]['dim']}):")  # fmt: skip
+    print_loopback(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--dim", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None, help="default 3; --loopback: 4")
     ap.add_argument("--max-dropouts", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--loopback", action="store_true", help="rounds of a real deployment")
+    ap.add_argument("--cold", action="store_true", help="--loopback: no warm sites")
     args = ap.parse_args()
+    if args.loopback:
+        args.rounds = args.rounds or 4
+        main_loopback(args)
+        return
+    args.rounds = args.rounds or 3
     rows = [one_size(k, args.dim, args.rounds, args.max_dropouts) for k in args.sites]
     acct = accounting(args.sites[0], args.dim)
     if args.json:

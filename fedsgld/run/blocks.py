@@ -9,6 +9,7 @@ iterate and the average over kept iterates), ``metrics.swag``, ``metrics.recal``
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ def round_time_summary(round_times: list[float]) -> dict[str, Any]:
     return {
         "count": n,
         "mean": sum(round_times) / n if n else None,
+        "median": statistics.median(round_times) if n else None,
         "first": round_times[0] if n else None,
         "mean_after_first": sum(round_times[1:]) / (n - 1) if n > 1 else None,
     }

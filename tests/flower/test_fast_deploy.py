@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 from flower_support import BIN, ROOT, flower_env, flwr, free_port, run_config_arg
-from test_flower_deploy import RUN, SITES, _certificates, _connection, _node_key, _site_files
+from test_flower_deploy import RUN, SITES, _certificates, _node_key, _site_files
 
 from fedsgld.deploy import fast, shim, warm
+from fedsgld.deploy.loopback import write_connection
 
 MARKER = """
 
@@ -128,7 +129,7 @@ def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(fl
     )  # fmt: skip
     procs.wait_listening("superlink", port)
     cli_home = root / "home-cli"
-    _connection(cli_home, "tlslink", port, ca=certs["ca"])
+    write_connection(cli_home, "tlslink", port, ca=certs["ca"])
     cli_env = flower_env(cli_home)
     for k in range(SITES):
         key = _node_key(keys, f"site{k}")
@@ -209,7 +210,7 @@ def test_stock_supernodes_with_warm_sites_run_each_submitted_bundle(flower_tmp):
             env,
         )  # fmt: skip
     cli_home = root / "home-cli"
-    _connection(cli_home, "loop", port)
+    write_connection(cli_home, "loop", port)
     cli_env = flower_env(cli_home)
     # first run: the repository's own app; the first task of each node starts its server
     _run(ROOT, cli_env, "loop", root / "out1", 1, root / "flwr-run-1.log")

@@ -21,6 +21,7 @@ from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_a
 
 from fedsgld.config import load_config
 from fedsgld.deploy.export_sites import export_sites
+from fedsgld.deploy.loopback import link_address_args, supernode_args, write_connection
 
 pytestmark = pytest.mark.deploy
 
@@ -46,27 +47,10 @@ def _site_files(root: Path) -> list[Path]:
     )
 
 
-def _connection(home: Path, name: str, port: int, *, ca: Path | None = None) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    tls = f'root-certificates = "{ca}"' if ca is not None else "insecure = true"
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
-    )
-
-
 def _supernode_args(
     link_port: int, node_port: int, site: int, data: Path, security: list[str]
 ) -> list[str]:
-    return [
-        str(BIN / "flower-supernode"),
-        *security,
-        "--superlink",
-        f"127.0.0.1:{link_port}",
-        "--port",  # the node's local runtime API: co-located nodes need distinct ports
-        str(node_port),
-        "--node-config",
-        f"site-id={site} site-data='{data}'",
-    ]
+    return supernode_args(link_port, node_port, f"site-id={site} site-data='{data}'", security)
 
 
 def _run_and_check(root: Path, cli_env: dict, connection: str, out: Path) -> dict:
@@ -120,7 +104,7 @@ def test_deploy_insecure_loopback_three_supernodes(flower_tmp):
         [
             str(BIN / "flower-superlink"),
             "--insecure",
-            *_link_address_args(port),
+            *link_address_args(port),
         ],
         flower_env(root / "home-link"),
     )
@@ -132,7 +116,7 @@ def test_deploy_insecure_loopback_three_supernodes(flower_tmp):
             flower_env(root / f"home-node{k}"),
         )
     cli_home = root / "home-cli"
-    _connection(cli_home, "loop", _control_port(port))
+    write_connection(cli_home, "loop", _control_port(port))
     r = _run_and_check(root, flower_env(cli_home), "loop", root / "out")
     assert r["config"]["sites"] == SITES
 
@@ -224,13 +208,13 @@ def test_deploy_tls_with_supernode_authentication_refuses_unregistered_nodes(flo
             "--ssl-certfile", str(certs["cert"]),
             "--ssl-keyfile", str(certs["key"]),
             "--enable-supernode-auth",
-            *_link_address_args(port),
+            *link_address_args(port),
         ],
         flower_env(root / "home-link"),
     )  # fmt: skip
     procs.wait_listening("superlink", port)
     cli_home = root / "home-cli"
-    _connection(cli_home, "tlslink", _control_port(port), ca=certs["ca"])
+    write_connection(cli_home, "tlslink", _control_port(port), ca=certs["ca"])
     cli_env = flower_env(cli_home)
     for k in range(SITES):
         key = _node_key(keys, f"site{k}")
@@ -266,11 +250,6 @@ def test_deploy_tls_with_supernode_authentication_refuses_unregistered_nodes(flo
     assert "Failed to activate SuperNode" in stranger_log, stranger_log[-2000:]
     pub = Path(str(stranger) + ".pub").read_text().split()[1]
     assert pub not in listed.stdout
-
-
-def _link_address_args(port: int) -> list[str]:
-    """Fleet and Control APIs on one port; the SuperLink never installs dependencies."""
-    return ["--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"]
 
 
 def _control_port(port: int) -> int:

@@ -23,10 +23,11 @@ import pytest
 from flower_support import ROOT, flower_env, flwr, free_port, run_config_arg
 from test_approval import app_copy
 from test_fast_deploy import _wait_serving
-from test_flower_deploy import RUN, SITES, _connection, _site_files
+from test_flower_deploy import RUN, SITES, _site_files
 
 from fedsgld.clients.approval import build_bundle
 from fedsgld.deploy import fast, shim
+from fedsgld.deploy.loopback import write_connection
 
 # one line of the ClientApp's module: it marks every process that imports the bundle
 # (named: bundle, node's FLWR_HOME, the fork server's pid or "cold", the process's pid)
@@ -87,7 +88,7 @@ def test_a_site_runs_the_bundle_it_approved_and_refuses_one_changed_line(flower_
         )  # fmt: skip
     _wait_serving(sockets)
     cli_home = root / "home-cli"
-    _connection(cli_home, "loop", port)
+    write_connection(cli_home, "loop", port)
     cli_env = _env(root, "home-cli")
 
     def run(app: Path, out: Path, **cfg) -> tuple[subprocess.CompletedProcess, str]:

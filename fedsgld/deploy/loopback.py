@@ -1,0 +1,268 @@
+"""A whole Flower deployment on loopback: one SuperLink, one SuperNode per site, ``flwr run``.
+
+What the deployment tests and ``benchmarks/secagg_cost.py --loopback`` start: Flower's own
+``flower-superlink`` and ``flower-supernode`` (insecure, 127.0.0.1 only), every process
+with its own FLWR_HOME under one directory, telemetry, update checks and runtime
+dependency installation off. Every process this module starts leads its own process
+group (its SuperExec children join it) and :meth:`Processes.stop` stops exactly those
+groups, by the PIDs it started: never by a name.
+
+    with Loopback(root) as lo:
+        lo.start(["site-id=0 site-data='/data/site-0.npz'", ...])
+        results = lo.run({"sites": 1, "rounds": 3, "out": "/tmp/out"})
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]  # the app's directory (its pyproject.toml)
+
+
+def run_config_arg(cfg: dict[str, Any]) -> str:
+    """A ``--run-config`` string (TOML values)."""
+    parts = []
+    for k, v in cfg.items():
+        if isinstance(v, bool):
+            parts.append(f"{k}={'true' if v else 'false'}")
+        elif isinstance(v, str):
+            parts.append(f"{k}='{v}'")
+        else:
+            parts.append(f"{k}={v!r}")
+    return " ".join(parts)
+
+
+def flower_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of one Flower process: its own FLWR_HOME, nothing phoned home."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        PYTHONUNBUFFERED="1",
+        RAY_USAGE_STATS_ENABLED="0",
+        # SuperLink and SuperNode start `flower-superexec` by name: the venv's bin must be on PATH
+        PATH=os.pathsep.join([str(BIN), env.get("PATH", "")]),
+    )
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(
+    port: int,
+    timeout: float = 120.0,
+    *,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
+    """Wait until something listens on ``port``; fail with the process's log if it exits or hangs."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    tail = log.read_text(errors="replace")[-4000:] if log is not None and log.is_file() else ""
+    state = (
+        f"exited with {proc.returncode}"
+        if proc is not None and proc.poll() is not None
+        else "still running"
+    )
+    raise TimeoutError(
+        f"nothing listens on 127.0.0.1:{port} after {timeout:g} s (process {state}); its log:\n{tail}"
+    )
+
+
+def write_connection(home: Path, name: str, port: int, *, ca: Path | None = None) -> None:
+    """The ``flwr`` CLI's config in ``home``: connection ``name`` to 127.0.0.1:``port``."""
+    home.mkdir(parents=True, exist_ok=True)
+    tls = f'root-certificates = "{ca}"' if ca is not None else "insecure = true"
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "127.0.0.1:{port}"\n{tls}\n'
+    )
+
+
+def link_address_args(port: int) -> list[str]:
+    """Fleet and Control APIs on one port; the SuperLink never installs dependencies."""
+    return ["--host", "127.0.0.1", "--port", str(port), "--disable-runtime-dependency-installation"]
+
+
+def supernode_args(
+    link_port: int, node_port: int, node_config: str, security: list[str]
+) -> list[str]:
+    return [
+        str(BIN / "flower-supernode"),
+        *security,
+        "--superlink",
+        f"127.0.0.1:{link_port}",
+        "--port",  # the node's local runtime API: co-located nodes need distinct ports
+        str(node_port),
+        "--node-config",
+        node_config,
+    ]
+
+
+def flwr(
+    args: list[str], env: dict[str, str], *, timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "flwr"), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class Processes:
+    """Long-running Flower processes, each the leader of its own process group; logs in
+    ``root``. :meth:`stop` ends exactly the groups it started (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(
+            args,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.root,
+            start_new_session=True,
+        )
+        log.close()  # the child holds its own copy
+        self.procs[name] = p
+        return p
+
+    def wait_listening(self, name: str, port: int, timeout: float = 120.0) -> None:
+        wait_port(port, timeout, proc=self.procs[name], log=self.root / f"{name}.log")
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    @staticmethod
+    def _signal_group(pid: int, sig: int) -> None:
+        try:
+            os.killpg(pid, sig)  # the group this module's Popen made: its PID is the group id
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            self._signal_group(p.pid, signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+            self._signal_group(p.pid, signal.SIGKILL)  # children that outlived their leader
+
+
+class Loopback:
+    """One SuperLink and its SuperNodes under ``root`` (a context manager: stopped at exit)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.procs = Processes(self.root)
+        self.port = 0
+
+    def __enter__(self) -> Loopback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.procs.stop()
+
+    def start(
+        self,
+        node_configs: list[str],
+        *,
+        warm: bool = False,
+        task_poll: float = 0.1,
+        timeout: float = 120.0,
+    ) -> None:
+        """The SuperLink, then one SuperNode per entry of ``node_configs`` (``--node-config``).
+
+        ``warm``: warm sites on the stock SuperNodes (docs/deployment.md): the
+        ``flwr-clientapp`` shim first on each node's PATH, tasks polled every ``task_poll``
+        seconds; each site's policy must then approve the bundle (:func:`approved_policy`).
+        Otherwise every task starts a fresh ``flwr-clientapp`` interpreter, as Flower's own.
+        """
+        extra: dict[str, str] = {}
+        shims: Path | None = None
+        if warm:
+            from fedsgld.deploy.shim import install_shim
+
+            shims = Path(install_shim(str(self.root / "warm-bin"))).parent
+            extra["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{task_poll:g}"
+        self.port = free_port()
+        self.procs.start(
+            "superlink",
+            [str(BIN / "flower-superlink"), "--insecure", *link_address_args(self.port)],
+            flower_env(self.root / "home-link"),
+        )
+        self.procs.wait_listening("superlink", self.port, timeout)
+        for k, nc in enumerate(node_configs):
+            self.procs.start(
+                f"supernode-{k}",
+                supernode_args(self.port, free_port(), nc, ["--insecure"]),
+                self._node_env(k, extra, shims),
+            )
+        write_connection(self.root / "home-cli", "loop", self.port)
+
+    def _node_env(self, k: int, extra: dict[str, str], shims: Path | None) -> dict[str, str]:
+        env = flower_env(self.root / f"home-node{k}", **extra)
+        if shims is not None:
+            env["PATH"] = os.pathsep.join([str(shims), env["PATH"]])
+        return env
+
+    def run(self, run_config: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
+        """``flwr run . loop --stream`` with ``run_config`` (which names ``out``); its
+        results.json. The stream's log is kept in ``root/flwr-run.log``."""
+        out = Path(run_config["out"])
+        res = flwr(
+            ["run", ".", "loop", "--stream", "--run-config", run_config_arg(run_config)],
+            flower_env(self.root / "home-cli"),
+            timeout=timeout,
+        )
+        log = res.stdout + res.stderr
+        (self.root / "flwr-run.log").write_text(log)
+        if res.returncode != 0 or not (out / "results.json").is_file():
+            # `flwr run --stream` can exit 0 for a failed run: the result file is the proof
+            raise RuntimeError(f"flwr run failed (exit {res.returncode}):\n{log[-3000:]}")
+        return json.loads((out / "results.json").read_text())
+
+
+def approved_policy(path: Path, text: str) -> Path:
+    """A site's privacy-policy file: ``text``, and ``approved_apps`` naming the bundle
+    ``flwr run .`` submits from this checkout (what a warm site checks before it runs it)."""
+    from fedsgld.clients.approval import approve
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    approve(ROOT, path)
+    return path

@@ -1,0 +1,131 @@
+"""Secure aggregation in a real Flower deployment on loopback: one SuperLink, one SuperNode
+per site, ``flwr run`` (docs/secure_aggregation.md).
+
+Every SuperNode reads only its own ``.npz`` and its own privacy-policy file (its own
+``epsilon``, ``max_dropouts = 1``); its ledger file (``fedsgld-site-K.json``) lives next
+to that file. The first run (3 sites) checks the result file's blocks, that every site's
+ledger holds exactly one distributed discrete Gaussian charge per round, and that the
+run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites) gives one site a
+policy that assumes more dropouts than the plan: it refuses every round, which is a
+dropout within the plan, so the run completes without it and names the refusal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from test_flower_deploy import RUN as DEPLOY_RUN
+
+from fedsgld.config import load_config
+from fedsgld.deploy.export_sites import export_sites
+from fedsgld.deploy.loopback import Loopback
+from fedsgld.federation import Federation
+from fedsgld.privacy.distributed import ddg_epsilon
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]  # 4 to 5 min each on 2 loaded cores
+
+RUN = {
+    **DEPLOY_RUN,  # test_flower_deploy's short run: 3 rounds, no evaluation rounds
+    "method": "dpsgld",
+    "noise_placement": "sites",
+    "local_steps": 1,
+    "secure_aggregation": True,
+    "max_dropouts": 1,
+}
+ROUNDS = RUN["rounds"]
+
+
+def _engine_config(sites: int):
+    return load_config(None, {k: v for k, v in {**RUN, "sites": sites}.items() if "-" not in k})
+
+
+def _reference(sites: int) -> tuple[float, list]:
+    """The run's epsilon (``ddg_epsilon`` of its rounds) and each round's [q, params, 1]
+    as a site's ledger file writes it."""
+    cfg = _engine_config(sites)
+    server = Federation(cfg, log=lambda s: None).make_server()
+    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(ROUNDS)]
+    entries = [[q, dataclasses.asdict(p), c] for q, p, c in rounds]
+    return ddg_epsilon(rounds, cfg.privacy.delta)[0], json.loads(json.dumps(entries))
+
+
+def _deploy(root: Path, policies: list[str]) -> dict:
+    """``policies[k]``: site k's policy file text. The run's results.json."""
+    files = export_sites(_engine_config(len(policies)), root / "data")
+    nodes = []
+    for k, (text, data) in enumerate(zip(policies, files)):
+        (root / f"site{k}").mkdir()
+        (root / f"site{k}" / "policy.toml").write_text(text)
+        nodes.append(
+            f"site-id={k} site-data='{data}' privacy-policy='{root / f'site{k}' / 'policy.toml'}'"
+        )
+    with Loopback(root / "flwr") as lo:
+        lo.start(nodes)
+        return lo.run({**RUN, "sites": len(policies), "out": str(root / "out")})
+
+
+def _ledger(root: Path, k: int) -> dict:
+    return json.loads((root / f"site{k}" / f"fedsgld-site-{k}.json").read_text())
+
+
+def _check_ledgers(root: Path, epsilons: list[float], entries: list) -> None:
+    """Site k's ledger file: one DDG charge per round at that round's parameters, its own
+    budget, the rounds numbered; its only Gaussian releases are its noised evaluations."""
+    for k, eps in enumerate(epsilons):
+        state = _ledger(root, k)
+        assert state["ledger"]["ddg"] == entries
+        assert state["ledger"]["budget"] == eps  # the site's own budget, not the run's 50
+        assert list(state["answered"].values()) == [[0, ROUNDS - 1]]
+        # the final evaluations (policy evaluation = "dp", noise multiplier 5): q = 1 each
+        evaluations = sum(state["evaluations"].values())
+        assert evaluations > 0
+        assert state["ledger"]["ledger"] == [[1.0, 5.0, evaluations]]
+
+
+def _check_run(r: dict, sites: int, ref: float) -> None:
+    p = r["privacy"]
+    assert r["engine"] == "flower" and p["steps"] == ROUNDS and not p["halted"]
+    block = p["secure_aggregation"]
+    assert block["mechanism"] == "distributed discrete Gaussian"
+    assert block["max_dropouts"] == 1 and block["last_round"]["sites"] == sites
+    assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
+    assert p["rigorous_accountant"] == "rdp"
+    assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    cost = r["flower"]["secure_aggregation"]
+    assert cost["rounds"] == ROUNDS
+    steps = {"advertise_keys", "share_keys", "masked_input", "unmask", "round"}
+    assert set(cost["median_seconds"]) == steps
+    assert all(v > 0 for v in cost["median_seconds"].values())
+    assert cost["median_server_sent_bytes"] > 0 and cost["median_server_received_bytes"] > 0
+    assert len(set(r["flower"]["nodes"].values())) == sites  # one SuperNode per site
+
+
+def test_secure_aggregation_deployed_each_site_charges_its_own_ledger(tmp_path):
+    epsilons = [20.0, 25.0, 30.0]
+    ref, entries = _reference(3)
+    assert ref < min(epsilons)  # every site's budget holds the run
+    r = _deploy(tmp_path, [f"epsilon = {e}\nmax_dropouts = 1\n" for e in epsilons])
+    print(f"round wall time: {r['round_wall_time_s']}; cost: {r['flower']['secure_aggregation']}")
+    _check_run(r, 3, ref)
+    assert r["flower"]["dropped_replies"] == []
+    _check_ledgers(tmp_path, epsilons, entries)
+
+
+def test_a_site_whose_policy_assumes_more_dropouts_refuses_and_the_round_completes(tmp_path):
+    ref, entries = _reference(4)
+    policies = [f"epsilon = {20.0 + k}\nmax_dropouts = 1\n" for k in range(3)]
+    policies.append("epsilon = 30.0\nmax_dropouts = 2\n")  # more than the plan's 1
+    r = _deploy(tmp_path, policies)
+    _check_run(r, 4, ref)
+    dropped = r["flower"]["dropped_replies"]
+    assert {d["site"] for d in dropped} == {3}
+    assert {d["round"] for d in dropped} == set(range(ROUNDS))  # refused every round, ...
+    assert all(d["kind"] == "secagg advertise_keys" for d in dropped), dropped  # ... at once
+    assert all("policy max_dropouts is 2" in d["reason"] for d in dropped), dropped
+    _check_ledgers(tmp_path, [20.0 + k for k in range(3)], entries)
+    # the refusing site answered no round, charged no share (only its final evaluations)
+    refused = _ledger(tmp_path, 3)
+    assert refused["answered"] == {} and "ddg" not in refused["ledger"]
