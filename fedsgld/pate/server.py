@@ -27,8 +27,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.pooling import check_stats, report_from_stats
+from fedsgld.flower.exchange import discover, exchange
 from fedsgld.flower.protocol import split_flower_options
-from fedsgld.flower.runner import discover, exchange
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import pate_split
 from fedsgld.pate.flower import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from fedsgld.flower.runner import ReplyPacer, exchange, waves
+from fedsgld.flower.exchange import ReplyPacer, exchange, waves
 
 
 class DelayedGrid:
@@ -101,8 +101,8 @@ def test_a_coarse_poll_interval_is_never_made_later():
 def test_only_a_deployments_grid_is_paced():
     from flwr.superlink.grid.http_grid import HttpGrid
 
+    from fedsgld.flower.exchange import polls_are_requests
     from fedsgld.flower.local_grid import LocalGrid
-    from fedsgld.flower.runner import polls_are_requests
 
     assert polls_are_requests(HttpGrid.__new__(HttpGrid))
     assert not polls_are_requests(LocalGrid.__new__(LocalGrid))
