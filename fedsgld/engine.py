@@ -258,8 +258,6 @@ def run(
         server.run_key = lc.run_key
     lc.attach(server)
     if audit is not None:
-        if lc.config.privacy.secure_aggregation:
-            raise ValueError("canary audits do not support secure_aggregation = true yet")
         audit.attach(fed, server)
     test = partial(_evaluate_groups, fed)
     lc.train(partial(one_round, fed, server), test, progress=progress)

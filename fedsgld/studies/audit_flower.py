@@ -78,6 +78,11 @@ def run_audit_flower(
     (default: one per site), one CPU each. ``audit_options``: those of
     :func:`fedsgld.studies.audit.make_audit` (canaries, confidence, site, raw_norm, audit_seed,
     inclusion_seed)."""
+    if config.privacy.secure_aggregation:
+        raise ValueError(
+            "secure_aggregation = true: the Flower audit's canaries ride on train messages "
+            "only; audit secure aggregation on the in-process engine (fedsgld audit)"
+        )
     audit = make_audit(config, **audit_options)
     nodes = config.run.sites if nodes is None else nodes
     holder: dict[str, Any] = {}

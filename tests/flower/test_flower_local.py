@@ -20,9 +20,9 @@ from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from fedsgld import engine
 from fedsgld.apps import APPS
 from fedsgld.config import Config, load_config
+from fedsgld.flower.exchange import SitesUnavailable
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import FLOWER_KEYS, split_run_config
-from fedsgld.flower.exchange import SitesUnavailable
 from fedsgld.flower.strategy import AllSitesFailed
 from fedsgld.pate.flower import RUN_CONFIG_FIELDS, pate_config_from_run_config
 from fedsgld.pate.train import load_pate_config
