@@ -22,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedsgld.calibration.pooling import check_stats
 from fedsgld.flower.protocol import unpack_vector
+from fedsgld.secagg.wire import unflatten
 from fedsgld.strategies.server import RoundPlan
 
 NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
@@ -84,6 +85,55 @@ def site_id_of(msg: Message) -> int:
     return sid
 
 
+def _only_record(msg: Message, entry: SiteEntry | None, key: str) -> ConfigRecord:
+    """The reply's one record, ``key`` (a ConfigRecord), of a reply to an open instruction
+    that is not an error; else :class:`ReplyRejected`."""
+    if entry is None:
+        raise ReplyRejected("the reply answers no instruction of this round")
+    if msg.has_error():
+        err = msg.error
+        raise ReplyRejected(f"error reply (code {err.code}): {str(err.reason or '')[-500:]}")
+    if not msg.has_content():
+        raise ReplyRejected("reply has no content")
+    keys = sorted(msg.content.keys())
+    if keys != [key]:
+        raise ReplyRejected(f"reply records {keys}, expected [{key!r}]")
+    rec = msg.content[key]
+    if not isinstance(rec, ConfigRecord):
+        raise ReplyRejected(f"record {key!r} is a {type(rec).__name__}, expected a ConfigRecord")
+    return rec
+
+
+#: the keys of each secure-aggregation step's reply, besides "site"
+SECAGG_REPLY_FIELDS = {
+    "advertise_keys": {"enc_pk", "mask_pk"},
+    "share_keys": {"shares"},
+    "masked_input": {"y"},
+    "unmask": {"self_mask_shares", "mask_key_shares"},
+}
+
+
+def check_secagg_reply(msg: Message, *, entry: SiteEntry | None, step: str) -> dict[str, Any]:
+    """Validate one reply to a ``train.secagg`` step; return the site's protocol message
+    or raise :class:`ReplyRejected`: the checks of :func:`check_train_reply` on the reply
+    and its node, then the step's fields (:mod:`fedsgld.secagg.wire`)."""
+    rec = _only_record(msg, entry, "secagg")
+    try:
+        m = unflatten(rec, "")
+    except ValueError as err:
+        raise ReplyRejected(f"malformed {step} reply: {err}") from None
+    node = source_node(msg)
+    if m.get("site") != entry.site or node != entry.node_id:
+        raise ReplyRejected(
+            f"reply names site {m.get('site')!r} from node {node}; node {entry.node_id} was "
+            f"asked for site {entry.site}"
+        )
+    if set(m) != {"site", *SECAGG_REPLY_FIELDS[step]}:
+        raise ReplyRejected(f"a {step} reply holds {sorted(m)}, expected "
+                            f"{sorted({'site', *SECAGG_REPLY_FIELDS[step]})}")  # fmt: skip
+    return m
+
+
 def check_train_reply(
     msg: Message,
     *,
@@ -102,19 +152,7 @@ def check_train_reply(
     exceed. With noise at the sites (``key="theta"``) the reply holds the site's
     parameters after its local steps instead: same checks except the norm bound.
     """
-    if entry is None:
-        raise ReplyRejected("the reply answers no instruction of this round")
-    if msg.has_error():
-        err = msg.error
-        raise ReplyRejected(f"error reply (code {err.code}): {str(err.reason or '')[-500:]}")
-    if not msg.has_content():
-        raise ReplyRejected("reply has no content")
-    keys = sorted(msg.content.keys())
-    if keys != [key]:
-        raise ReplyRejected(f"reply records {keys}, expected [{key!r}]")
-    rec = msg.content[key]
-    if not isinstance(rec, ConfigRecord):
-        raise ReplyRejected(f"record {key!r} is a {type(rec).__name__}, expected a ConfigRecord")
+    rec = _only_record(msg, entry, key)
     fields = sorted(rec.keys())
     if fields != sorted([key, "round", "site-id"]):
         raise ReplyRejected(

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message, RecordDict
 
 from fedsgld.flower.protocol import (
     SECAGG,
@@ -39,21 +39,13 @@ from fedsgld.flower.protocol import (
     secagg_fields,
     secagg_label,
 )
-from fedsgld.flower.replies import source_node
+from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
-from fedsgld.secagg.wire import flatten, unflatten
+from fedsgld.secagg.wire import flatten
 from fedsgld.strategies.server import RoundPlan
 
 Send = Callable[[list[Message]], list[Message]]
-
-#: the keys of each step's reply, besides "site"
-REPLY_FIELDS = {
-    "advertise_keys": {"enc_pk", "mask_pk"},
-    "share_keys": {"shares"},
-    "masked_input": {"y"},
-    "unmask": {"self_mask_shares", "mask_key_shares"},
-}
 
 
 class SecureRounds:
@@ -91,54 +83,31 @@ class SecureRounds:
         cost: dict[str, Any],
         extra: dict[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Send ``step`` to ``sites``; the well-formed protocol messages that came back."""
-        directory, strategy = self.strategy.directory, self.strategy
-        msgs, sent_to = [], {}
+        """Send ``step`` to ``sites``; the well-formed protocol messages that came back (the
+        strategy's reply matching: a rejected or missing reply is a logged dropout)."""
+        strategy = self.strategy
+        sent = []
         for v in sites:
             body = payload(v)
             fields = {**self._fields(plan, sp, step, v), **(extra or {}),
                       **flatten(body, SECAGG_PREFIX)}  # fmt: skip
             content = RecordDict({"plan": plan_record(fields, strategy.run)})
-            msgs.append(Message(content, directory[v].node_id, SECAGG,
-                                group_id=f"secagg-{plan.round}-{step}"))  # fmt: skip
-            sent_to[v] = msgs[-1]
+            entry = strategy.directory[v]
+            sent.append((Message(content, entry.node_id, SECAGG,
+                                 group_id=f"secagg-{plan.round}-{step}"), entry))  # fmt: skip
             cost["server_sent"] += message_bytes(body) + message_bytes(extra or {})
         t0 = time.perf_counter()
-        replies = self.send(msgs)
+        replies = self.send([m for m, _ in sent])
         cost["seconds"][step] = time.perf_counter() - t0
-        by_id = {m.metadata.message_id: v for v, m in sent_to.items()}
-        good: dict[int, dict[str, Any]] = {}
-        answered: set[int] = set()
-        for r in replies:
-            v = by_id.get(r.metadata.reply_to_message_id)
-            why = self._reply_problem(r, v, step, good)
-            answered.add(v)
-            if why is not None:
-                strategy._drop(plan.round, f"secagg {step}", v, source_node(r), why)
-                continue
-            good[v] = unflatten(r.content["secagg"], "")
-            cost["server_received"] += message_bytes(good[v])
-        for v in sorted(set(sites) - answered):
-            strategy._drop(plan.round, f"secagg {step}", v, directory[v].node_id,
-                           "no reply before the timeout")  # fmt: skip
+        strategy._sent = sent  # what _match pairs the replies with (ids set by the push)
+        good = strategy._match(
+            replies,
+            plan.round,
+            f"secagg {step}",
+            lambda m, e: check_secagg_reply(m, entry=e, step=step),
+        )
+        cost["server_received"] += sum(message_bytes(m) for m in good.values())
         return [good[v] for v in sorted(good)]
-
-    @staticmethod
-    def _reply_problem(r: Message, v: int | None, step: str, good: dict) -> str | None:
-        if v is None or v in good:
-            return "a reply to no open instruction of this step"
-        if r.has_error():
-            return str(r.error.reason or "error reply")[-500:]
-        try:
-            rec = r.content["secagg"]
-            if not isinstance(rec, ConfigRecord):
-                raise TypeError("the secagg record is not a ConfigRecord")
-            m = unflatten(rec, "")
-        except (KeyError, TypeError, ValueError) as err:
-            return f"malformed {step} reply: {err}"
-        if m.get("site") != v or set(m) != {"site", *REPLY_FIELDS[step]}:
-            return f"a {step} reply must be site {v}'s with {sorted(REPLY_FIELDS[step])}"
-        return None
 
     def one_round(self) -> RoundPlan | None:
         """One secure-aggregation round; the plan it ran, or None (no round left)."""

@@ -210,14 +210,14 @@ def _masked_input(r: _Request, party: SiteParty, inbox: dict[str, Any]) -> dict[
     charged, site.paid = site.paid, None
     if charged is None:
         raise RuntimeError("masked_input without the guard's charge: no share is drawn")
-    clip, sigma = float(plan["clip"]), float(plan["sigma"])
-    params = site_mechanism(r, clip=clip, sigma=sigma)
+    event = charged.event  # the mechanism the guard built, checked and charged
+    params = event.params
     theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
     total = site.clipped_sum(
         theta,
         round=r.round_of[2],
-        sample_rate=float(plan["sample-rate"]),
-        clip=clip,
+        sample_rate=event.sample_rate,
+        clip=params.clip,
         prenoise=float(plan["prenoise"]),
     )
     encoded = charged.draw(encode, total.double().numpy(), params, r.secagg.round_label)

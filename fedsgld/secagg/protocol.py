@@ -156,6 +156,7 @@ class SiteParty:
         self._self_seed = crypto.os_secret()
         self._roster: dict[int, tuple[bytes, bytes]] = {}
         self._inbox: dict[int, bytes] = {}
+        self._u2: set[int] = set()  # the sites whose shares arrived (at masked_input)
         self._stage = 0
 
     def state(self) -> Message:
@@ -171,7 +172,7 @@ class SiteParty:
             "self_seed": self._self_seed,
             "roster": {v: {"enc_pk": e, "mask_pk": m} for v, (e, m) in self._roster.items()},
             "inbox": dict(self._inbox),
-            "u2": sorted(getattr(self, "_u2", ())),
+            "u2": sorted(self._u2),
         }
 
     @classmethod
@@ -191,8 +192,7 @@ class SiteParty:
         }
         party._inbox = {int(v): bytes(c) for v, c in state.get("inbox", {}).items()}
         party._stage = int(state["stage"])
-        if party._stage >= 3:
-            party._u2 = {int(v) for v in state["u2"]}
+        party._u2 = {int(v) for v in state.get("u2", [])}
         return party
 
     def _advance(self, expected: int) -> None:
