@@ -13,7 +13,7 @@ import logging
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedsgld.flower.runner import serve
+from fedsgld.flower.runner import PlacementRefused, serve
 from fedsgld.pate.server import serve_pate
 
 app = ServerApp()
@@ -37,7 +37,11 @@ def main(grid: Grid, context: Context) -> None:
                 f"not private to release); results in {res['out_dir']}"
             )
         return
-    results = serve(grid, run_config, log=log)
+    try:
+        results = serve(grid, run_config, log=log)
+    except PlacementRefused as err:  # a site will not answer this run: one line, no round run
+        flwr_log.error("[fedsgld] stopped before round 1: %s", err)
+        return
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     log(

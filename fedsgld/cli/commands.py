@@ -8,6 +8,7 @@ fedsgld config [--markdown]
 fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+fedsgld site init --epsilon E --out FILE [--placements P,...]
 fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
 Help (-h) and --version import neither torch nor the accountants: :data:`SUBCOMMANDS`
@@ -118,7 +119,7 @@ SUBCOMMANDS = (
 FAST_PATH = ("supernode", "superlink")
 SITE = Subcommand(
     "site",
-    "a deployed site: approve the app bundles it runs",
+    "a deployed site: write its privacy policy, approve the app bundles it runs",
     "fedsgld.cli.site:add_site_arguments",
 )
 COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, SITE.name)

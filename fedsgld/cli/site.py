@@ -1,17 +1,22 @@
-"""``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``: a deployed site reviews an app
+"""``fedsgld site init``: a new site's policy (:mod:`fedsgld.clients.policy_init`);
+``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``: a deployed site reviews an app
 bundle and adds it to its policy's ``approved_apps`` (the check itself, and what this
 command prints and writes, are :mod:`fedsgld.clients.approval`)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fedsgld.clients.approval import approve
+from fedsgld.clients.policy import PLACEMENTS
+from fedsgld.clients.policy_init import init_policy
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
-    """``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``."""
+    """``fedsgld site init ...`` and ``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``."""
     sub = parser.add_subparsers(dest="site_command", required=True, metavar="SUBCOMMAND")
+    _add_init(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",
@@ -29,7 +34,59 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     ap.set_defaults(func=run_approve)
 
 
+def _add_init(sub) -> None:
+    ip = sub.add_parser(
+        "init",
+        help="write a new site's privacy policy (a lifetime budget, safe defaults, commented)",
+        description="Write a commented privacy policy for a deployed site: its lifetime budget, "
+        "the placements it accepts (default: secure aggregation or its own noise, never the "
+        "server's), the bounds of every request. Start the site's SuperNode with "
+        "privacy-policy=FILE in its --node-config (docs/site-operators.md).",
+    )
+    ip.add_argument(
+        "--epsilon", type=float, required=True, help="the site's lifetime budget, > 0"
+    )
+    ip.add_argument("--delta", type=float, default=1e-5, help="(default 1e-5)")
+    ip.add_argument("--out", metavar="FILE", required=True, help="the policy file to write")
+    ip.add_argument(
+        "--placements",
+        default="secure,sites",
+        help=f"comma-separated, from {','.join(PLACEMENTS)} (default secure,sites; 'server' "
+        "trusts the server with the site's clipped sums)",
+    )
+    ip.add_argument(
+        "--min-expected-batch", type=float, default=16.0,
+        help="refuse requests expecting fewer records per release (default 16)",
+    )  # fmt: skip
+    ip.add_argument("--force", action="store_true", help="replace an existing file")
+    ip.set_defaults(func=run_init)
+
+
+def run_init(args: argparse.Namespace) -> int:
+    placements = tuple(p.strip() for p in args.placements.split(",") if p.strip())
+    pol = init_policy(
+        args.out,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        placements=placements,
+        min_expected_batch=args.min_expected_batch,
+        force=args.force,
+    )
+    print(
+        f"wrote {args.out}: lifetime epsilon {pol.epsilon:g} at delta {pol.delta:g}, placements "
+        f"{', '.join(pol.placements)}; ledger in {pol.state_dir}. Next: `fedsgld site approve "
+        f"BUNDLE --policy {args.out}`, then start the SuperNode with "
+        f"privacy-policy='{args.out}' in its --node-config"
+    )
+    return 0
+
+
 def run_approve(args: argparse.Namespace) -> int:
+    if args.policy is not None and not Path(args.policy).expanduser().is_file():
+        raise ValueError(
+            f"--policy {args.policy!r}: no such policy file; write one with `fedsgld site init "
+            f"--epsilon 4 --out {args.policy}`"
+        )
     _, text = approve(args.bundle, args.policy)
     print(text)
     return 0

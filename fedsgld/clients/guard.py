@@ -87,6 +87,10 @@ def charge(adm: Admission, memory: LedgerMemory) -> Charged:
     under the policy's ``state_dir``, else in ``memory``. Returns the receipt through which
     the release's noise is drawn (:mod:`fedsgld.core.release`); nothing to pay, nothing
     kept."""
+    if adm.site_id is not None:
+        refusal = adm.policy.budget_refusal(adm.site_id)
+        if refusal is not None:
+            raise PolicyRefused(refusal)
     if adm.site_id is None or not (adm.event or adm.round_of or adm.evaluation_of):
         return release_step.charge(None, None)
     pol, sid = adm.policy, adm.site_id
@@ -159,12 +163,14 @@ def check_training(
     clip: Any,
     prenoise: Any,
     seeded: bool,
+    records: int | None = None,
 ) -> tuple[list[tuple[float, float]], float | None]:
     """The ranges of a training request: (steps, clip) as checked floats, or a refusal.
 
     ``steps``: the (q, sigma) of every noisy step (one for the server placement: the noise
     the server promises to add; ``local_steps`` for the sites placement). ``clip`` None:
-    no clipping (a non-private method)."""
+    no clipping (a non-private method). ``records``: the site's training records; every
+    step must expect at least the policy's ``min_expected_batch`` of them (q * records)."""
     pol = policy
     if seeded and not pol.insecure_seeded_noise:
         raise PolicyRefused(
@@ -193,6 +199,11 @@ def check_training(
             "noise multiplier", sigma, lo=pol.min_noise_multiplier, hi=math.inf,
             limit=f"must be finite and >= policy min_noise_multiplier {pol.min_noise_multiplier:g}",
         )  # fmt: skip
+        if records is not None and q * records < pol.min_expected_batch:
+            raise PolicyRefused(
+                f"sample rate {q:g} x {records} records expects {q * records:.3g} records per "
+                f"release; policy min_expected_batch is {pol.min_expected_batch:g}"
+            )
         checked.append((q, sigma))
     if (clip is None or any(s == 0.0 for _, s in checked)) and not pol.allow_non_private:
         raise PolicyRefused(
@@ -218,6 +229,8 @@ def training_admission(
     site adds the noise. ``round_of``: (run key, epoch, round), already checked."""
     _, epoch, rnd = round_of
     priv = config.privacy
+    placement = "sites" if priv.noise_placement == "sites" else "server"
+    check_placement(policy, site.site_id, placement)
     if priv.noise_placement == "sites":
         e = priv.local_steps
         if plan.get("local-steps") != e or plan.get("first-step") != rnd * e:
@@ -232,15 +245,25 @@ def training_admission(
         asked = [(plan.get("sample-rate"), plan.get("sigma"))]
         clip, prenoise = plan.get("clip"), plan.get("prenoise")
     steps, clip = check_training(
-        policy, steps=asked, clip=clip, prenoise=prenoise, seeded=config.run.randomness == "seeded"
+        policy,
+        steps=asked,
+        clip=clip,
+        prenoise=prenoise,
+        seeded=config.run.randomness == "seeded",
+        records=site.num_train,
     )
     private = clip is not None and all(s > 0.0 for _, s in steps)
     local = priv.noise_placement == "sites" and private
     if local and policy.epsilon is None:
         raise PolicyRefused(
-            f"site {site.site_id} adds the noise (noise_placement = 'sites') but has no budget "
-            "of its own: give it a privacy-policy file with epsilon"
+            policy.budget_refusal(site.site_id)
+            or f"site {site.site_id} adds the noise (noise_placement = 'sites') but has no "
+            "budget of its own: give it a privacy-policy file with epsilon"
         )
+    # the site's lifetime ledger holds every round it answers: its own noise, or (server
+    # placement, deployed) the noise the server promises; a simulation's one party accounts
+    # the server's noise in the run's own ledger
+    charged = local or (private and not policy.simulated)
     run = config.run
     sampler = policy.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=epoch, run_secure=run.secure
@@ -248,11 +271,21 @@ def training_admission(
     return Admission(
         policy,
         site.site_id,
-        event=subsampled_steps(steps) if local else None,
+        event=subsampled_steps(steps) if charged else None,
         round_of=round_of,
         site=site,
         randomness=sampler,
     )
+
+
+def check_placement(policy: SitePolicy, site_id: int, placement: str) -> None:
+    """A refusal unless the site's policy lists ``placement`` (the server's choice of where
+    the noise is added never weakens what the site accepts)."""
+    if placement not in policy.placements:
+        raise PolicyRefused(
+            f"site {site_id} refuses placement {placement!r}: its policy accepts placements "
+            f"{', '.join(policy.placements)}"
+        )
 
 
 def evaluation_admission(
@@ -278,6 +311,7 @@ __all__ = [
     "LedgerMemory",
     "Release",
     "charge",
+    "check_placement",
     "check_training",
     "draw",
     "evaluation_admission",

@@ -6,9 +6,18 @@ trust. Each site reads a :class:`SitePolicy` from its own node configuration (ke
 passes the site's guard (:mod:`fedsgld.clients.guard`), which checks the request against
 the policy and charges the site's :class:`SiteLedger` before the site computes anything.
 
-Policy file keys (all optional except ``epsilon`` for the ``sites`` placement)::
+Policy file keys (all optional except ``epsilon``: a deployed site without a budget answers
+nothing computed on its records; ``fedsgld site init`` writes a commented file)::
 
-    epsilon = 4.0                 # the site's budget for what it noises itself
+    epsilon = 4.0                 # the site's lifetime budget: every round it answers, in any
+                                  # placement, and every release it noises itself
+    placements = ["secure", "sites"]  # where the noise of a training round may be added:
+                                  # "secure" (each site adds a share; the server learns only the
+                                  # secure sum), "sites" (this site noises its own update),
+                                  # "server" (the site sends its clipped sum and TRUSTS the server
+                                  # to add the noise it promises; charged as that promise)
+    min_expected_batch = 16       # a training request whose sample rate x this site's records is
+                                  # below this is refused (a floor on what one release holds)
     delta = 1e-5
     accountant = "pld"            # rigorous accountant of the site's ledger
     max_sample_rate = 0.1
@@ -39,10 +48,10 @@ overrides), so it outlives runs and resumes: the budget is the site's, for all t
 it answers. Nodes of Flower's simulation (node config ``partition-id``) without a policy
 file get :meth:`SitePolicy.simulation`: everything allowed and shared exactly, the state
 kept for the run. Deployed nodes (``site-id``) without one get
-:meth:`SitePolicy.deployment_default`: no shared seeds, nothing shared beyond the
-documented messages, noised evaluation, no ``sites`` placement (which needs the site's
-own budget), and a ledger persisted in the node config's ``state-dir``, else
-``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``.
+:meth:`SitePolicy.deployment_default`: no budget, so they answer ``query`` (public sizes and
+what they accept) and refuse every message that would release anything computed on their
+records, saying how to write a policy; their ledger lives in the node config's
+``state-dir``, else ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``.
 """
 
 from __future__ import annotations
@@ -72,6 +81,9 @@ from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
 from fedsgld.privacy.events import DpEvent, ddg_steps
 
 EVALUATIONS = ("dp", "exact")
+PLACEMENTS = ("secure", "sites", "server")  # what a policy's ``placements`` may list
+DEPLOYED_PLACEMENTS = ("secure", "sites")  # a deployed site's default: it trusts no server noise
+INIT_HINT = "write one with `fedsgld site init --epsilon 4 --out policy.toml`"
 STATE_ENV = "FEDSGLD_STATE_DIR"  # where a deployed site without a policy file keeps its ledger
 
 
@@ -89,6 +101,8 @@ class SitePolicy:
     """What one site accepts (see the module docstring for the keys)."""
 
     epsilon: float | None = None
+    placements: tuple[str, ...] = DEPLOYED_PLACEMENTS
+    min_expected_batch: float = 16.0
     delta: float = 1e-5
     accountant: str = "pld"
     max_sample_rate: float = 1.0
@@ -124,6 +138,8 @@ class SitePolicy:
         if self.max_clip != math.inf:
             _num("policy max_clip", self.max_clip, 0.0, math.inf, lo_open=True, hi_open=True)
         _int("policy max_local_steps", self.max_local_steps, 1, 10_000)
+        object.__setattr__(self, "placements", _placements(self.placements))
+        _num("policy min_expected_batch", self.min_expected_batch, 0.0, 1e9)
         if self.evaluation not in EVALUATIONS:
             raise ValueError(
                 f"policy evaluation must be one of {', '.join(EVALUATIONS)}; got {self.evaluation!r}"
@@ -160,6 +176,8 @@ class SitePolicy:
         return cls(
             epsilon=epsilon,
             delta=delta,
+            placements=PLACEMENTS,
+            min_expected_batch=0.0,
             insecure_seeded_noise=True,
             allow_non_private=True,
             share_label_histogram=True,
@@ -174,9 +192,31 @@ class SitePolicy:
 
     @classmethod
     def deployment_default(cls, *, state_dir: str | None = None) -> SitePolicy:
+        """A deployed node without a policy file: no budget, so nothing private is answered."""
         return cls(
             state_dir=state_dir or default_state_dir(),
             source="deployment default (no privacy-policy file)",
+        )
+
+    @property
+    def simulated(self) -> bool:
+        """A node of a simulation (one party runs every site): the run's settings decide."""
+        return self.source == "simulation"
+
+    def budget_refusal(self, site_id: int) -> str | None:
+        """Why this site answers nothing computed on its records (None: it has a budget).
+        Every deployed site needs a lifetime budget: a site without one could be asked the
+        same noised question under ever new run keys, its error shrinking without limit."""
+        if self.epsilon is not None or self.simulated:
+            return None
+        where = (
+            "it has no privacy-policy file"
+            if self.source.startswith("deployment default")
+            else f"its privacy policy {self.source} has no epsilon"
+        )
+        return (
+            f"site {site_id} answers nothing computed on its records without a lifetime privacy "
+            f"budget: {where}; {INIT_HINT} and name it in the node config (privacy-policy=...)"
         )
 
     @classmethod
@@ -227,6 +267,17 @@ class SitePolicy:
         secure = self.secure_noise or bool(run_secure)
         seeded = seeded and self.insecure_seeded_noise
         return Randomness.chosen(seeded=seeded, seed=seed, epoch=epoch, secure=secure)
+
+
+def _placements(value: Any) -> tuple[str, ...]:
+    """A policy's ``placements``: a non-empty list of distinct names from PLACEMENTS."""
+    form = f"a non-empty list of distinct names from {', '.join(map(repr, PLACEMENTS))}"
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"policy placements must be {form}; got {value!r}")
+    names = tuple(value)
+    if not names or len(set(names)) != len(names) or not set(names) <= set(PLACEMENTS):
+        raise ValueError(f"policy placements must be {form}; got {list(value)!r}")
+    return names
 
 
 STATE_VERSION = 2

@@ -207,6 +207,15 @@ class PrivacySettings:
         return self.method not in ("sgd", "vi")
 
     @property
+    def placement(self) -> str:
+        """Where the noise is added, as a site's policy names it (``placements``): "secure"
+        (each site adds a share, the server learns only the secure sum), "sites" (each site
+        noises its own update) or "server" (sites send clipped sums; the server adds the noise)."""
+        if self.secure_aggregation:
+            return "secure"
+        return self.noise_placement
+
+    @property
     def variational(self) -> bool:
         return self.method in ("dpvi", "vi")
 

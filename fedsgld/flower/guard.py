@@ -121,7 +121,9 @@ def _query(msg: Message, context: Context) -> Admission:
     config = config_from_record(request_record(msg, "run", ConfigRecord))
     policy = node_policy(context, config)
     hist = policy.share_label_histogram
-    return Admission(policy, release=partial(release.sites_info, label_histogram=hist))
+    return Admission(
+        policy, release=partial(release.sites_info, label_histogram=hist, policy=policy)
+    )
 
 
 def _train(msg: Message, context: Context) -> Admission:

@@ -25,15 +25,26 @@ PUBLIC_SITE_KEYS = ("site", "n_train", "n_test", "num_classes", "input_shape")
 
 
 def sites_info(
-    msg: Message, reply: Message, noise: None, *, label_histogram: bool | None
+    msg: Message,
+    reply: Message,
+    noise: None,
+    *,
+    label_histogram: bool | None,
+    policy: SitePolicy | None = None,
 ) -> Message:
     """A node's ``sites`` list: the public sizes; the training-label histogram only where
-    ``label_histogram`` is True (None: the message type has no such field)."""
+    ``label_histogram`` is True (None: the message type has no such field); with ``policy``,
+    what the site accepts (``placements``; none without a budget, and ``refuses`` says why),
+    so that the server plans a run every site will answer."""
     out = []
     for entry in json.loads(str(reply.content["sites"]["json"])):
         public = {k: entry[k] for k in PUBLIC_SITE_KEYS}
         if label_histogram is not None:
             public["label_histogram"] = entry["label_histogram"] if label_histogram else None
+        if policy is not None:
+            refuses = policy.budget_refusal(int(entry["site"]))
+            public["placements"] = [] if refuses else list(policy.placements)
+            public["refuses"] = refuses
         out.append(public)
     return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(out)})}), reply_to=msg)
 

@@ -43,6 +43,8 @@ class SiteEntry:
     num_classes: int
     input_shape: tuple[int, ...]
     label_histogram: list[int] | None = None  # only if the site's policy shares it
+    placements: tuple[str, ...] | None = None  # what the site's policy accepts (None: not said)
+    refuses: str | None = None  # why the site answers nothing private (None: it has a budget)
 
 
 def source_node(msg: Message) -> int | None:

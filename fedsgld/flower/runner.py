@@ -75,6 +75,10 @@ def discover_sites(
                 label_histogram=None
                 if e.get("label_histogram") is None
                 else [int(v) for v in e["label_histogram"]],
+                placements=None
+                if e.get("placements") is None
+                else tuple(str(p) for p in e["placements"]),
+                refuses=None if e.get("refuses") is None else str(e["refuses"]),
             )
             out.append((entry.site, entry))
         return out
@@ -96,6 +100,7 @@ def discover_sites(
             f"SuperNode per site in a simulation pass --federation-config "
             f'"num-supernodes={len(directory)}"'
         )
+    check_placements(directory, config)
     shapes = {(e.num_classes, e.input_shape) for e in directory.values()}
     if len(shapes) != 1:
         raise ValueError(f"sites disagree on (num_classes, input_shape): {sorted(shapes)}")
@@ -107,6 +112,41 @@ def discover_sites(
         )
     )
     return directory
+
+
+class PlacementRefused(ValueError):
+    """A site will not answer the run's rounds as planned; the message says which and why."""
+
+
+def check_placements(directory: dict[int, SiteEntry], config: Config) -> None:
+    """Before round 1: every site accepts the run's placement and has a budget, else
+    :class:`PlacementRefused` with one line naming the first site that does not, what it
+    accepts, and what every site accepts (the settings that would run)."""
+    wanted = config.privacy.placement
+    said = {k: e for k, e in directory.items() if e.placements is not None}
+    for k, e in said.items():
+        if e.refuses:
+            raise PlacementRefused(e.refuses)
+    common = [p for p in PLACEMENT_SETTINGS if all(p in e.placements for e in said.values())]
+    for k, e in said.items():
+        if wanted not in e.placements:
+            fix = (
+                f"every site accepts {', '.join(common)} (set {PLACEMENT_SETTINGS[common[0]]})"
+                if common
+                else "no placement is accepted by every site"
+            )
+            raise PlacementRefused(
+                f"site {k} refuses placement {wanted!r} (it accepts {', '.join(e.placements)}); "
+                f"{fix}"
+            )
+
+
+# a placement, and the run-config settings that choose it, in the order of their accuracy
+PLACEMENT_SETTINGS = {
+    "server": "noise_placement = 'server'",
+    "secure": "noise_placement = 'sites', secure_aggregation = true",
+    "sites": "noise_placement = 'sites', secure_aggregation = false",
+}
 
 
 def _evaluate(

@@ -168,6 +168,7 @@ def _check_plan(r: _Request) -> None:
 def secagg_door(msg: Message, context: Context) -> Admission:
     """The admission of one step of a secure-aggregation round (module docstring)."""
     r = _request(msg, context)
+    guard.check_placement(r.policy, r.site.site_id, "secure")
     _check_plan(r)
     step_message(r.step, r.plan)
     if r.step != "masked_input":
@@ -179,6 +180,7 @@ def secagg_door(msg: Message, context: Context) -> Admission:
         clip=plan.get("clip"),
         prenoise=plan.get("prenoise"),
         seeded=run.randomness == "seeded",
+        records=r.site.num_train,
     )
     ((q, sigma),) = steps
     if clip is None or sigma <= 0.0:

@@ -9,11 +9,16 @@ come from, is set by the node's ``node_config``:
     ``make_sites`` call, same seed), so a seeded Flower run and the in-process engine see
     the same data.
 ``site-id``  the node hosts exactly this site (a deployment: one SuperNode per hospital).
-``data-path``  where this node finds the dataset files (overrides the run config's
-    ``data_path``); the shard is still the engine's split of that dataset.
 ``site-data``  an ``.npz`` file holding this site's own records (``x_train``, ``y_train``,
     ``x_test``, ``y_test``, optionally ``num_classes``); needs ``site-id``; no split.
-    ``python -m fedsgld.deploy.export_sites`` writes such files from a config.
+    ``python -m fedsgld.deploy.export_sites`` writes such files from a config. A deployed
+    node (``site-id``) reads ONLY this file: the site's files are the site's. A run config
+    that names a file (``data_path``, ``backbone_weights``) is refused there, and no error
+    the server receives names a path or an array of the site's files (the site's own log
+    has the details).
+``backbone-weights``  (deployed ``timm_head`` sites) the frozen backbone's weights file.
+``data-path``  (simulated nodes only) where this node finds the dataset files (overrides
+    the run config's ``data_path``); the shard is still the engine's split of that dataset.
 
 ``privacy-policy``  a TOML file with this site's privacy policy
     (:mod:`fedsgld.clients.policy`): the bounds it accepts, its own budget and ledger,
@@ -204,19 +209,74 @@ def read_site_npz(path: str, site_id: int) -> SiteShard:
     return shard
 
 
-def _load_npz(config: Config, path: str, site_id: int) -> tuple[SiteShard, int]:
-    shard = read_site_npz(path, site_id)
+SERVER_FILE_KEYS = ("data_path", "backbone_weights")  # run-config keys that name a file
+
+
+def deployed(node_config: dict[str, Any]) -> bool:
+    """A node of a deployment (``site-id``): it reads only the files of its own node config."""
+    return "site-id" in node_config
+
+
+def own_records(node_config: dict[str, Any], site_id: int) -> SiteShard:
+    """A deployed site's records: the ``site-data`` file of its own node config, and no other.
+
+    What goes wrong is logged here, at the site, in full; the error (which the server
+    receives as the reply) names the node-config key, never a path or an array name."""
+    if "site-data" not in node_config:
+        raise ValueError(
+            f"site {site_id} has no records file: a deployed site reads only the file its own "
+            "node config names (start its SuperNode with --node-config \"site-id=K "
+            "site-data='FILE.npz'\")"
+        )
+    try:
+        return read_site_npz(str(node_config["site-data"]), site_id)
+    except Exception as err:  # noqa: BLE001 - any failure: the details stay at the site
+        log.error("site %d cannot read its node config site-data: %s", site_id, err)
+        raise ValueError(
+            f"site {site_id} cannot read the records file of its node config (site-data); "
+            "the site's own log says why"
+        ) from None
+
+
+def refuse_server_files(config: Config, node_config: dict[str, Any]) -> Config:
+    """At a deployed node: refuse a run config that names a file on the site's machine
+    (the error names the key, not the value); the backbone's weights come from the node
+    config's ``backbone-weights``. Elsewhere ``config`` as it is."""
+    if not deployed(node_config):
+        return config
+    named = [k for k in SERVER_FILE_KEYS if getattr(config.run, k)]
+    if named:
+        raise ValueError(
+            f"the run config names a file ({', '.join(named)}): a deployed site reads only "
+            "the files its own node config names (site-data, backbone-weights)"
+        )
+    weights = node_config.get("backbone-weights")
+    if weights:
+        config = Config.from_flat({**config.flat(), "backbone_weights": str(weights)})
+    return config
+
+
+def _load_own(config: Config, node_config: dict[str, Any], site_id: int) -> tuple[SiteShard, int]:
+    shard = own_records(node_config, site_id)
     if config.run.model == "timm_head":  # the engine's own feature step
-        shard = backbone_features(config, shard)
+        try:
+            shard = backbone_features(config, shard)
+        except Exception as err:  # noqa: BLE001 - the weights file is the site's
+            log.error("site %d cannot compute its backbone features: %s", site_id, err)
+            raise ValueError(
+                f"site {site_id} cannot compute its backbone features from its node config's "
+                "backbone-weights; the site's own log says why"
+            ) from None
     return shard, shard.num_classes
 
 
 def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites:
     ids = hosted_site_ids(config.run.sites, node_config)
-    if "site-data" in node_config:
-        if "site-id" not in node_config:
-            raise ValueError("node config site-data needs site-id")
-        shard, num_classes = _load_npz(config, str(node_config["site-data"]), ids[0])
+    if "site-data" in node_config and not deployed(node_config):
+        raise ValueError("node config site-data needs site-id")
+    if deployed(node_config):
+        config = refuse_server_files(config, node_config)
+        shard, num_classes = _load_own(config, node_config, ids[0])
         sites = {ids[0]: _site_from_shard(config, shard, _model(config, shard, num_classes))}
         return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
     if "data-path" in node_config:
@@ -281,7 +341,7 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
         # a site-data file is read again in each new process (a few ms); carried in
         # context.state, its records would travel to and from the SuperNode with every
         # message. Shards split from a dataset are costly to rebuild: those are kept there.
-        from_file = "site-data" in node_config
+        from_file = deployed(node_config)
         hosted = None if from_file else _from_state(context, config, key)
         if hosted is None:
             hosted = _build(config, node_config, key)

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedsgld.flower.sites import evaluation_records, hosted_site_ids, read_site_npz
+from fedsgld.flower.sites import deployed, evaluation_records, hosted_site_ids, own_records
 from fedsgld.pate.aggregation import site_histogram
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import PateSplit, pate_split
@@ -111,10 +111,15 @@ _SPLITS: dict[str, PateSplit] = {}
 def site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, Any]:
     """The private records of the sites this node hosts (site id -> x/y train/test)."""
     ids = hosted_site_ids(config.sites, node_config)
+    if deployed(node_config):  # its own node config's file, and no other
+        if config.data_path:
+            raise ValueError(
+                "the run config names a file (data_path): a deployed site reads only the "
+                "files its own node config names (site-data)"
+            )
+        return {ids[0]: own_records(node_config, ids[0])}
     if "site-data" in node_config:
-        if "site-id" not in node_config:
-            raise ValueError("node config site-data needs site-id")
-        return {ids[0]: read_site_npz(str(node_config["site-data"]), ids[0])}
+        raise ValueError("node config site-data needs site-id")
     key = json.dumps(
         {n: getattr(config, n) for n in RUN_CONFIG_FIELDS}, sort_keys=True, default=str
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from fedsgld.apps.client_app import site_guard
 from fedsgld.clients.release import STATS_SENSITIVITY, vote_sensitivity
 from fedsgld.config import Config
 from fedsgld.core import noise as noise_module
+from fedsgld.deploy.export_sites import export_sites
 from fedsgld.flower.local_grid import LocalGrid
 from fedsgld.flower.protocol import pack_vector, plan_record, run_record
 from fedsgld.flower.sites import hosted_sites
@@ -64,10 +67,26 @@ def _own_default_state(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDSGLD_STATE_DIR", str(tmp_path / "default-state"))
 
 
-class Node:
-    """One deployed SuperNode as a server reaches it: a message in, the reply out."""
+_SITE_FILES: dict[int, str] = {}
 
-    def __init__(self, node_config: dict, app: ClientApp | None = None) -> None:
+
+def site_file(site: int) -> str:
+    """The site's own records file (what a deployed node's config names: ``site-data``)."""
+    if not _SITE_FILES:
+        out = Path(tempfile.mkdtemp(prefix="fedsgld-guard-sites-"))
+        _SITE_FILES.update({k: str(f) for k, f in enumerate(export_sites(CONFIG, out))})
+    return _SITE_FILES[site]
+
+
+class Node:
+    """One deployed SuperNode as a server reaches it: a message in, the reply out. A
+    deployed node reads its own records file (``site-data``, added where not given)."""
+
+    def __init__(
+        self, node_config: dict, app: ClientApp | None = None, *, records: bool = True
+    ) -> None:
+        if records and "site-id" in node_config and "site-data" not in node_config:
+            node_config = {**node_config, "site-data": site_file(node_config["site-id"])}
         self.grid = LocalGrid(app or APP, [node_config])
         (self.id,) = self.grid.contexts
 
@@ -95,7 +114,13 @@ def answered(reply: Message) -> Message:
     return reply
 
 
+ALL_PLACEMENTS = ["secure", "sites", "server"]
+
+
 def policy_file(tmp_path, name="policy", **keys) -> str:
+    """A site's policy file: ``keys``, with a budget and every placement unless given (the
+    attacks here are on the request's numbers; the placement and budget tests set them)."""
+    keys = {"epsilon": 50.0, "placements": ALL_PLACEMENTS, **keys}
     d = tmp_path / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "policy.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
@@ -213,10 +238,10 @@ def test_out_of_range_or_malformed_training_settings_are_refused_and_cost_nothin
 
 def test_a_seeded_run_is_refused_unless_the_sites_policy_accepts_it(tmp_path):
     """A shared seed lets whoever knows it regenerate the site's noise: a deployed site
-    refuses it (the deployment default, and a policy that does not say otherwise)."""
+    refuses it (a policy that does not say otherwise)."""
     seeded = Config.from_flat({**SMALL, "randomness": "seeded"})
     for node_config in (
-        {"site-id": 0},
+        {"site-id": 0, "privacy-policy": policy_file(tmp_path, "bare")},
         {"site-id": 0, "privacy-policy": policy_file(tmp_path, "plain", **LIMITS)},
     ):
         refused(Node(node_config).send("train", plan=plan(seeded)), "shared-seed randomness")
@@ -300,8 +325,8 @@ def test_the_release_noise_is_fresh_entropy_the_server_cannot_predict(tmp_path, 
     draws = spy_on_noise(monkeypatch)
     z = np.zeros(54595, np.float32)
     for k in range(2):
-        monkeypatch.setenv("FEDSGLD_STATE_DIR", str(tmp_path / f"site-{k}"))
-        answered(Node({"site-id": 0}).send("evaluate", **evaluation([z])))
+        pol = policy_file(tmp_path, f"site-{k}")
+        answered(Node({"site-id": 0, "privacy-policy": pol}).send("evaluate", **evaluation([z])))
     # even where the policy accepts a seeded run (tests only), a release is never seeded
     for k in range(2):
         pol = policy_file(tmp_path, f"seeded-{k}", insecure_seeded_noise=True)
@@ -318,7 +343,7 @@ def test_crafted_models_no_longer_read_out_the_test_label_histogram(tmp_path, mo
     by the noise the site draws (hardened, std 5 sqrt(5)), and every answer is charged."""
     draws = spy_on_noise(monkeypatch)
     exact = Node({"site-id": 0, "privacy-policy": policy_file(tmp_path, evaluation="exact")})
-    default = Node({"site-id": 0})  # no policy file: the deployment default
+    default = Node({"site-id": 0, "privacy-policy": policy_file(tmp_path, "default")})
     site = site0(default)
     truth = torch.bincount(site.y_test, minlength=3).numpy()
     models = [_predict_class(site.fm, c) for c in range(3)]
@@ -341,8 +366,7 @@ def test_crafted_models_no_longer_read_out_the_test_label_histogram(tmp_path, mo
     # the released count carries noise of about that size (clipped into [0, n_test]: less)
     assert 0.3 * std <= float(np.std(errors)) <= 1.6 * std
     assert np.mean(np.abs(errors)) > 2.0
-    default_state = os.environ["FEDSGLD_STATE_DIR"]
-    ledger = json.loads(open(os.path.join(default_state, "fedsgld-site-0.json")).read())
+    ledger = ledger_file(tmp_path / "default")
     assert ledger["ledger"]["ledger"] == [[1.0, 5.0, 18]]  # one Gaussian release each
 
 
@@ -389,19 +413,29 @@ def _pate():
     return config, pate_record(config), pate_split(config)
 
 
+def pate_node(tmp_path, split, name: str, **keys) -> Node:
+    """A deployed PATE site 0: its own records file and its policy (``keys``)."""
+    s = split.sites[0]
+    data = tmp_path / f"pate-site-{name}.npz"
+    if not data.is_file():
+        arrays = {k: getattr(s, k).numpy() for k in ("x_train", "y_train", "x_test", "y_test")}
+        np.savez(data, **arrays, num_classes=np.int64(s.num_classes))
+    pol = policy_file(tmp_path, name, **keys)
+    return Node({"site-id": 0, "site-data": str(data), "privacy-policy": pol})
+
+
 def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
     config, rec, split = _pate()
     draws = spy_on_noise(monkeypatch)
     task = ConfigRecord({"site-id": 0, "run-key": "attacker"})
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
-    trusting = policy_file(tmp_path, allow_non_private=True, evaluation="exact")
     exact = answered(
-        Node({"site-id": 0, "privacy-policy": trusting}).send(
+        pate_node(tmp_path, split, "trusting", allow_non_private=True, evaluation="exact").send(
             "train.pate", pate=rec, task=task, queries=queries
         )
     )
     teacher = exact.content["histogram"]["counts"].numpy().argmax(axis=1)  # its predictions
-    default = Node({"site-id": 0})
+    default = pate_node(tmp_path, split, "default")
     reply = answered(default.send("train.pate", pate=rec, task=task, queries=queries))
     counts = reply.content["histogram"]["counts"].numpy()
     assert counts.dtype == np.int64 and (counts >= 0).all() and (counts.sum(axis=1) == 1).all()
@@ -412,8 +446,7 @@ def test_a_single_teacher_site_sends_only_noised_votes(tmp_path, monkeypatch):
     assert teachers["vote-noise-std"] == pytest.approx(vote_sensitivity(60))
     # the deployed default's votes: one hardened draw at that std over the whole histogram
     assert [d[:3] for d in draws] == [(counts.shape, pytest.approx(vote_sensitivity(60)), True)]
-    state = os.environ["FEDSGLD_STATE_DIR"]
-    led = json.loads(open(os.path.join(state, "fedsgld-site-0.json")).read())["ledger"]
+    led = ledger_file(tmp_path / "default")["ledger"]
     assert [1.0, 1.0, 1] in led["ledger"]
 
 
@@ -429,16 +462,15 @@ def test_evaluate_pate_sends_no_labels_or_predictions_unless_shared(tmp_path):
         "task": ConfigRecord({"site-id": 0, "run-key": "attacker"}),
         "student": ArrayRecord(student.state_dict()),
     }
-    reply = answered(Node({"site-id": 0}).send("evaluate.pate", **content))
+    default = pate_node(tmp_path, split, "default")
+    reply = answered(default.send("evaluate.pate", **content))
     assert sorted(reply.content.keys()) == ["meta", "reports", "stats"]
     assert json.loads(reply.content["reports"]["json"])["student"]["release"] == "dp"
-    shares = policy_file(tmp_path, share_predictions=True, evaluation="exact")
-    reply = answered(
-        Node({"site-id": 0, "privacy-policy": shares}).send("evaluate.pate", **content)
-    )
+    shares = pate_node(tmp_path, split, "shares", share_predictions=True, evaluation="exact")
+    reply = answered(shares.send("evaluate.pate", **content))
     assert "labels" in reply.content and "pred-student" in reply.content
     wrong = ArrayRecord(torch.nn.Linear(8, 3).state_dict())
-    refused(Node({"site-id": 0}).send("evaluate.pate", **{**content, "student": wrong}), "student")
+    refused(default.send("evaluate.pate", **{**content, "student": wrong}), "student")
 
 
 # -- 3: the site's policy decides how it draws its noise ------------------------------------------
@@ -477,18 +509,18 @@ def test_the_server_cannot_shrink_the_sites_own_noise(tmp_path):
 # -- 6 (site side): replay protection and the ledger outlive runs, with or without a policy ------
 
 
-def test_a_site_without_a_policy_file_refuses_a_round_it_answered_in_an_earlier_run(tmp_path):
-    for nc in ({"site-id": 0, "state-dir": str(tmp_path / "state")}, {"site-id": 0}):
-        msg = plan(round=3, **{"run-key": f"run-{len(nc)}"})
-        answered(Node(nc).send("train", plan=msg))
-        # a new SuperNode process of a new run: nothing carried over in Flower's node state
-        refused(Node(nc).send("train", plan=msg), "already answered round 3")
-    assert "run-2" in ledger_file(tmp_path / "state")["answered"]
+def test_a_site_refuses_a_round_it_answered_in_an_earlier_run(tmp_path):
+    nc = {"site-id": 0, "privacy-policy": policy_file(tmp_path)}
+    msg = plan(round=3, **{"run-key": "run-1"})
+    answered(Node(nc).send("train", plan=msg))
+    # a new SuperNode process of a new run: nothing carried over in Flower's node state
+    refused(Node(nc).send("train", plan=msg), "already answered round 3")
+    assert "run-1" in ledger_file(tmp_path / "policy")["answered"]
 
 
 def test_a_truncated_ledger_is_an_error_never_an_empty_ledger(tmp_path):
-    nc = {"site-id": 0, "state-dir": str(tmp_path)}
+    nc = {"site-id": 0, "privacy-policy": policy_file(tmp_path)}
     answered(Node(nc).send("train", plan=plan(round=1)))
-    f = tmp_path / "fedsgld-site-0.json"
+    f = tmp_path / "policy" / "fedsgld-site-0.json"
     f.write_text(f.read_text()[:40])
     refused(Node(nc).send("train", plan=plan(round=2)), "does not parse")

@@ -1,0 +1,249 @@
+"""The site's policy decides how it is trained: placement, lifetime budget, files.
+
+Attacks as a server that runs its own ServerApp would make them: real Flower messages to
+the real ClientApp and its guard (:class:`~fedsgld.flower.local_grid.LocalGrid`), each
+crafted message one the server alone chooses (placement, sample rate, run key, file
+path). The same attacks over a real loopback deployment:
+tests/flower/test_site_sovereignty_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_site_guard import (
+    CONFIG,
+    LOCAL,
+    SMALL,
+    Node,
+    answered,
+    evaluation,
+    ledger_file,
+    plan,
+    policy_file,
+    refused,
+    site0,
+    site_file,
+)
+
+from fedsgld.apps.client_app import app as CLIENT_APP
+from fedsgld.clients.policy import SitePolicy
+from fedsgld.clients.policy_init import init_policy
+from fedsgld.config import Config
+from fedsgld.flower.local_grid import LocalGrid
+from fedsgld.flower.protocol import run_record
+from fedsgld.flower.runner import PlacementRefused, serve
+from fedsgld.privacy import PrivacyAccountant
+
+# what the deployed site of the attack trusts: a budget, bounds; placements left to default
+HOSPITAL = dict(epsilon=4.0, max_sample_rate=0.1, min_noise_multiplier=0.6, max_clip=10.0)
+
+
+def hospital_policy(tmp_path, name="hospital", **keys) -> str:
+    """A policy file with only the keys given (no placements unless named)."""
+    d = tmp_path / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "policy.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
+    return str(d / "policy.toml")
+
+
+# -- 1: the placement is the site's choice ---------------------------------------------------
+
+
+def test_the_server_cannot_choose_a_placement_the_sites_policy_does_not_list(tmp_path):
+    """The attack: ``noise_placement = "server"``, a sample rate of one record in 160 and
+    no pre-noise; a reply that holds one record's clipped gradient gives the record away.
+    A policy that does not list "server" refuses every such round, charged nothing."""
+    pol = hospital_policy(tmp_path, **HOSPITAL)
+    node = Node({"site-id": 0, "privacy-policy": pol})
+    for k in range(3):
+        attack = plan(CONFIG, **{"sample-rate": 1 / 160, "prenoise": 0.0, "run-key": f"r{k}"})
+        refused(node.send("train", plan=attack), "refuses placement 'server'", "secure, sites")
+    assert not (tmp_path / "hospital" / "fedsgld-site-0.json").exists()  # nothing charged
+    # the placements it lists are answered, and charged
+    own = Config.from_flat({**LOCAL.flat(), "sample_rate": 0.1, "temperature": 2.0})
+    answered(node.send("train", plan=plan(own)))
+    assert ledger_file(tmp_path / "hospital")["ledger"]["steps"] == 2  # two local steps
+
+
+def test_a_site_that_trusts_the_server_is_charged_the_noise_the_server_promises(tmp_path):
+    """``placements = ["server"]``: every answered round is in the site's lifetime ledger
+    as the event the server promised (q, sigma), across run keys, until the budget ends."""
+    pol = hospital_policy(tmp_path, placements=["server"], epsilon=2.0, max_sample_rate=0.5)
+    node = Node({"site-id": 0, "privacy-policy": pol})
+    refused(node.send("train", plan=plan(LOCAL)), "refuses placement 'sites'")
+    n = 0
+    promise = {"sigma": 2.0}
+    while not (reply := node.send("train", plan=plan(**promise, **{"run-key": f"r{n}"}))).has_error():
+        n += 1
+        assert n < 200
+    refused(reply, "budget epsilon=2")
+    led = ledger_file(tmp_path / "hospital")["ledger"]
+    assert led["ledger"] == [[0.2, 2.0, n]]  # the promised (q, sigma), once per answered round
+    assert n >= 1
+    eps = PrivacyAccountant.from_state_dict(led).rigorous_epsilon()
+    assert eps <= 2.0
+    acc = PrivacyAccountant(delta=1e-5, epsilon_budget=None, accountant="pld")
+    from fedsgld.privacy.events import subsampled_steps
+
+    acc.spend(subsampled_steps([(0.2, 2.0)] * (n + 1)))  # one more would have passed it
+    assert acc.rigorous_epsilon() > 2.0
+
+
+def test_a_request_expecting_fewer_records_than_the_floor_is_refused(tmp_path):
+    pol = policy_file(tmp_path)  # min_expected_batch: the default 16
+    node = Node({"site-id": 0, "privacy-policy": pol})
+    n = site0(node).num_train
+    q = 15.0 / n
+    refused(node.send("train", plan=plan(**{"sample-rate": q})), "policy min_expected_batch is 16")
+    answered(node.send("train", plan=plan(**{"sample-rate": 16.5 / n})))
+    low = Node(
+        {"site-id": 0, "privacy-policy": policy_file(tmp_path, "low", min_expected_batch=1)}
+    )
+    answered(low.send("train", plan=plan(**{"sample-rate": q})))
+
+
+# -- 2: every deployed site has a lifetime budget --------------------------------------------
+
+
+def test_a_deployed_site_without_a_budget_answers_nothing_computed_on_its_records(tmp_path):
+    """The attack: 20 evaluations under one run key, then more under invented run keys;
+    noised answers averaged without limit. Without a budget every one is refused; the
+    query (public sizes) says why, so an honest server stops before round 1."""
+    z = np.zeros(54595, np.float32)
+    no_file = Node({"site-id": 0, "state-dir": str(tmp_path / "state")})
+    no_epsilon = Node({"site-id": 0, "privacy-policy": hospital_policy(tmp_path, max_clip=5.0)})
+    for node, where in ((no_file, "no privacy-policy file"), (no_epsilon, "has no epsilon")):
+        for k in range(25):
+            refused(
+                node.send("evaluate", **evaluation([z], run_key=f"E{k}")),
+                "without a lifetime privacy budget",
+                where,
+                "fedsgld site init",
+            )
+        refused(node.send("train", plan=plan(LOCAL)), "without a lifetime privacy budget")
+        refused(node.send("train", plan=plan(LOCAL, **{"run-key": "x"})), "budget")
+        info = answered(node.send("query", run=run_record(CONFIG)))
+        (entry,) = json.loads(info.content["sites"]["json"])
+        assert entry["placements"] == [] and "fedsgld site init" in entry["refuses"]
+        assert entry["n_train"] > 0 and entry.get("label_histogram") is None
+    assert not list((tmp_path / "state").glob("*.json"))  # nothing was ever charged
+
+
+# -- 4: the site's files are the site's ------------------------------------------------------
+
+
+def _secret_npz(tmp_path) -> Path:
+    p = tmp_path / "secret" / "other-site.npz"
+    p.parent.mkdir()
+    np.savez(p, patient_ids=np.arange(5), diagnoses=np.arange(5))
+    return p
+
+
+def test_a_deployed_site_reads_only_the_file_its_own_node_config_names(tmp_path):
+    secret = _secret_npz(tmp_path)
+    pol = policy_file(tmp_path)
+    # the server names a file: refused by key, never read
+    for path in ("/etc/passwd", str(secret), str(tmp_path / "nothing-here")):
+        cfg = Config.from_flat({**SMALL, "data_path": path})
+        node = Node({"site-id": 0, "privacy-policy": pol})
+        for kind, records in (
+            ("train", {"plan": plan(cfg)}),
+            ("query", {"run": run_record(cfg)}),
+        ):
+            reason = refused(node.send(kind, **records), "names a file (data_path)")
+            assert path not in reason and "passwd" not in reason
+    # a node config without site-data: no dataset of the server's choosing is opened
+    bare = Node({"site-id": 0, "privacy-policy": pol}, records=False)
+    reason = refused(bare.send("query", run=run_record(CONFIG)), "has no records file")
+    assert "site-data" in reason
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "secret", "missing"])
+def test_no_error_the_server_receives_names_a_path_or_an_array(tmp_path, target):
+    """The site's own bad file (or a path the operator mistyped) is an error in the site's
+    log; what the server receives names the node-config key only."""
+    secret = _secret_npz(tmp_path)
+    path = {"/etc/passwd": "/etc/passwd", "secret": str(secret), "missing": "/no/such.npz"}[target]
+    node = Node({"site-id": 0, "site-data": path, "privacy-policy": policy_file(tmp_path)})
+    for kind, records in (("query", {"run": run_record(CONFIG)}), ("train", {"plan": plan()})):
+        reason = refused(node.send(kind, **records), "cannot read the records file", "site-data")
+        for leak in (path, "passwd", "pickled", "patient_ids", "diagnoses", "x_train", "lacks"):
+            assert leak not in reason, (leak, reason[-400:])
+
+
+# -- the server plans within what the sites accept ----------------------------------------------
+
+
+def _grid(tmp_path, policies: list[str | None]) -> LocalGrid:
+    ncs = []
+    for k, pol in enumerate(policies):
+        nc = {"site-id": k, "site-data": site_file(k), "state-dir": str(tmp_path / f"s{k}")}
+        if pol is not None:
+            nc["privacy-policy"] = pol
+        ncs.append(nc)
+    return LocalGrid(CLIENT_APP, ncs)
+
+
+def test_the_server_stops_before_round_1_naming_the_site_and_what_it_accepts(tmp_path):
+    trusting = policy_file(tmp_path, "trusting", placements=["server", "sites"])
+    own = policy_file(tmp_path, "own", placements=["secure", "sites"])
+    run = {**SMALL, "randomness": "os", "rounds": 2, "out": str(tmp_path / "out")}
+    grid = _grid(tmp_path, [trusting, own, trusting])
+    with pytest.raises(PlacementRefused) as err:
+        serve(grid, run, log=lambda s: None)
+    msg = str(err.value)
+    assert "site 1 refuses placement 'server' (it accepts secure, sites)" in msg
+    assert "every site accepts sites (set noise_placement = 'sites'" in msg
+    assert "\n" not in msg
+    no_budget = _grid(tmp_path, [trusting, None, trusting])
+    with pytest.raises(PlacementRefused, match="site 1 answers nothing computed on its records"):
+        serve(no_budget, {**run, "out": str(tmp_path / "out2")}, log=lambda s: None)
+    # a plan every site accepts runs, and every site's ledger holds its rounds
+    res = serve(grid, {**run, **_sites_placement(), "out": str(tmp_path / "ok")}, log=print)
+    assert res["privacy"]["steps"] == 2  # two rounds, each of two local steps at every site
+    for k, name in ((0, "trusting"), (1, "own")):
+        led = ledger_file_of(tmp_path / name, k)["ledger"]["ledger"]
+        assert sum(c for q, _, c in led if q == SMALL["sample_rate"]) == 2 * 2  # local steps
+
+
+def _sites_placement() -> dict:
+    return {"noise_placement": "sites", "local_steps": 2, "epsilon": 50.0}
+
+
+def ledger_file_of(d: Path, site: int) -> dict:
+    return json.loads((d / f"fedsgld-site-{site}.json").read_text())
+
+
+# -- fedsgld site init -----------------------------------------------------------------------
+
+
+def test_site_init_writes_a_commented_policy_with_safe_defaults(tmp_path):
+    pol = init_policy(tmp_path / "p" / "policy.toml", epsilon=4)
+    assert pol.epsilon == 4.0 and pol.placements == ("secure", "sites")
+    assert pol.min_expected_batch == 16 and pol.evaluation == "dp"
+    assert not pol.insecure_seeded_noise and not pol.share_predictions
+    assert pol.state_dir == str((tmp_path / "p").resolve())
+    text = (tmp_path / "p" / "policy.toml").read_text()
+    assert "TRUSTS the server" in text and text.count("#") > 15
+    with pytest.raises(ValueError, match="exists.*--force"):
+        init_policy(tmp_path / "p" / "policy.toml", epsilon=8)
+    assert SitePolicy.from_file(tmp_path / "p" / "policy.toml").epsilon == 4.0
+    for bad, words in ((0, "--epsilon must be"), (math.inf, "--epsilon must be")):
+        with pytest.raises(ValueError, match=words):
+            init_policy(tmp_path / "q.toml", epsilon=bad)
+    with pytest.raises(ValueError, match="policy placements must be"):
+        init_policy(tmp_path / "q.toml", epsilon=1, placements=("trusted",))
+    assert not (tmp_path / "q.toml").exists()
+
+
+def test_policy_placements_are_checked_by_name():
+    for bad in ("server", [], ["server", "server"], ["cloud"]):
+        with pytest.raises(ValueError, match="policy placements must be a non-empty list"):
+            SitePolicy(epsilon=1.0, placements=bad)
+    with pytest.raises(ValueError, match="policy min_expected_batch"):
+        SitePolicy(epsilon=1.0, min_expected_batch=-1)
