@@ -43,9 +43,7 @@ def _add_init(sub) -> None:
         "server's), the bounds of every request. Start the site's SuperNode with "
         "privacy-policy=FILE in its --node-config (docs/site-operators.md).",
     )
-    ip.add_argument(
-        "--epsilon", type=float, required=True, help="the site's lifetime budget, > 0"
-    )
+    ip.add_argument("--epsilon", type=float, required=True, help="the site's lifetime budget, > 0")
     ip.add_argument("--delta", type=float, default=1e-5, help="(default 1e-5)")
     ip.add_argument("--out", metavar="FILE", required=True, help="the policy file to write")
     ip.add_argument(

@@ -124,7 +124,7 @@ def check_placements(directory: dict[int, SiteEntry], config: Config) -> None:
     accepts, and what every site accepts (the settings that would run)."""
     wanted = config.privacy.placement
     said = {k: e for k, e in directory.items() if e.placements is not None}
-    for k, e in said.items():
+    for e in said.values():
         if e.refuses:
             raise PlacementRefused(e.refuses)
     common = [p for p in PLACEMENT_SETTINGS if all(p in e.placements for e in said.values())]

@@ -225,7 +225,7 @@ def own_records(node_config: dict[str, Any], site_id: int) -> SiteShard:
     if "site-data" not in node_config:
         raise ValueError(
             f"site {site_id} has no records file: a deployed site reads only the file its own "
-            "node config names (start its SuperNode with --node-config \"site-id=K "
+            'node config names (start its SuperNode with --node-config "site-id=K '
             "site-data='FILE.npz'\")"
         )
     try:

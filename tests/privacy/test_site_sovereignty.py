@@ -78,7 +78,9 @@ def test_a_site_that_trusts_the_server_is_charged_the_noise_the_server_promises(
     refused(node.send("train", plan=plan(LOCAL)), "refuses placement 'sites'")
     n = 0
     promise = {"sigma": 2.0}
-    while not (reply := node.send("train", plan=plan(**promise, **{"run-key": f"r{n}"}))).has_error():
+    while not (
+        reply := node.send("train", plan=plan(**promise, **{"run-key": f"r{n}"}))
+    ).has_error():
         n += 1
         assert n < 200
     refused(reply, "budget epsilon=2")
@@ -101,9 +103,7 @@ def test_a_request_expecting_fewer_records_than_the_floor_is_refused(tmp_path):
     q = 15.0 / n
     refused(node.send("train", plan=plan(**{"sample-rate": q})), "policy min_expected_batch is 16")
     answered(node.send("train", plan=plan(**{"sample-rate": 16.5 / n})))
-    low = Node(
-        {"site-id": 0, "privacy-policy": policy_file(tmp_path, "low", min_expected_batch=1)}
-    )
+    low = Node({"site-id": 0, "privacy-policy": policy_file(tmp_path, "low", min_expected_batch=1)})
     answered(low.send("train", plan=plan(**{"sample-rate": q})))
 
 
