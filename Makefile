@@ -33,8 +33,10 @@ readme-numbers: demo
 	$(BIN)/python -m fedsgld.studies.readme_numbers runs/demo-dpsgld runs/demo-dpsgd
 
 # The CI test command: everything except tests marked slow, then a representative slow one
-# (the full-size demo run against the README's numbers). `make test-all` runs every test.
-SLOW_SUBSET ?= tests/engine/test_readme_numbers.py::test_demo_dpsgld_matches_the_readme
+# (the full-size demo run against the README's numbers, and a server with its own ServerApp
+# against deployed sites on loopback). `make test-all` runs every test.
+SLOW_SUBSET ?= tests/engine/test_readme_numbers.py::test_demo_dpsgld_matches_the_readme \
+	tests/flower/test_site_sovereignty_deploy.py
 test: setup
 	$(BIN)/python -m pytest -m "not slow" -q
 	$(BIN)/python -m pytest -q $(SLOW_SUBSET)

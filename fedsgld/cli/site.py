@@ -17,6 +17,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     """``fedsgld site init ...`` and ``fedsgld site approve BUNDLE_OR_DIR [--policy FILE]``."""
     sub = parser.add_subparsers(dest="site_command", required=True, metavar="SUBCOMMAND")
     _add_init(sub)
+    _add_ledger(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",
@@ -76,6 +77,52 @@ def run_init(args: argparse.Namespace) -> int:
         f"BUNDLE --policy {args.out}`, then start the SuperNode with "
         f"privacy-policy='{args.out}' in its --node-config"
     )
+    return 0
+
+
+def _add_ledger(sub) -> None:
+    lp = sub.add_parser(
+        "ledger",
+        help="print what a site has spent: its ledger file (or the ledgers beside a policy)",
+        description="Print a site's lifetime ledger: releases, epsilon spent of its budget, "
+        "the runs it answered and the evaluations per run. FILE is a ledger "
+        "(fedsgld-site-<id>.json) or a policy file (its state_dir's ledgers).",
+    )
+    lp.add_argument("file", metavar="FILE", help="a ledger file or a policy file")
+    lp.set_defaults(func=run_ledger)
+
+
+def run_ledger(args: argparse.Namespace) -> int:
+    import json
+
+    from fedsgld.clients.policy import SitePolicy
+    from fedsgld.privacy import PrivacyAccountant
+
+    path = Path(args.file).expanduser()
+    if not path.is_file():
+        raise ValueError(f"FILE {args.file!r}: no such file (a ledger or a policy file)")
+    if path.suffix == ".toml":
+        ledgers = sorted(
+            Path(str(SitePolicy.from_file(path).state_dir)).glob("fedsgld-site-*.json")
+        )
+        if not ledgers:
+            print(f"no ledger beside {args.file}: this site has answered nothing yet")
+            return 0
+    else:
+        ledgers = [path]
+    for led in ledgers:
+        state = json.loads(led.read_text())
+        acc = PrivacyAccountant.from_state_dict(state["ledger"])
+        budget = state["ledger"].get("budget")
+        of = f" of its budget {budget:g}" if budget is not None else " (no budget)"
+        print(
+            f"site {state['site']} ({led}): {acc.steps} releases, epsilon "
+            f"{acc.rigorous_epsilon():.4f} spent{of} at delta {acc.delta:g}"
+        )
+        for key, (epoch, rnd) in state["answered"].items():
+            print(f"  run {key}: answered up to round {rnd} of epoch {epoch}")
+        for key, n in state.get("evaluations", {}).items():
+            print(f"  run {key}: {n} evaluations")
     return 0
 
 

@@ -266,3 +266,31 @@ def approved_policy(path: Path, text: str) -> Path:
     path.write_text(text)
     approve(ROOT, path)
     return path
+
+
+def site_node_configs(
+    run_config: dict[str, Any],
+    root: Path,
+    *,
+    policy: str | None = "epsilon = 1000.0\nplacements = ['secure', 'sites', 'server']\n",
+    sites: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Node configs of deployed sites for ``run_config``'s data: each site's own records
+    file (the engine's split, ``export_sites``) under ``root/data`` and, unless ``policy``
+    is None, its own policy file ``root/site<k>/policy.toml`` holding ``policy`` (its
+    ledger beside it). ``sites``: which sites (default: all)."""
+    from fedsgld.config import load_config
+    from fedsgld.deploy.export_sites import export_sites
+
+    keys = {k: v for k, v in run_config.items() if "-" not in k and k not in ("out", "resume")}
+    files = export_sites(load_config(None, keys), Path(root) / "data")
+    out = []
+    for k in sites if sites is not None else range(len(files)):
+        nc: dict[str, Any] = {"site-id": k, "site-data": str(files[k])}
+        if policy is not None:
+            p = Path(root) / f"site{k}" / "policy.toml"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(policy)
+            nc["privacy-policy"] = str(p)
+        out.append(nc)
+    return out

@@ -23,6 +23,7 @@ from flwr.app import Error, Message
 
 from fedsgld.apps import APPS
 from fedsgld.config import load_config
+from fedsgld.deploy.loopback import site_node_configs
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.strategy import AllSitesFailed, TooFewSites
 
@@ -81,17 +82,17 @@ def test_min_sites_is_checked(tmp_path):
 def _policy(tmp_path, k):
     d = tmp_path / f"site{k}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "policy.toml").write_text("epsilon = 1000.0\ndelta = 1e-5\n")
+    (d / "policy.toml").write_text("epsilon = 1000.0\ndelta = 1e-5\nplacements = ['server']\n")
     return str(d / "policy.toml")
 
 
 def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_path):
-    """Sites 0 and 1 keep a policy (and a replay record on disk), site 2 none. A run
-    crashes; its directory is copied; both copies resume (same run key, epoch 1). The
-    second copy's rounds are refused by sites 0 and 1 as replays: it must fail, naming
-    them, not finish on site 2 alone."""
-    ncs = [{"site-id": 0, "privacy-policy": _policy(tmp_path, 0)}]
-    ncs += [{"site-id": 1, "privacy-policy": _policy(tmp_path, 1)}, {"site-id": 2}]
+    """Every deployed site keeps a policy and a replay record on disk. A run crashes; its
+    directory is copied; both copies resume (same run key, epoch 1). The second copy's
+    rounds are refused by every site as replays: it must fail, naming them."""
+    ncs = site_node_configs(SMALL, tmp_path, policy=None)
+    for k, nc in enumerate(ncs):
+        nc["privacy-policy"] = _policy(tmp_path, k)
     cfg = {**SMALL, "randomness": "os"}
 
     def crash(ins, reply):
@@ -109,7 +110,8 @@ def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_pa
         run_local({**cfg, "out": str(b), "resume": True}, **APPS, node_configs=ncs)
     msg = str(err.value)
     assert msg.startswith("round 5: ")
-    assert "site 0: " in msg and "site 1: " in msg and "already answered" in msg
+    assert "site 0: " in msg and "site 1: " in msg and "site 2: " in msg
+    assert "already answered" in msg
     assert not (b / "results.json").exists()
 
 

@@ -22,6 +22,7 @@ from fedsgld.clients.guard import check_training
 from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.config import load_config
 from fedsgld.core.noise import Randomness, seeded_generator
+from fedsgld.deploy.loopback import site_node_configs
 from fedsgld.flower.local_grid import run_local
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.events import subsampled_steps
@@ -365,9 +366,9 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
     # exact evaluations: the sites' ledgers then hold the training steps alone (noised
     # evaluations compose into them too: tests/privacy/test_site_guard.py)
     keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact")
-    ncs = [
-        {"site-id": k, "privacy-policy": str(_policy_file(tmp_path, k, **keys))} for k in range(3)
-    ]
+    ncs = site_node_configs(SMALL, tmp_path, policy=None)
+    for k, nc in enumerate(ncs):
+        nc["privacy-policy"] = str(_policy_file(tmp_path, k, **keys))
     out = tmp_path / "sites"
     run_local({**over, "randomness": "os", "out": str(out)}, **APPS, node_configs=ncs)
     server_ledger = json.loads((out / "ledger.json").read_text())
@@ -401,7 +402,7 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     from fedsgld.flower.strategy import AllSitesFailed
 
     over = {**SMALL, "rounds": 2}
-    ncs = [{"site-id": k} for k in range(3)]
+    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
     with pytest.raises(AllSitesFailed, match="shared-seed"):
         run_local(
             {**over, "randomness": "seeded", "out": str(tmp_path / "s")}, **APPS, node_configs=ncs
@@ -434,7 +435,7 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
 def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     rec = Recorder()
     over = {**SMALL, "rounds": 2, "eval_every": 1}
-    ncs = [{"site-id": k} for k in range(3)]
+    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
     grid = run_local(
         {**over, "randomness": "os", "out": str(tmp_path / "m")},
         **APPS,
@@ -455,8 +456,10 @@ def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
             for e in info:
                 assert sorted(e) == sorted(
                     ["site", "n_train", "n_test", "num_classes", "input_shape", "label_histogram"]
+                    + ["placements", "refuses"]
                 )
                 assert e["label_histogram"] is None  # not shared by default
+                assert e["placements"] == ["server"] and e["refuses"] is None  # its policy's
         elif kind == "train":
             assert list(c.keys()) == ["sum"]
             assert sorted(c["sum"].keys()) == ["round", "site-id", "sum"]
