@@ -158,9 +158,7 @@ def test_a_server_with_its_own_serverapp_cannot_take_what_the_sites_policy_keeps
         root / "site0" / "policy.toml",
         "epsilon = 4.0\nmax_sample_rate = 0.1\nmin_noise_multiplier = 0.6\nmax_clip = 10.0\n",
     )
-    trusting = _policy(
-        root / "site3" / "policy.toml", 'epsilon = 4.0\nplacements = ["server"]\n'
-    )
+    trusting = _policy(root / "site3" / "policy.toml", 'epsilon = 4.0\nplacements = ["server"]\n')
     nodes = [
         f"site-id=0 site-data='{files[0]}' privacy-policy='{hospital}'",
         f"site-id=1 site-data='{files[1]}' state-dir='{root / 'state1'}'",
