@@ -263,6 +263,8 @@ def deploy(
     shim_dir = root / "warm-bin"  # stock path: the warm-site shim first on PATH
     install_shim(str(shim_dir))
     policy = root / "policy.toml"  # every site approves the bundle `flwr run .` submits
+    root.mkdir(parents=True, exist_ok=True)  # a lifetime budget; this run's server placement
+    policy.write_text("epsilon = 1000.0\nplacements = ['server']\n")
     approve(ROOT, policy)
 
     def start(tag: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:

@@ -146,7 +146,10 @@ def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
                          root / "data")  # fmt: skip
     nodes = []
     for k, f in enumerate(files):  # each site's own policy: its budget, the approved bundle
-        policy = approved_policy(root / f"site{k}" / "policy.toml", "epsilon = 100.0\n")
+        policy = approved_policy(  # both placements measured: the site accepts both
+            root / f"site{k}" / "policy.toml",
+            "epsilon = 100.0\nplacements = ['secure', 'server']\n",
+        )
         nodes.append(f"site-id={k} site-data='{f}' privacy-policy='{policy}'")
     with Loopback(root / "flwr") as lo:
         lo.start(nodes, warm=warm, timeout=300.0)

@@ -55,7 +55,8 @@ SEE = "docs/deployment.md, section 10"
 NO_POLICY_MEANS = (
     "this site runs whatever app bundle the server submits, unreviewed: no approved_apps "
     "list, and no privacy policy of its own (the ClientApp the server ships decides what "
-    "is done with the site's records)"
+    "is done with the site's records; fedsgld's own ClientApp answers nothing computed on "
+    "them without a policy's lifetime budget)"
 )
 
 # Flower's ClientApp runtime (flwr.supernode.runtime.run_clientapp) whose structure the

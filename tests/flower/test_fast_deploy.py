@@ -24,6 +24,7 @@ import pytest
 from flower_support import BIN, ROOT, flower_env, flwr, free_port, run_config_arg
 from test_flower_deploy import RUN, SITES, _certificates, _node_key, _site_files
 
+from fedsgld.clients.approval import approve
 from fedsgld.deploy import fast, shim, warm
 from fedsgld.deploy.loopback import write_connection
 
@@ -52,6 +53,20 @@ def _bundle(dst: Path) -> Path:
     with open(dst / "fedsgld" / "apps" / "client_app.py", "a") as f:
         f.write(MARKER)
     return dst
+
+
+def _policies(root: Path, bundles: list[Path]) -> list[Path]:
+    """Each site's own policy: a lifetime budget, trust in this run's server placement,
+    and the bundles it approved (a warm site runs only those)."""
+    out = []
+    for k in range(SITES):
+        p = root / f"site{k}" / "policy.toml"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("epsilon = 1000.0\nplacements = ['server']\n")
+        for b in bundles:
+            approve(b, p)
+        out.append(p)
+    return out
 
 
 def _wait_serving(sockets: list[Path], timeout: float = 300.0) -> None:
@@ -138,6 +153,8 @@ def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(fl
     marks = root / "marks"
     marks.mkdir()
     sockets = []
+    app = _bundle(root / "bundle")
+    policies = _policies(root, [app])
     for k, f in enumerate(files):
         sock = Path(shim.private_dir(str(root / f"warm{k}"))) / "fork.sock"
         sockets.append(sock)
@@ -146,16 +163,15 @@ def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(fl
         )
         procs.start(
             f"supernode-{k}",
-            [sys.executable, "-m", "fedsgld", "supernode", "--no-policy", "--",
+            [sys.executable, "-m", "fedsgld", "supernode", "--",
              "--root-certificates", str(certs["ca"]),
              "--auth-supernode-private-key", str(keys / f"site{k}"),
              "--superlink", f"127.0.0.1:{port}", "--port", str(free_port()),
-             "--node-config", f"site-id={k} site-data='{f}'"],
+             "--node-config", f"site-id={k} site-data='{f}' privacy-policy='{policies[k]}'"],
             env,
         )  # fmt: skip
     _wait_serving(sockets)
     rounds = 3
-    app = _bundle(root / "bundle")
     _run(app, cli_env, "tlslink", root / "out", rounds, root / "flwr-run.log")
     by_node = _marks(marks)
     assert sorted(by_node) == [f"home-node{k}" for k in range(SITES)], by_node
@@ -192,6 +208,8 @@ def test_stock_supernodes_with_warm_sites_run_each_submitted_bundle(flower_tmp):
     marks = root / "marks"
     marks.mkdir()
     sockets = []
+    bundle = _bundle(root / "bundle")
+    policies = _policies(root, [ROOT, bundle])  # each site approves both bundles
     for k, f in enumerate(files):
         sock = Path(shim.private_dir(str(root / f"warm{k}"))) / "fork.sock"
         sockets.append(sock)
@@ -200,13 +218,13 @@ def test_stock_supernodes_with_warm_sites_run_each_submitted_bundle(flower_tmp):
             FEDSGLD_TEST_MARKS=str(marks),
             FEDSGLD_WARM_SOCKET=str(sock),
             FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.1",
-            FEDSGLD_NO_POLICY="1",  # no policy: the shim then runs any bundle (unchecked)
         )
         env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
+        node = f"site-id={k} site-data='{f}' privacy-policy='{policies[k]}'"
         procs.start(
             f"supernode-{k}",
             [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-             "--port", str(free_port()), "--node-config", f"site-id={k} site-data='{f}'"],
+             "--port", str(free_port()), "--node-config", node],
             env,
         )  # fmt: skip
     cli_home = root / "home-cli"
@@ -217,7 +235,7 @@ def test_stock_supernodes_with_warm_sites_run_each_submitted_bundle(flower_tmp):
     assert not any(marks.iterdir())  # the unmodified app writes no markers
     _wait_serving(sockets)
     rounds = 2
-    _run(_bundle(root / "bundle"), cli_env, "loop", root / "out2", rounds, root / "flwr-run-2.log")
+    _run(bundle, cli_env, "loop", root / "out2", rounds, root / "flwr-run-2.log")
     by_node = _marks(marks)
     assert sorted(by_node) == [f"home-node{k}" for k in range(SITES)], by_node
     for node, seen in by_node.items():

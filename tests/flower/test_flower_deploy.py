@@ -41,16 +41,27 @@ RUN = {
 }
 
 
+# Each site's own policy: a lifetime budget, and trust in the server's noise (this run's
+# placement), as a consortium that trusts its server says in every site's policy.
+POLICY = "epsilon = 1000.0\nplacements = ['server']\n"
+
+
 def _site_files(root: Path) -> list[Path]:
-    return export_sites(
+    files = export_sites(
         load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data"
     )
+    for k in range(len(files)):
+        (root / f"site{k}").mkdir(exist_ok=True)
+        (root / f"site{k}" / "policy.toml").write_text(POLICY)
+    return files
 
 
 def _supernode_args(
     link_port: int, node_port: int, site: int, data: Path, security: list[str]
 ) -> list[str]:
-    return supernode_args(link_port, node_port, f"site-id={site} site-data='{data}'", security)
+    policy = data.parents[1] / f"site{site}" / "policy.toml"
+    node = f"site-id={site} site-data='{data}' privacy-policy='{policy}'"
+    return supernode_args(link_port, node_port, node, security)
 
 
 def _run_and_check(root: Path, cli_env: dict, connection: str, out: Path) -> dict:

@@ -55,7 +55,9 @@ def test_a_site_runs_the_bundle_it_approved_and_refuses_one_changed_line(flower_
     digest_b = hashlib.sha256(build_bundle(changed)).hexdigest()
     assert digest_a != digest_b
     policy = root / "policy.toml"
-    policy.write_text("# the hospitals' policy\nmax_sample_rate = 0.5\n")
+    policy.write_text(
+        "# the hospitals' policy\nepsilon = 1000.0\nplacements = ['server']\nmax_sample_rate = 0.5\n"
+    )
     res = subprocess.run(
         [sys.executable, "-m", "fedsgld", "site", "approve", str(approved), "--policy", str(policy)],
         env=_env(root, "home-approve"), capture_output=True, text=True, timeout=300,

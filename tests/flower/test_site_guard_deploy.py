@@ -1,8 +1,8 @@
 """The site's guard in a real Flower deployment on loopback (issue 25).
 
 One SuperLink, two SuperNodes each reading its own ``.npz``, ``flwr run``: the guard mod
-runs in Flower's own ClientApp processes. Site 0 has no policy file (the deployment
-default: noised evaluation, its ledger persisted in its ``state-dir``); site 1's policy
+runs in Flower's own ClientApp processes. Site 0's policy has only a budget (and trusts
+the server's noise) otherwise its defaults: noised evaluation, its ledger beside its policy; site 1's policy
 answers no evaluation at all (``max_evaluations = 0``), and the server's log names why.
 The attacks themselves, message by message: tests/privacy/test_site_guard.py.
 """
@@ -41,9 +41,13 @@ def test_a_deployed_sites_guard_noises_charges_and_refuses(flower_tmp):
     files = export_sites(
         load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data"
     )
-    (root / "policy1.toml").write_text("max_evaluations = 0\n")
+    (root / "state0").mkdir()
+    (root / "state0" / "policy.toml").write_text("epsilon = 1000.0\nplacements = ['server']\n")
+    (root / "policy1.toml").write_text(
+        "epsilon = 1000.0\nplacements = ['server']\nmax_evaluations = 0\n"
+    )
     nodes = [
-        f"site-id=0 site-data='{files[0]}' state-dir='{root / 'state0'}'",
+        f"site-id=0 site-data='{files[0]}' privacy-policy='{root / 'state0' / 'policy.toml'}'",
         f"site-id=1 site-data='{files[1]}' privacy-policy='{root / 'policy1.toml'}'",
     ]
     port = free_port()
@@ -78,7 +82,9 @@ def test_a_deployed_sites_guard_noises_charges_and_refuses(flower_tmp):
     assert r["metrics"]["sites"]["0"]["release"] == "dp"
     assert r["metrics"]["posterior"]["sites"]["0"]["release"] == "dp"
     state = json.loads((Path(root / "state0") / "fedsgld-site-0.json").read_text())
-    assert state["ledger"]["ledger"] == [[1.0, 5.0, 2]]  # ... each charged to its ledger
+    led = state["ledger"]["ledger"]
+    assert [1.0, 5.0, 2] in led  # ... each charged to its ledger, with the two rounds it
+    assert sum(c for q, _, c in led if q == RUN["sample_rate"]) == 2  # trained (promised noise)
     assert list(state["evaluations"].values()) == [2]
     assert list(state["answered"].values()) == [[0, 1]]  # rounds 0 and 1, numbered, persisted
     # site 1 refused every evaluation, and said why
