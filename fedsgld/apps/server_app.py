@@ -39,9 +39,9 @@ def main(grid: Grid, context: Context) -> None:
         return
     try:
         results = serve(grid, run_config, log=log)
-    except PlacementRefused as err:  # a site will not answer this run: one line, no round run
+    except PlacementRefused as err:  # a site will not answer this run: no round is run
         flwr_log.error("[fedsgld] stopped before round 1: %s", err)
-        return
+        raise  # the run is marked failed, with this reason (`fedsgld deploy run` exits 1)
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     log(

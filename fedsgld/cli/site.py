@@ -9,8 +9,6 @@ import argparse
 from pathlib import Path
 
 from fedsgld.clients.approval import approve
-from fedsgld.clients.policy import PLACEMENTS
-from fedsgld.clients.policy_init import init_policy
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +48,7 @@ def _add_init(sub) -> None:
     ip.add_argument(
         "--placements",
         default="secure,sites",
-        help=f"comma-separated, from {','.join(PLACEMENTS)} (default secure,sites; 'server' "
+        help="comma-separated, from secure,sites,server (default secure,sites; 'server' "
         "trusts the server with the site's clipped sums)",
     )
     ip.add_argument(
@@ -62,6 +60,8 @@ def _add_init(sub) -> None:
 
 
 def run_init(args: argparse.Namespace) -> int:
+    from fedsgld.clients.policy_init import init_policy  # torch: only when the command runs
+
     placements = tuple(p.strip() for p in args.placements.split(",") if p.strip())
     pol = init_policy(
         args.out,

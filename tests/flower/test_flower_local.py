@@ -20,6 +20,7 @@ from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from fedsgld import engine
 from fedsgld.apps import APPS
 from fedsgld.config import Config, load_config
+from fedsgld.deploy.loopback import site_node_configs
 from fedsgld.flower.exchange import SitesUnavailable
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import FLOWER_KEYS, split_run_config
@@ -187,6 +188,7 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
     policy = tmp_path / "policy.toml"
     policy.write_text(
         'insecure_seeded_noise = true\nshare_predictions = true\nevaluation = "exact"\n'
+        "epsilon = 1000.0\nplacements = ['server']\n"
     )
     ncs = [
         {"site-id": k, "site-data": str(p), "privacy-policy": str(policy)}
@@ -375,7 +377,8 @@ def test_every_site_failing_stops_the_run_with_a_clear_error(tmp_path):
 
 def test_missing_sites_are_reported_after_the_wait(tmp_path):
     with pytest.raises(SitesUnavailable, match=r"sites \[1, 2\] had no working node"):
-        _local(tmp_path, "few", node_configs=[{"site-id": 0}], **{"wait-for-sites": 0.5})
+        ncs = site_node_configs(SMALL, tmp_path, sites=[0])  # site 0 alone is deployed
+        _local(tmp_path, "few", node_configs=ncs, **{"wait-for-sites": 0.5})
 
 
 def test_a_misconfigured_node_is_named_in_the_error(tmp_path):

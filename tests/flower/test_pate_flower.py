@@ -136,7 +136,7 @@ def test_deployed_sites_reading_their_own_files_give_the_same_run(tmp_path, in_p
     # sites that trust the server's aggregator with their exact votes and evaluations (a
     # deployed site's default noises both: tests/privacy/test_site_guard.py)
     policy = tmp_path / "policy.toml"
-    policy.write_text('allow_non_private = true\nevaluation = "exact"\n')
+    policy.write_text('epsilon = 1000.0\nallow_non_private = true\nevaluation = "exact"\n')
     nodes = []
     for s in split.sites:
         f = tmp_path / f"site{s.site_id}.npz"
