@@ -270,6 +270,17 @@ def _masked_input(r: _Request, party: SiteParty, inbox: dict[str, Any]) -> dict[
     return party.masked_input(inbox, encoded)
 
 
+def _play(r: _Request, party: SiteParty, m: dict[str, Any]) -> dict[str, Any]:
+    """The party's answer to step ``r.step`` (after ``advertise_keys``)."""
+    if r.step == "share_keys":
+        return party.share_keys(m)
+    if r.step == "masked_input":
+        return _masked_input(r, party, m)
+    if r.step == "consistency":
+        return party.consistency(m)
+    return party.unmask(m)
+
+
 def handle_secagg(msg: Message, context: Context) -> Message:
     """One step of the site's side of the round (behind its guard)."""
     r = _request(msg, context)
@@ -284,14 +295,11 @@ def handle_secagg(msg: Message, context: Context) -> Message:
         if not isinstance(kept, ConfigRecord):
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
         party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
-        if r.step == "share_keys":
-            out = party.share_keys(m)
-        elif r.step == "masked_input":
-            out = _masked_input(r, party, m)
-        elif r.step == "consistency":
-            out = party.consistency(m)
-        else:
-            out = party.unmask(m)
+        try:
+            out = _play(r, party, m)
+        except RoundAborted:  # a refused roster or survivor set ends the site's round
+            del context.state[slot]
+            raise
     if r.step == "unmask":
         del context.state[slot]
     else:

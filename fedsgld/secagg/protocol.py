@@ -219,8 +219,13 @@ class SiteParty:
 
     def _advance(self, expected: int) -> None:
         if self._stage != expected:
-            raise RoundAborted(f"site {self.site}: protocol step out of order")
+            raise self._abort(f"site {self.site}: protocol step out of order")
         self._stage += 1
+
+    def _abort(self, why: str) -> RoundAborted:
+        """A refusal: the party answers no further step of this round."""
+        self._stage = -1
+        return RoundAborted(why)
 
     def advertise_keys(self) -> Message:
         """This round's public keys, signed with the site's long-term key."""
@@ -238,12 +243,12 @@ class SiteParty:
         try:
             keys = roster.check_roster(self.plan, self.site, announced["keys"], self.credentials)
         except roster.RosterRefused as err:
-            raise RoundAborted(str(err)) from None
+            raise self._abort(str(err)) from None
         own = (crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key))
         if keys.get(self.site) != own or not set(keys) <= set(self.plan.sites):
-            raise RoundAborted(f"site {self.site}: the roster does not hold this site's keys")
+            raise self._abort(f"site {self.site}: the roster does not hold this site's keys")
         if len(keys) < self.plan.min_inputs:
-            raise RoundAborted(f"site {self.site}: {len(keys)} sites advertised keys, "
+            raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
                                f"fewer than {self.plan.min_inputs}")  # fmt: skip
         self._roster = keys
         points = [self.plan.point(v) for v in sorted(keys)]
@@ -268,7 +273,7 @@ class SiteParty:
         self._advance(2)
         senders = {int(v) for v in inbox["shares"]} | {self.site}
         if not senders <= set(self._roster) or len(senders) < self.plan.min_inputs:
-            raise RoundAborted(f"site {self.site}: shares from {sorted(senders)} do not allow "
+            raise self._abort(f"site {self.site}: shares from {sorted(senders)} do not allow "
                                f"{self.plan.min_inputs} inputs")  # fmt: skip
         for v, ct in inbox["shares"].items():
             self._inbox[int(v)] = ct
@@ -294,10 +299,10 @@ class SiteParty:
             try:
                 plaintext = crypto.open_sealed(key, self._inbox[v], _aad(self.plan, v, self.site))
             except InvalidTag:
-                raise RoundAborted(f"site {self.site}: the shares relayed from site {v} "
+                raise self._abort(f"site {self.site}: the shares relayed from site {v} "
                                    "do not authenticate") from None  # fmt: skip
         if struct.unpack(">II", plaintext[:8]) != (v, self.site):
-            raise RoundAborted(f"site {self.site}: shares from site {v} are mislabelled")
+            raise self._abort(f"site {self.site}: shares from site {v} are mislabelled")
         n = shamir.SHARE_BYTES
         return plaintext[8 : 8 + n], plaintext[8 + n : 8 + 2 * n]
 
@@ -308,9 +313,9 @@ class SiteParty:
         self._advance(3)
         u3 = {int(v) for v in announcement["survivors"]}
         if not u3 <= self._u2 or self.site not in u3:
-            raise RoundAborted(f"site {self.site}: the announced survivors are inconsistent")
+            raise self._abort(f"site {self.site}: the announced survivors are inconsistent")
         if len(u3) < self.plan.min_inputs:
-            raise RoundAborted(
+            raise self._abort(
                 f"site {self.site} refuses to unmask: {len(u3)} inputs < {self.plan.min_inputs} "
                 f"(more than max_dropouts={self.plan.max_dropouts} sites missing: the sum "
                 "would carry too little noise)"
@@ -325,13 +330,13 @@ class SiteParty:
         it (:func:`.roster.check_consistency`); then this site's unmasking shares."""
         self._advance(4)
         if sorted({int(v) for v in announcement["survivors"]}) != self._u3:
-            raise RoundAborted(f"site {self.site}: the survivors announced for unmasking are "
+            raise self._abort(f"site {self.site}: the survivors announced for unmasking are "
                                "not the set it signed; refusing to unmask")  # fmt: skip
         signatures = {int(v): s for v, s in announcement["signatures"].items()}
         try:
             roster.check_consistency(self.plan, self.site, self._u3, signatures, self.credentials)
         except roster.RosterRefused as err:
-            raise RoundAborted(str(err)) from None
+            raise self._abort(str(err)) from None
         u3 = set(self._u3)
         self_shares, key_shares = {}, {}
         for v in sorted(self._u2):
