@@ -144,9 +144,13 @@ def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
 
     files = export_sites(load_config(None, {k: v for k, v in cfg.items() if "-" not in k}),
                          root / "data")  # fmt: skip
+    from fedsgld.secagg.identity import consortium_files
+
+    keys, peers = consortium_files(root / "keys", range(len(files)))
     nodes = []
-    for k, f in enumerate(files):  # each site's own policy: its budget, the approved bundle
-        policy = approved_policy(root / f"site{k}" / "policy.toml", "epsilon = 100.0\n")
+    for k, f in enumerate(files):  # each site's own policy: its budget, its key, the bundle
+        text = f'epsilon = 100.0\nsigning_key = "{keys[k]}"\npeers = "{peers}"\n'
+        policy = approved_policy(root / f"site{k}" / "policy.toml", text)
         nodes.append(f"site-id={k} site-data='{f}' privacy-policy='{policy}'")
     with Loopback(root / "flwr") as lo:
         lo.start(nodes, warm=warm, timeout=300.0)
@@ -181,13 +185,14 @@ def loopback_cost(sites: int, rounds: int, tmp: Path, *, warm: bool) -> dict:
 
 def print_loopback(rows: list[dict]) -> None:
     print("| K | rounds | secure round s (median) | plain `server` round s (median) | ratio "
-          "| secure steps s: keys / shares / masked input / unmask "
+          "| secure steps s: keys / shares / masked input / consistency / unmask "
           "| server sent KiB/round | server received KiB/round |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         st = r["secure_step_s"]
         steps = " / ".join(f"{st[k]:.2f}" for k in
-                           ("advertise_keys", "share_keys", "masked_input", "unmask"))  # fmt: skip
+                           ("advertise_keys", "share_keys", "masked_input", "consistency",
+                            "unmask"))  # fmt: skip
         print(f"| {r['sites']} | {r['rounds']} | {r['secure_round_s']:.2f} | "
               f"{r['plain_round_s']:.2f} | {r['ratio']:.2f} | {steps} | "
               f"{r['server_sent_kib']:.0f} | {r['server_received_kib']:.0f} |")  # fmt: skip

@@ -152,9 +152,7 @@ def step_message(step: str, plan: Any) -> dict[str, Any]:
     return m
 
 
-def site_mechanism(
-    r: _Request, creds: Credentials, *, clip: float, sigma: float
-) -> DDGParameters:
+def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
     """The round's distributed discrete Gaussian as this site builds it from the public
     numbers, checked against the plan and the site's policy (a refusal otherwise). Its K
     counts the round's sites that the site's key list authenticates, no other."""

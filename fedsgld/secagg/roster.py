@@ -80,7 +80,11 @@ def check_roster(
 
 
 def check_consistency(
-    plan: SecAggPlan, site: int, u3: Iterable[int], signatures: Mapping[int, Any], creds: Credentials
+    plan: SecAggPlan,
+    site: int,
+    u3: Iterable[int],
+    signatures: Mapping[int, Any],
+    creds: Credentials,
 ) -> int:
     """How many members of U3 signed U3 (``signatures``: {v: signature}); at least the
     threshold t, or :class:`RosterRefused`. A signature by a site outside U3, or one that

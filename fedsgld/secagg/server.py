@@ -81,7 +81,10 @@ class ServerParty:
         answered (U4), to relay to them."""
         got = self._receive(3, "consistency", messages, set(self._inputs))
         self._u4 = set(got)
-        return {"survivors": sorted(self._inputs), "signatures": {v: m["sig"] for v, m in got.items()}}
+        return {
+            "survivors": sorted(self._inputs),
+            "signatures": {v: m["sig"] for v, m in got.items()},
+        }
 
     def finish(self, messages: Sequence[Message]) -> np.ndarray:
         """Step 5: sum_{u in U3} x_u mod 2^bits (uint64) from >= t unmasking answers."""
