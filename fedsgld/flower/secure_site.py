@@ -127,8 +127,9 @@ def site_credentials(r: _Request) -> Credentials:
 
 def step_message(step: str, plan: Any) -> dict[str, Any]:
     """The protocol message a ``step`` request carries, checked for its shape
-    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's public keys;
-    the ciphertexts relayed to this site; the announced survivors."""
+    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
+    keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
+    with their signatures of them)."""
     m = unflatten(plan, SECAGG_PREFIX)
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
             "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
