@@ -39,11 +39,14 @@ was sized for K - max_dropouts - max_colluders honest contributions, and the sum
 released with fewer.
 
 Against an actively malicious server (docs/secure_aggregation.md): it cannot invent sites
-(every roster entry is signed by a key of the site's own list), replay a site's keys or
-signatures into another round (they are bound to the round's context), or show two
-groups of sites different survivor sets and collect both a survivor's self-mask shares
-and its mask-key shares (each honest site signs one U3 and needs t signatures over it).
-Not covered: the key list itself (whoever writes it decides who counts as a peer), a
+(every roster entry is signed by a key of the site's own list) or replay a site's keys or
+signatures into another round (they are bound to the round's context); a site releases
+no unmasking share for a survivor set that fewer than t survivors signed. To collect both
+a survivor's self-mask shares and its mask-key shares the server must show two groups
+different survivor sets and gather t signatures for each; each honest site signs one set,
+so that needs 2 (t - max_colluders) honest sites, which do not exist when
+K > 2 max_dropouts + max_colluders (a plan with more dropouts planned is not protected
+against that server). Not covered: the key list itself (whoever writes it decides who counts as a peer), a
 malicious site that sends an out-of-range input (it spoils the sum, learns nothing), and
 denial of service (a site or the server can always make a round abort).
 """

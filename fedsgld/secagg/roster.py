@@ -14,7 +14,8 @@ another statement.
   shown; :func:`check_consistency` releases no unmasking share unless at least t
   (the Shamir threshold) valid signatures over the SAME U3 by members of U3 arrive. Two
   honest sites shown different survivor sets therefore both refuse, unless the server
-  holds t signatures over each, which needs 2 (t - max_colluders) honest signers.
+  holds t signatures over each, which needs 2 (t - max_colluders) honest signers: more
+  than the K - max_colluders honest sites whenever K > 2 max_dropouts + max_colluders.
 """
 
 from __future__ import annotations
