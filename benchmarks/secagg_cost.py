@@ -8,9 +8,12 @@ on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no 
 planned; ``--max-dropouts`` to plan some), all parties in this one process. Reported
 (medians over the rounds):
 
-``site_s``         one site's compute (CPU seconds, robust to a loaded machine): its share of the four steps (encoding, masking,
-                   share encryption and decryption), the sites' total divided by K (a
+``site_s``         one site's compute (CPU seconds, robust to a loaded machine): its share
+                   of the five steps (encoding, masking, signing and verifying, share
+                   encryption and decryption), the sites' total divided by K (a
                    deployment runs the sites in parallel);
+``consistency_s``  of which the consistency step (CPU seconds; printed in ms): checking and
+                   signing U3;
 ``encode_s``       of which the DDG encoding (CPU seconds) (rotation, rounding, discrete Gaussian share);
 ``server_s``       the server's compute (CPU seconds): relaying, unmasking and decoding;
 ``round_s``        the in-process round's wall time: all parties one after the other;
@@ -75,7 +78,8 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
         enc = time.process_time() - c1
         site = sum(v for k, v in res.cpu_seconds.items() if "(server)" not in k)
         server = sum(v for k, v in res.cpu_seconds.items() if "(server)" in k)
-        rows.append((site / sites, enc, server, wall))
+        check = res.cpu_seconds["consistency"] / sites
+        rows.append((site / sites, enc, server, wall, check))
     med = [statistics.median(c) for c in zip(*rows)]
     return {
         "sites": sites,
@@ -86,6 +90,7 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
         "encode_s": med[1],
         "server_s": med[2],
         "round_s": med[3],
+        "consistency_s": med[4],
         "sent_kib": statistics.mean(res.sent.values()) / 1024,
         "received_kib": statistics.mean(res.received.values()) / 1024,
         "plain_kib": 4 * dim / 1024,
@@ -144,12 +149,16 @@ def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
 
     files = export_sites(load_config(None, {k: v for k, v in cfg.items() if "-" not in k}),
                          root / "data")  # fmt: skip
+    from fedsgld.secagg.identity import consortium_files
+
+    keys, peers = consortium_files(root / "keys", range(len(files)))
     nodes = []
-    for k, f in enumerate(files):  # each site's own policy: its budget, the approved bundle
-        policy = approved_policy(  # both placements measured: the site accepts both
-            root / f"site{k}" / "policy.toml",
-            "epsilon = 100.0\nplacements = ['secure', 'server']\n",
+    for k, f in enumerate(files):  # each site's own policy: its budget, its key, the bundle
+        text = (  # both placements measured: the site accepts both
+            f'epsilon = 100.0\nplacements = ["secure", "server"]\n'
+            f'signing_key = "{keys[k]}"\npeers = "{peers}"\n'
         )
+        policy = approved_policy(root / f"site{k}" / "policy.toml", text)
         nodes.append(f"site-id={k} site-data='{f}' privacy-policy='{policy}'")
     with Loopback(root / "flwr") as lo:
         lo.start(nodes, warm=warm, timeout=300.0)
@@ -184,13 +193,14 @@ def loopback_cost(sites: int, rounds: int, tmp: Path, *, warm: bool) -> dict:
 
 def print_loopback(rows: list[dict]) -> None:
     print("| K | rounds | secure round s (median) | plain `server` round s (median) | ratio "
-          "| secure steps s: keys / shares / masked input / unmask "
+          "| secure steps s: keys / shares / masked input / consistency / unmask "
           "| server sent KiB/round | server received KiB/round |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         st = r["secure_step_s"]
         steps = " / ".join(f"{st[k]:.2f}" for k in
-                           ("advertise_keys", "share_keys", "masked_input", "unmask"))  # fmt: skip
+                           ("advertise_keys", "share_keys", "masked_input", "consistency",
+                            "unmask"))  # fmt: skip
         print(f"| {r['sites']} | {r['rounds']} | {r['secure_round_s']:.2f} | "
               f"{r['plain_round_s']:.2f} | {r['ratio']:.2f} | {steps} | "
               f"{r['server_sent_kib']:.0f} | {r['server_received_kib']:.0f} |")  # fmt: skip
@@ -227,12 +237,14 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": rows, "accounting": acct}, indent=2))
         return
-    print("| K | d (padded) | bits | site CPU s | of which encode | server CPU s | in-process round wall s "
+    print("| K | d (padded) | bits | site CPU s | of which encode | of which consistency (ms) "
+          "| server CPU s | in-process round wall s "
           "| sent KiB/site | received KiB/site | plain float32 KiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['sites']} | {r['dim']} ({r['padded_dim']}) | {r['bits']} | {r['site_s']:.3f} "
-              f"| {r['encode_s']:.3f} | {r['server_s']:.3f} | {r['round_s']:.2f} | "
+              f"| {r['encode_s']:.3f} | {1e3 * r['consistency_s']:.3f} | {r['server_s']:.3f} "
+              f"| {r['round_s']:.2f} | "
               f"{r['sent_kib']:.0f} | {r['received_kib']:.1f} | {r['plain_kib']:.0f} |")  # fmt: skip
     print()
     print(f"accounting (q={Q}, sigma={SIGMA}, delta={DELTA}, K={args.sites[0]}):")

@@ -164,6 +164,7 @@ def secure_round(fed: Federation, server: SecureSumServer, plan, drop=None):
         max_colluders=server.max_colluders,
         drop=drop,
         encoder=encoder,
+        credentials={i: g.credentials for i, g in enumerate(guards)},
     )
     server.last_round = res  # what the server party received, and the round's cost
     server.apply_sum(plan, torch.from_numpy(res.total))

@@ -34,6 +34,7 @@ from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
 from fedsgld.data.datasets import subsample
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
+from fedsgld.secagg.identity import ephemeral_credentials
 from fedsgld.strategies import LangevinServer, PosteriorSamples
 from fedsgld.strategies.secure_sum import SecureSumServer
 from fedsgld.vi import VariationalModel
@@ -303,10 +304,12 @@ class Federation:
     def secure_sites(self) -> list[SecureSumSite]:
         """Each site's guard for secure sums (``secure_aggregation = true``), built once: a
         simulated site's ledger (budget: the run's epsilon) and the run's plan bounds as its
-        policy's; its shares from the operating system."""
+        policy's; its shares from the operating system; fresh long-term keys for the run
+        (one party plays every site, so they authenticate nobody)."""
         if not hasattr(self, "_secure_sites"):
             p = self.config.privacy
             policy = SitePolicy.simulation(epsilon=p.epsilon, delta=p.delta)
+            keys = ephemeral_credentials([s.site_id for s in self.sites])
             self._secure_sites = [
                 SecureSumSite(
                     s.site_id,
@@ -314,6 +317,7 @@ class Federation:
                     clip=p.clip,
                     max_dropouts=p.max_dropouts,
                     max_colluders=p.max_colluders,
+                    credentials=keys[s.site_id],
                 )
                 for s in self.sites
             ]

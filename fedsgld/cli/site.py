@@ -55,7 +55,15 @@ def _add_init(sub) -> None:
         "--min-expected-batch", type=float, default=16.0,
         help="refuse requests expecting fewer records per release (default 16)",
     )  # fmt: skip
-    ip.add_argument("--force", action="store_true", help="replace an existing file")
+    ip.add_argument(
+        "--site-id", type=int, default=None,
+        help="this site's id in the consortium: starts peers.toml with its own key line",
+    )  # fmt: skip
+    ip.add_argument(
+        "--min-peers", type=int, default=2,
+        help="the fewest authenticated sites a secure round may count on (default 2)",
+    )  # fmt: skip
+    ip.add_argument("--force", action="store_true", help="replace an existing policy and key")
     ip.set_defaults(func=run_init)
 
 
@@ -63,19 +71,25 @@ def run_init(args: argparse.Namespace) -> int:
     from fedsgld.clients.policy_init import init_policy  # torch: only when the command runs
 
     placements = tuple(p.strip() for p in args.placements.split(",") if p.strip())
-    pol = init_policy(
+    pol, public = init_policy(
         args.out,
         epsilon=args.epsilon,
         delta=args.delta,
         placements=placements,
         min_expected_batch=args.min_expected_batch,
+        site_id=args.site_id,
+        min_peers=args.min_peers,
         force=args.force,
     )
+    d = Path(str(pol.state_dir))
     print(
         f"wrote {args.out}: lifetime epsilon {pol.epsilon:g} at delta {pol.delta:g}, placements "
-        f"{', '.join(pol.placements)}; ledger in {pol.state_dir}. Next: `fedsgld site approve "
-        f"BUNDLE --policy {args.out}`, then start the SuperNode with "
-        f"privacy-policy='{args.out}' in its --node-config"
+        f"{', '.join(pol.placements)}; ledger in {d}\n"
+        f"signing key {d / 'site.key'} (mode 0600: it never leaves this site); public key "
+        f"{public} in {d / 'site.pub'}: send it to the consortium, and put every site's line "
+        f"into {d / 'peers.toml'}\n"
+        f"next: `fedsgld site approve BUNDLE --policy {args.out}`, then start the SuperNode "
+        f"with site-data='FILE.npz' privacy-policy='{args.out}' in its --node-config"
     )
     return 0
 

@@ -39,6 +39,12 @@ nothing computed on its records; ``fedsgld site init`` writes a commented file):
     max_dropouts = 0              # secure aggregation: the site takes part only in rounds
     max_colluders = 0             # planned for at least this many sites dropping out / colluding
                                   # with the server (its noise share assumes them missing)
+    signing_key = "site.key"      # secure aggregation: the site's long-term Ed25519 private key
+                                  # (fedsgld.secagg.identity.generate; relative: to this file)
+    peers = "peers.toml"          # the consortium's public keys: {site-id = "hex"} inline, or a
+                                  # TOML/JSON file of that table (relative: to this file)
+    min_peers = 2                 # the fewest authenticated sites (this one included) a
+                                  # secure-aggregation round may count on
     secure_noise = true           # hardened Gaussian draws; false: the run's secure_noise decides
     state_dir = "."               # where the site's ledger file lives (relative: to this file)
     approved_apps = [...]         # bundles the site runs: {sha256, name, version} (deploy/approval.py)
@@ -79,6 +85,7 @@ from fedsgld.core.release import Charged, charge
 from fedsgld.files import write_json
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
 from fedsgld.privacy.events import DpEvent, ddg_steps
+from fedsgld.secagg.identity import SIMULATED, Consortium, parse_peers
 
 EVALUATIONS = ("dp", "exact")
 PLACEMENTS = ("secure", "sites", "server")  # what a policy's ``placements`` may list
@@ -120,6 +127,9 @@ class SitePolicy:
     vote_noise_multiplier: float = 1.0
     max_dropouts: int = 0
     max_colluders: int = 0
+    signing_key: str | None = None
+    peers: Consortium | dict | str | None = None
+    min_peers: int = 2
     secure_noise: bool = True
     state_dir: str | None = None
     approved_apps: tuple[ApprovedApp, ...] = ()
@@ -150,6 +160,13 @@ class SitePolicy:
         _int("policy max_models_per_evaluation", self.max_models_per_evaluation, 1)
         _int("policy max_dropouts", self.max_dropouts, 0)
         _int("policy max_colluders", self.max_colluders, 0)
+        _int("policy min_peers", self.min_peers, 2)
+        if self.signing_key is not None and not (
+            isinstance(self.signing_key, str) and Path(self.signing_key).expanduser().is_file()
+        ):
+            raise ValueError(f"policy signing_key must name a key file, got {self.signing_key!r}")
+        if self.peers is not None:
+            object.__setattr__(self, "peers", parse_peers(self.peers, what="policy peers"))
         for k in (
             "insecure_seeded_noise",
             "allow_non_private",
@@ -186,6 +203,7 @@ class SitePolicy:
             max_evaluations=sys.maxsize,
             max_models_per_evaluation=sys.maxsize,
             secure_noise=False,
+            peers=SIMULATED,
             state_dir=state_dir,
             source="simulation",
         )
@@ -212,7 +230,7 @@ class SitePolicy:
         where = (
             "it has no privacy-policy file"
             if self.source.startswith("deployment default")
-            else f"its privacy policy {self.source} has no epsilon"
+            else "its privacy policy has no epsilon"
         )
         return (
             f"site {site_id} answers nothing computed on its records without a lifetime privacy "
@@ -240,6 +258,9 @@ class SitePolicy:
         }
         state = values.get("state_dir")
         values["state_dir"] = str((p.parent / (state or ".")).resolve())
+        for k in ("signing_key", "peers"):  # paths are relative to the policy file
+            if isinstance(values.get(k), str):
+                values[k] = str((p.parent / Path(values[k]).expanduser()).resolve())
         return cls(**values, source=str(p.resolve()))
 
     @classmethod
@@ -309,7 +330,10 @@ class SiteLedger:
             try:
                 state = json.loads(state_path.read_text())
             except ValueError as err:  # a truncated ledger is an error, never an empty one
-                raise ValueError(f"site ledger {str(state_path)!r} does not parse: {err}") from None
+                raise ValueError(  # no path: the reason may reach the server
+                    f"site {self.site_id}'s ledger file (fedsgld-site-{self.site_id}.json in its "
+                    f"state_dir) does not parse: {err}"
+                ) from None
             self.load(state)
 
     @classmethod

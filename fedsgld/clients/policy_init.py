@@ -3,8 +3,12 @@
 The file it writes is a :class:`~fedsgld.clients.policy.SitePolicy` (every key explained
 in place, docs/site-operators.md in full): a lifetime budget, the placements a site that
 does not trust the server accepts (secure aggregation or its own noise), a floor on what
-one release holds, noised evaluations, and the ledger beside the file. It refuses to
-replace an existing policy (its ledger and approvals would be lost) unless told to.
+one release holds, noised evaluations, and the ledger beside the file. Beside it: the
+site's long-term Ed25519 signing key (``site.key``, mode 0600, never leaves the site) and
+its public key (``site.pub``), which the consortium collects into the key list every site
+names as ``peers`` (``peers.toml``: with ``site_id``, started with this site's own line).
+It refuses to replace an existing policy or key (its ledger and approvals would be lost)
+unless told to.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 from pathlib import Path
 
 from fedsgld.clients.policy import DEPLOYED_PLACEMENTS, SitePolicy
+from fedsgld.secagg import identity
 
 TEMPLATE = """\
 # fedsgld site policy: what this site answers, decided here (docs/site-operators.md).
@@ -61,6 +66,14 @@ allow_non_private = false
 # The ledger's directory (relative to this file).
 state_dir = "."
 
+# Secure aggregation: this site's long-term signing key (never leaves the site), the
+# consortium's public keys (one line `<site-id> = "<hex>"` per site, from each site's
+# site.pub, exchanged outside the server), and the fewest authenticated sites a round may
+# count on. A round naming a site or key not in `peers` is refused.
+signing_key = "site.key"
+{peers_line}
+min_peers = {min_peers}
+
 # The app bundles this site runs: add them with `fedsgld site approve BUNDLE --policy FILE`.
 """
 
@@ -71,13 +84,18 @@ def policy_text(
     delta: float = 1e-5,
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS,
     min_expected_batch: float = 16.0,
+    peers: bool = True,
+    min_peers: int = 2,
 ) -> str:
-    """The commented policy file :func:`init_policy` writes."""
+    """The commented policy file :func:`init_policy` writes (``peers``: name peers.toml)."""
+    line = 'peers = "peers.toml"'
     return TEMPLATE.format(
         epsilon=repr(float(epsilon)),
         delta=repr(float(delta)),
         placements=", ".join(f'"{p}"' for p in placements),
         min_expected_batch=repr(float(min_expected_batch)),
+        peers_line=line if peers else f"# {line}   (write peers.toml, then remove the #)",
+        min_peers=int(min_peers),
     )
 
 
@@ -88,34 +106,55 @@ def init_policy(
     delta: float = 1e-5,
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS,
     min_expected_batch: float = 16.0,
+    site_id: int | None = None,
+    min_peers: int = 2,
     force: bool = False,
-) -> SitePolicy:
-    """Write a new site's policy to ``out`` and return it as the site will read it.
+) -> tuple[SitePolicy, str]:
+    """Write a new site's policy to ``out``, its signing key ``site.key`` and public key
+    ``site.pub`` beside it (and, with ``site_id``, ``peers.toml`` holding this site's own
+    line, for the consortium's other lines to be added). Returns the policy as the site will
+    read it and the public key (hex).
 
-    ``ValueError`` (naming the setting) for an invalid value, or if ``out`` exists and not
-    ``force``; nothing is written then."""
+    ``ValueError`` (naming the setting) for an invalid value, or if ``out`` or the key exists
+    and not ``force``; nothing is written then."""
     path = Path(out).expanduser()
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"--epsilon must be a finite number > 0, got {epsilon!r}")
-    if path.exists() and not force:
-        raise ValueError(
-            f"--out {str(path)!r} exists: a site's policy sits beside its ledger and approvals; "
-            "pass --force to replace it"
-        )
+    if site_id is not None and (isinstance(site_id, bool) or not isinstance(site_id, int)
+                                or site_id < 0):  # fmt: skip
+        raise ValueError(f"--site-id must be an integer >= 0, got {site_id!r}")
+    key, pub, peers = (path.parent / n for n in ("site.key", "site.pub", "peers.toml"))
+    for f, what in ((path, "--out"), (key, "the signing key")):
+        if f.exists() and not force:
+            raise ValueError(
+                f"{what} {str(f)!r} exists: a site's policy sits beside its ledger, key and "
+                "approvals; pass --force to replace it"
+            )
     text = policy_text(
-        epsilon=epsilon, delta=delta, placements=placements, min_expected_batch=min_expected_batch
+        epsilon=epsilon,
+        delta=delta,
+        placements=placements,
+        min_expected_batch=min_expected_batch,
+        peers=site_id is not None,
+        min_peers=min_peers,
     )
     SitePolicy(  # every value checked before anything is written
         epsilon=float(epsilon),
         delta=float(delta),
         placements=tuple(placements),
         min_expected_batch=float(min_expected_batch),
+        min_peers=min_peers,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
+    public = identity.generate(key, overwrite=force)
+    line = f'{site_id} = "{public}"\n' if site_id is not None else f"{public}\n"
+    pub.write_text(line)
+    if site_id is not None and (force or not peers.exists()):
+        peers.write_text(line)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-    return SitePolicy.from_file(path)
+    return SitePolicy.from_file(path), public
 
 
 __all__ = ["init_policy", "policy_text"]

@@ -8,7 +8,8 @@ ITS OWN ledger with the round's
 (:meth:`fedsgld.clients.policy.SiteLedger.admit`, persisted before any noise exists), and
 only then encodes its clipped sum with its discrete Gaussian share, drawn from the
 operating system (:func:`fedsgld.secagg.encode`). The masking itself is the protocol's
-:class:`~fedsgld.secagg.SiteParty`, which the transport plays.
+:class:`~fedsgld.secagg.SiteParty`, which the transport plays with the site's
+``credentials`` (its long-term signing key and key list: the roster it accepts).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 from fedsgld.clients.policy import SiteLedger
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
-from fedsgld.secagg import SecAggPlan, check_site_plan, encode
+from fedsgld.secagg import Credentials, SecAggPlan, check_site_plan, encode
 
 
 class SecureSumSite:
@@ -35,9 +36,12 @@ class SecureSumSite:
         clip: float,
         max_dropouts: int,
         max_colluders: int,
+        credentials: Credentials,
         randbytes: Callable[[int], bytes] = os.urandom,
     ) -> None:
+        credentials.check_site(int(site_id))
         self.site_id = int(site_id)
+        self.credentials = credentials
         self.ledger = ledger
         self.clip = clip
         self.max_dropouts, self.max_colluders = max_dropouts, max_colluders
@@ -62,6 +66,7 @@ class SecureSumSite:
             noise_multiplier=noise_multiplier,
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
+            peers=self.credentials.peers,
         )
         paid = self.ledger.admit(
             event=DistributedDiscreteGaussianStep(params, sample_rate), round_of=round_of

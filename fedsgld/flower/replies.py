@@ -108,9 +108,10 @@ def _only_record(msg: Message, entry: SiteEntry | None, key: str) -> ConfigRecor
 
 #: the keys of each secure-aggregation step's reply, besides "site"
 SECAGG_REPLY_FIELDS = {
-    "advertise_keys": {"enc_pk", "mask_pk"},
+    "advertise_keys": {"enc_pk", "mask_pk", "sig"},
     "share_keys": {"shares"},
     "masked_input": {"y"},
+    "consistency": {"sig"},
     "unmask": {"self_mask_shares", "mask_key_shares"},
 }
 

@@ -1,6 +1,6 @@
 """The ServerApp's side of a secure-aggregation round over Flower.
 
-With ``secure_aggregation = true`` a training round is four exchanges of ``train.secagg``
+With ``secure_aggregation = true`` a training round is five exchanges of ``train.secagg``
 messages (:mod:`fedsgld.flower.protocol`), one per protocol step, each site's protocol
 message in its own record, the server's half played by
 :class:`fedsgld.secagg.ServerParty`:
@@ -8,9 +8,10 @@ message in its own record, the server's half played by
 1. the server's plan (budget check) and the charge of the run's ledger, BEFORE any site
    draws its share (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.begin_round`:
    a round that then aborts stays counted);
-2. ``advertise_keys`` to every site, ``share_keys`` (the roster) to those that answered,
-   ``masked_input`` (each site's relayed ciphertexts and theta_t) to those, ``unmask`` (the
-   survivors) to the survivors;
+2. ``advertise_keys`` to every site, ``share_keys`` (the roster, each entry signed by its
+   site) to those that answered, ``masked_input`` (each site's relayed ciphertexts and
+   theta_t) to those, ``consistency`` (the survivors U3) to the survivors, ``unmask`` (U3
+   and the survivors' signatures of it) to those that signed;
 3. decode the modular sum and take the Langevin step on it with no noise of the server's
    own (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.apply_sum`).
 
@@ -133,7 +134,9 @@ class SecureRounds:
         got = self._step(plan, sp, "masked_input", sorted(inbox), inbox.__getitem__, cost, theta)
         announcement = party.collect_masked(got)
         survivors = list(announcement["survivors"])
-        got = self._step(plan, sp, "unmask", survivors, lambda v: announcement, cost)
+        got = self._step(plan, sp, "consistency", survivors, lambda v: announcement, cost)
+        signed = party.collect_signatures(got)
+        got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: signed, cost)
         modular = party.finish(got)
         total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
         server.apply_sum(plan, torch.from_numpy(total))

@@ -1,15 +1,18 @@
 """A site's part in a secure-aggregation round over Flower: its door and its handler.
 
-``train.secagg`` messages (:mod:`fedsgld.flower.protocol`) carry the four steps of a round
+``train.secagg`` messages (:mod:`fedsgld.flower.protocol`) carry the five steps of a round
 (:mod:`fedsgld.secagg.protocol`: ``advertise_keys``, ``share_keys``, ``masked_input``,
-``unmask``). Every one passes the site's guard like any other message; its admission
-(:func:`secagg_door`) checks, in order:
+``consistency``, ``unmask``). Every one passes the site's guard like any other message;
+its admission (:func:`secagg_door`) checks, in order:
 
 1. the request: the run asks for secure aggregation, the site is hosted here and is one of
    the round's sites, the plan is for the run's number of sites and this model's
    (padded) dimension, and it plans for at least the dropouts and colluders the site's
    POLICY assumes (``max_dropouts``, ``max_colluders``: never the run's values); the
-   step's protocol message has the step's shape (:func:`step_message`);
+   site's credentials (:func:`site_credentials`: its policy's ``signing_key``, ``peers``
+   and ``min_peers``) exist, and the round names only sites of its key list, at least
+   ``min_peers`` of them; the step's protocol message has the step's shape
+   (:func:`step_message`);
 2. at ``masked_input``, where the site's noise share is drawn, the training request as
    everywhere (:func:`fedsgld.clients.guard.check_training`: sample rate, noise
    multiplier, clip against the policy), then the mechanism: the site builds the round's
@@ -19,7 +22,10 @@
    :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`, which the guard
    charges to the site's ledger before the handler runs.
 
-The handler (:func:`handle_secagg`) computes the site's clipped, pre-noised sum on theta_t
+The handler (:func:`handle_secagg`) plays the site's :class:`~fedsgld.secagg.SiteParty`,
+which signs its round keys and the survivor set it is shown with the site's long-term key,
+refuses a roster with an unauthenticated entry at ``share_keys`` (before any share
+leaves), and unmasks only a survivor set that t survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on theta_t
 and encodes it with its share, drawn from the operating system through the receipt of
 that charge (used once), then masks it. Between the steps of a round the site's
 :class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
@@ -46,8 +52,9 @@ from fedsgld.flower.protocol import SECAGG_PREFIX, config_from_plan, secagg_plan
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
-from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode
+from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode, identity
 from fedsgld.secagg.driver import STEPS
+from fedsgld.secagg.identity import SIGNATURE_BYTES, Credentials
 from fedsgld.secagg.wire import flatten, unflatten
 
 STATE = "fedsgld.secagg-{}"  # a site's SiteParty between the steps of a round
@@ -87,44 +94,75 @@ def _ids(d: Any, what: str) -> dict[int, Any]:
     return d
 
 
-def _key(b: Any, what: str) -> bytes:
-    if not isinstance(b, bytes) or len(b) != KEY_BYTES:
-        raise ValueError(f"{what} must be {KEY_BYTES} bytes")
+def _key(b: Any, what: str, size: int = KEY_BYTES) -> bytes:
+    if not isinstance(b, bytes) or len(b) != size:
+        raise ValueError(f"{what} must be {size} bytes")
     return b
+
+
+def site_credentials(r: _Request) -> Credentials:
+    """The site's long-term key and key list, from its policy (:class:`PolicyRefused`
+    without them). A simulation node's policy has no list: its keys are derived from the
+    run key (:func:`fedsgld.secagg.identity.simulated_credentials`, public: a simulation is
+    one party and authenticates nobody)."""
+    pol, site = r.policy, r.site.site_id
+    if pol.peers is not None and pol.peers.simulated:
+        if site not in r.secagg.sites:
+            raise PolicyRefused(f"secure aggregation plan refused: site {site} is not one of "
+                                "the round's sites")  # fmt: skip
+        return identity.simulated_credentials(r.round_of[0], r.secagg.sites, site,
+                                              min_peers=pol.min_peers)  # fmt: skip
+    if pol.peers is None or pol.signing_key is None:
+        raise PolicyRefused(
+            f"site {site} takes part in secure aggregation only with a long-term key and the "
+            "consortium's key list: its privacy policy needs signing_key and peers"
+        )
+    try:
+        creds = Credentials(identity.load(pol.signing_key), pol.peers, pol.min_peers)
+        creds.check_site(site)
+    except ValueError as err:
+        raise PolicyRefused(f"policy signing_key / peers: {err}") from None
+    return creds
 
 
 def step_message(step: str, plan: Any) -> dict[str, Any]:
     """The protocol message a ``step`` request carries, checked for its shape
-    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's public keys;
-    the ciphertexts relayed to this site; the announced survivors."""
+    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
+    keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
+    with their signatures of them)."""
     m = unflatten(plan, SECAGG_PREFIX)
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
-            "unmask": {"survivors"}}[step]  # fmt: skip
+            "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
     if set(m) != want:
         raise ValueError(f"a {step} request carries {sorted(m)}, expected {sorted(want)}")
     if step == "share_keys":
         for v, k in _ids(m["keys"], "keys").items():
-            if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk"}:
-                raise ValueError(f"keys of site {v} must be enc_pk and mask_pk")
+            if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk", "sig"}:
+                raise ValueError(f"keys of site {v} must be enc_pk, mask_pk and sig")
             _key(k["enc_pk"], f"site {v}'s enc_pk"), _key(k["mask_pk"], f"site {v}'s mask_pk")
+            _key(k["sig"], f"site {v}'s sig", SIGNATURE_BYTES)
     elif step == "masked_input":
         for v, ct in _ids(m["shares"], "shares").items():
             if not isinstance(ct, bytes):
                 raise ValueError(f"the shares from site {v} must be bytes")
-    elif step == "unmask" and not isinstance(m["survivors"], list):
+    elif step in ("consistency", "unmask") and not isinstance(m["survivors"], list):
         raise ValueError("survivors must be a list of site ids")
+    if step == "unmask":
+        for v, sig in _ids(m["signatures"], "signatures").items():
+            _key(sig, f"site {v}'s signature of the survivors", SIGNATURE_BYTES)
     return m
 
 
-def site_mechanism(r: _Request, *, clip: float, sigma: float) -> DDGParameters:
+def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
     """The round's distributed discrete Gaussian as this site builds it from the public
-    numbers, checked against the plan and the site's policy (a refusal otherwise)."""
+    numbers, checked against the plan and the site's policy (a refusal otherwise). Its K
+    counts the round's sites that the site's key list authenticates, no other."""
     try:
         params = choose_ddg(
             noise_multiplier=sigma,
             clip=clip,
             dim=r.site.fm.size,
-            sites=len(r.secagg.sites),
+            sites=sum(v in creds.peers for v in r.secagg.sites),
             max_dropouts=r.secagg.max_dropouts,
             max_colluders=r.secagg.max_colluders,
             signal_norm=guard.number(
@@ -139,15 +177,21 @@ def site_mechanism(r: _Request, *, clip: float, sigma: float) -> DDGParameters:
             noise_multiplier=sigma,
             max_dropouts=r.policy.max_dropouts,
             max_colluders=r.policy.max_colluders,
+            peers=creds.peers,
         )
     except ValueError as err:
         raise PolicyRefused(str(err)) from None
     return params
 
 
-def _check_plan(r: _Request) -> None:
+def _check_plan(r: _Request, creds: Credentials) -> None:
     sp, pol, site = r.secagg, r.policy, r.site
+    unknown = [v for v in sp.sites if v not in creds.peers]
     checks = [
+        (not unknown, f"the round names site(s) {unknown} outside the site's key list "
+         f"({creds.peers.source})"),
+        (len(sp.sites) >= creds.min_peers,
+         f"the round has {len(sp.sites)} sites; policy min_peers is {creds.min_peers}"),
         (site.site_id in sp.sites, f"site {site.site_id} is not one of the round's sites"),
         (len(sp.sites) == r.config.run.sites,
          f"the round has {len(sp.sites)} sites, the run config {r.config.run.sites}"),
@@ -169,7 +213,8 @@ def secagg_door(msg: Message, context: Context) -> Admission:
     """The admission of one step of a secure-aggregation round (module docstring)."""
     r = _request(msg, context)
     guard.check_placement(r.policy, r.site.site_id, "secure")
-    _check_plan(r)
+    creds = site_credentials(r)
+    _check_plan(r, creds)
     step_message(r.step, r.plan)
     if r.step != "masked_input":
         return Admission(r.policy)  # public keys, ciphertexts, shares: nothing to charge
@@ -191,7 +236,7 @@ def secagg_door(msg: Message, context: Context) -> Admission:
             "of its own: give it a privacy-policy file with epsilon"
         )
     guard.finite("theta", unpack_vector(plan.get("theta"), size=r.site.fm.size, name="theta"))
-    params = site_mechanism(r, clip=clip, sigma=sigma)
+    params = site_mechanism(r, creds, clip=clip, sigma=sigma)
     _, epoch, _ = r.round_of
     return Admission(
         pol,
@@ -226,25 +271,36 @@ def _masked_input(r: _Request, party: SiteParty, inbox: dict[str, Any]) -> dict[
     return party.masked_input(inbox, encoded)
 
 
+def _play(r: _Request, party: SiteParty, m: dict[str, Any]) -> dict[str, Any]:
+    """The party's answer to step ``r.step`` (after ``advertise_keys``)."""
+    if r.step == "share_keys":
+        return party.share_keys(m)
+    if r.step == "masked_input":
+        return _masked_input(r, party, m)
+    if r.step == "consistency":
+        return party.consistency(m)
+    return party.unmask(m)
+
+
 def handle_secagg(msg: Message, context: Context) -> Message:
     """One step of the site's side of the round (behind its guard)."""
     r = _request(msg, context)
     slot = STATE.format(r.site.site_id)
     m = step_message(r.step, r.plan)
+    creds = site_credentials(r)
     if r.step == "advertise_keys":
-        party = SiteParty(r.site.site_id, r.secagg)
+        party = SiteParty(r.site.site_id, r.secagg, creds)
         out = party.advertise_keys()
     else:
         kept = context.state.get(slot)
         if not isinstance(kept, ConfigRecord):
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
-        party = SiteParty.restore(r.secagg, unflatten(kept, ""))
-        if r.step == "share_keys":
-            out = party.share_keys(m)
-        elif r.step == "masked_input":
-            out = _masked_input(r, party, m)
-        else:
-            out = party.unmask(m)
+        party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
+        try:
+            out = _play(r, party, m)
+        except RoundAborted:  # a refused roster or survivor set ends the site's round
+            del context.state[slot]
+            raise
     if r.step == "unmask":
         del context.state[slot]
     else:
@@ -252,4 +308,11 @@ def handle_secagg(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"secagg": ConfigRecord(flatten(out, ""))}), reply_to=msg)
 
 
-__all__ = ["STATE", "handle_secagg", "secagg_door", "site_mechanism", "step_message"]
+__all__ = [
+    "STATE",
+    "handle_secagg",
+    "secagg_door",
+    "site_credentials",
+    "site_mechanism",
+    "step_message",
+]

@@ -158,9 +158,24 @@ def _info(shard: Any, num_classes: int) -> dict[str, Any]:
 def node_policy(context: Context, config: Config) -> SitePolicy:
     """This node's privacy policy (its ``privacy-policy`` file, or the default for its kind)."""
     p = config.privacy
-    return SitePolicy.for_node(
+    return read_node_policy(
         dict(context.node_config), run_epsilon=p.epsilon if p.private else None, run_delta=p.delta
     )
+
+
+def read_node_policy(
+    node_config: dict[str, Any], *, run_epsilon: float | None, run_delta: float
+) -> SitePolicy:
+    """:meth:`SitePolicy.for_node`; a policy that does not load is an error whose details
+    (paths on the site's machine) stay in the site's log: the server is told only that."""
+    try:
+        return SitePolicy.for_node(node_config, run_epsilon=run_epsilon, run_delta=run_delta)
+    except (OSError, ValueError) as err:
+        log.error("the site's privacy policy does not load: %s", err)
+        raise ValueError(
+            "the site's privacy policy does not load (its node config's privacy-policy); the "
+            "site's own log says why"
+        ) from None
 
 
 # the sites' data key (data_fingerprint) whose model passed the per-record gradient

@@ -24,6 +24,7 @@ from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import noisy_votes, vote_sensitivity
 from fedsgld.flower import release
 from fedsgld.flower.guard import Door, checked_array, evaluation_admission, request_record
+from fedsgld.flower.sites import read_node_policy
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.flower import EVALUATE, QUERY, TRAIN, pate_config_from_run_config, site_records
 from fedsgld.pate.teachers import new_model
@@ -33,9 +34,7 @@ from fedsgld.privacy.events import GaussianRelease
 def _pate(msg: Message, context: Context, *, shard: bool = True):
     """(config, policy, site id, the site's records) of a PATE message."""
     config = pate_config_from_run_config(dict(request_record(msg, "pate", ConfigRecord).items()))
-    policy = SitePolicy.for_node(
-        dict(context.node_config), run_epsilon=None, run_delta=config.delta
-    )
+    policy = read_node_policy(dict(context.node_config), run_epsilon=None, run_delta=config.delta)
     if not shard:
         return config, policy, None, None
     sid = request_record(msg, "task", ConfigRecord).get("site-id")

@@ -19,10 +19,11 @@ import numpy as np
 
 from ..privacy.distributed import DDGParameters
 from .ddg import decode, encode
+from .identity import Consortium, Credentials, ephemeral_credentials
 from .protocol import SecAggPlan, SiteParty
 from .server import ServerParty
 
-STEPS = ("advertise_keys", "share_keys", "masked_input", "unmask")
+STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency", "unmask")
 
 
 def message_bytes(message: object) -> int:
@@ -67,14 +68,18 @@ def check_site_plan(
     noise_multiplier: float,
     max_dropouts: int,
     max_colluders: int,
+    peers: Consortium | None = None,
 ) -> None:
     """What a site checks before it takes part (its guard, with its policy's values):
-    the round plans for at least the dropouts and colluders its policy assumes, the
-    parameters match the plan, account for the clip it applies, and count on no more
-    honest shares than the plan leaves, whose noise is at least ``noise_multiplier``.
-    Raises ``ValueError`` naming the first mismatch."""
+    the round names only sites of its key list ``peers`` (the K it accounts with counts
+    authenticated sites only), plans for at least the dropouts and colluders its policy
+    assumes, the parameters match the plan, account for the clip it applies, and count on
+    no more honest shares than the plan leaves, whose noise is at least
+    ``noise_multiplier``. Raises ``ValueError`` naming the first mismatch."""
     k = len(plan.sites)
+    unknown = [] if peers is None else [v for v in plan.sites if v not in peers]
     checks = [
+        (not unknown, f"the round names site(s) {unknown} outside the site's key list"),
         (plan.max_dropouts >= max_dropouts, f"max_dropouts {plan.max_dropouts} < the policy's {max_dropouts}"),
         (plan.max_colluders >= max_colluders, f"max_colluders {plan.max_colluders} < the policy's {max_colluders}"),
         ((params.sites, params.dim, params.bits) == (k, plan.length, plan.bits),
@@ -119,6 +124,7 @@ def run_round(
     max_colluders: int = 0,
     drop: Mapping[int, str] | None = None,
     encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
+    credentials: Mapping[int, Credentials] | None = None,
 ) -> RoundResult:
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
@@ -126,6 +132,8 @@ def run_round(
     ``encoder(site, vector, plan)``: the site's encoded contribution, called when the site
     answers the ``masked_input`` step (where a site checks the plan and charges its ledger
     before it draws its share); default :func:`~fedsgld.secagg.ddg.encode`.
+    ``credentials``: {site: its long-term key and key list}; default fresh keys for every
+    site (:func:`~fedsgld.secagg.identity.ephemeral_credentials`: one party plays them all).
     Raises :class:`~fedsgld.secagg.protocol.RoundAborted` when more sites drop than planned.
     """
     vectors, length, drop = _checked(vectors, params, drop)
@@ -133,7 +141,8 @@ def run_round(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
         max_dropouts=max_dropouts, max_colluders=max_colluders,
     )  # fmt: skip
-    sites = {v: SiteParty(v, plan) for v in plan.sites}
+    creds = credentials if credentials is not None else ephemeral_credentials(plan.sites)
+    sites = {v: SiteParty(v, plan, creds[v]) for v in plan.sites}
     server = ServerParty(plan)
     res = RoundResult(total=np.empty(0), survivors=(), server=server)
     res.sent = dict.fromkeys(plan.sites, 0)
@@ -176,9 +185,13 @@ def run_round(
         return sites[v].masked_input(inbox[v], encoded)
 
     announcement = step("masked_input", masked, server.collect_masked)
-    for v in live("unmask"):
+    for v in live("consistency"):
         res.received[v] += message_bytes(announcement)
-    modular = step("unmask", lambda v: sites[v].unmask(announcement), server.finish)
+    signed = step("consistency", lambda v: sites[v].consistency(announcement),
+                  server.collect_signatures)  # fmt: skip
+    for v in live("unmask"):
+        res.received[v] += message_bytes(signed)
+    modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
     res.total = timed("decode (server)", decode, modular, params, round_label, length)
     res.survivors = tuple(announcement["survivors"])
     return res

@@ -1,26 +1,34 @@
 """Secure aggregation with dropout recovery: the parties and their messages.
 
 The protocol of Bonawitz et al. (CCS 2017, "Practical secure aggregation for privacy-
-preserving machine learning"), semi-honest variant, on modular vectors of ``length``
+preserving machine learning"), with its signed keys and consistency check against an
+actively malicious server, on modular vectors of ``length``
 words modulo 2^bits. Every message is a plain dict of ints, bytes and lists/dicts of
 them, so that a transport can carry it; the server object only ever holds what it
 received (its ``transcript``).
 
 1. advertise keys: site u sends two fresh X25519 public keys, c_u (for encrypting shares)
-   and s_u (for agreeing pairwise masks). The server broadcasts the roster U1.
-2. share keys: u draws a self-mask seed b_u (32 bytes, os.urandom) and splits b_u and
-   its mask private key s_u^SK into Shamir shares (threshold t) for every v in U1, each
-   pair of shares encrypted under HKDF(X25519(c_u, c_v)) with ChaCha20-Poly1305. The
-   server relays the ciphertexts; U2 = the sites whose ciphertexts arrived.
+   and s_u (for agreeing pairwise masks), signed with its long-term Ed25519 key over the
+   round's context (:mod:`.roster`). The server broadcasts the roster U1.
+2. share keys: u verifies every roster entry against its key list (:mod:`.identity`) and
+   refuses a roster with a site outside it, a bad signature, or fewer than ``min_peers``
+   authenticated sites. It then draws a self-mask seed b_u (32 bytes, os.urandom) and
+   splits b_u and its mask private key s_u^SK into Shamir shares (threshold t) for every v
+   in U1, each pair of shares encrypted under HKDF(X25519(c_u, c_v)) with
+   ChaCha20-Poly1305. The server relays the ciphertexts; U2 = the sites whose ciphertexts
+   arrived.
 3. masked input: u sends y_u = x_u + PRG(b_u) + sum_{v in U2, v > u} PRG(s_uv)
    - sum_{v in U2, v < u} PRG(s_uv)  (mod 2^bits), s_uv = HKDF(X25519(s_u, s_v)).
    U3 = the sites whose y arrived; the server announces U3.
-4. unmask: u checks U3 (a subset of U2, at least ``min_inputs`` sites: else it refuses),
-   decrypts the shares it holds and returns, for every v in U3, its share of b_v and,
-   for every v in U2 \\ U3, its share of s_v^SK; never both for one v, and only once per
-   round. With t such answers the server rebuilds every b_v (v in U3) and every dropped
-   s_v^SK, removes the self masks and the dropped sites' pairwise masks, and holds
-   sum_{u in U3} x_u mod 2^bits, and nothing else.
+4. consistency check: u checks U3 (a subset of U2 holding u, at least ``min_inputs``
+   sites: else it refuses) and signs it; the server relays the signatures of U4, the
+   survivors that answered.
+5. unmask: u checks that the announced U3 is the one it signed and that at least t
+   members of U3 signed that same U3 (else it refuses), decrypts the shares it holds and
+   returns, for every v in U3, its share of b_v and, for every v in U2 \\ U3, its share of
+   s_v^SK; never both for one v, and only once per round. With t such answers the server
+   rebuilds every b_v (v in U3) and every dropped s_v^SK, removes the self masks and the
+   dropped sites' pairwise masks, and holds sum_{u in U3} x_u mod 2^bits, and nothing else.
 
 Thresholds: with K sites, ``max_dropouts`` and ``max_colluders``, t = K - max_dropouts
 (enough sites remain to unmask whenever no more than ``max_dropouts`` drop) and t >
@@ -30,10 +38,17 @@ site's s^SK). A round in which more than ``max_dropouts`` sites are missing ABOR
 was sized for K - max_dropouts - max_colluders honest contributions, and the sum is never
 released with fewer.
 
-Not covered (documented in docs/secure_aggregation.md): an actively malicious server
-(which could, e.g., announce different U3 to different sites; Bonawitz et al.'s
-consistency round with signatures closes that), and authenticating the sites' public
-keys (a PKI or keys pinned in the sites' policies).
+Against an actively malicious server (docs/secure_aggregation.md): it cannot invent sites
+(every roster entry is signed by a key of the site's own list) or replay a site's keys or
+signatures into another round (they are bound to the round's context); a site releases
+no unmasking share for a survivor set that fewer than t survivors signed. To collect both
+a survivor's self-mask shares and its mask-key shares the server must show two groups
+different survivor sets and gather t signatures for each; each honest site signs one set,
+so that needs 2 (t - max_colluders) honest sites, which do not exist when
+K > 2 max_dropouts + max_colluders (a plan with more dropouts planned is not protected
+against that server). Not covered: the key list itself (whoever writes it decides who counts as a peer), a
+malicious site that sends an out-of-range input (it spoils the sum, learns nothing), and
+denial of service (a site or the server can always make a round abort).
 """
 
 from __future__ import annotations
@@ -46,7 +61,8 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from . import crypto, shamir
+from . import crypto, identity, roster, shamir
+from .identity import Credentials
 
 Message = dict  # plain dicts of ints, bytes, and lists / dicts of them
 
@@ -145,24 +161,29 @@ def pairwise_masks(
 
 class SiteParty:
     """One site's side of one round. Its secrets (two X25519 keys, b_u) come from
-    :func:`os.urandom` and never leave it except as encrypted Shamir shares."""
+    :func:`os.urandom` and never leave it except as encrypted Shamir shares; its long-term
+    signing key and key list come with ``credentials`` (:mod:`.identity`) and are never
+    part of its :meth:`state`."""
 
-    def __init__(self, site: int, plan: SecAggPlan) -> None:
+    def __init__(self, site: int, plan: SecAggPlan, credentials: Credentials) -> None:
         if site not in plan.sites:
             raise ValueError(f"site {site} is not in the round's sites {plan.sites}")
-        self.site, self.plan = site, plan
+        credentials.check_site(site)
+        self.site, self.plan, self.credentials = site, plan, credentials
         self._enc_key = crypto.new_private_key()
         self._mask_key = crypto.new_private_key()
         self._self_seed = crypto.os_secret()
-        self._roster: dict[int, tuple[bytes, bytes]] = {}
+        self._roster: dict[int, tuple[bytes, bytes]] = {}  # U1, every entry authenticated
         self._inbox: dict[int, bytes] = {}
         self._u2: set[int] = set()  # the sites whose shares arrived (at masked_input)
+        self._u3: list[int] = []  # the survivor set this site signed (at consistency)
         self._stage = 0
 
     def state(self) -> Message:
-        """Everything this party holds between two steps (its secrets included), for a
-        transport whose site process does not live from one message to the next: it is
-        kept on the site's machine (a Flower node's ``context.state``), never sent."""
+        """Everything this party holds between two steps (its round secrets included, its
+        long-term key not), for a transport whose site process does not live from one
+        message to the next: it is kept on the site's machine (a Flower node's
+        ``context.state``), never sent."""
         return {
             "site": self.site,
             "label": self.plan.round_label,
@@ -173,10 +194,11 @@ class SiteParty:
             "roster": {v: {"enc_pk": e, "mask_pk": m} for v, (e, m) in self._roster.items()},
             "inbox": dict(self._inbox),
             "u2": sorted(self._u2),
+            "u3": list(self._u3),
         }
 
     @classmethod
-    def restore(cls, plan: SecAggPlan, state: Mapping) -> SiteParty:
+    def restore(cls, plan: SecAggPlan, state: Mapping, credentials: Credentials) -> SiteParty:
         """The party of :meth:`state`, for the same ``plan`` (its round label) only."""
         if state["label"] != plan.round_label:
             raise RoundAborted("the kept secure-aggregation state is of another round")
@@ -184,6 +206,8 @@ class SiteParty:
         party.site, party.plan = int(state["site"]), plan
         if party.site not in plan.sites:
             raise RoundAborted(f"site {party.site} is not in the round's sites {plan.sites}")
+        credentials.check_site(party.site)
+        party.credentials = credentials
         party._enc_key = X25519PrivateKey.from_private_bytes(state["enc_sk"])
         party._mask_key = X25519PrivateKey.from_private_bytes(state["mask_sk"])
         party._self_seed = bytes(state["self_seed"])
@@ -193,30 +217,41 @@ class SiteParty:
         party._inbox = {int(v): bytes(c) for v, c in state.get("inbox", {}).items()}
         party._stage = int(state["stage"])
         party._u2 = {int(v) for v in state.get("u2", [])}
+        party._u3 = [int(v) for v in state.get("u3", [])]
         return party
 
     def _advance(self, expected: int) -> None:
         if self._stage != expected:
-            raise RoundAborted(f"site {self.site}: protocol step out of order")
+            raise self._abort(f"site {self.site}: protocol step out of order")
         self._stage += 1
 
-    def advertise_keys(self) -> Message:
-        self._advance(0)
-        return {
-            "site": self.site,
-            "enc_pk": crypto.public_bytes(self._enc_key),
-            "mask_pk": crypto.public_bytes(self._mask_key),
-        }
+    def _abort(self, why: str) -> RoundAborted:
+        """A refusal: the party answers no further step of this round."""
+        self._stage = -1
+        return RoundAborted(why)
 
-    def share_keys(self, roster: Message) -> Message:
-        """``roster``: {"keys": {v: {"enc_pk": ..., "mask_pk": ...}}} (U1)."""
+    def advertise_keys(self) -> Message:
+        """This round's public keys, signed with the site's long-term key."""
+        self._advance(0)
+        enc, mask = crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key)
+        statement = roster.advertised(self.plan, self.site, enc, mask)
+        sig = identity.sign(self.credentials.signing_key, statement)
+        return {"site": self.site, "enc_pk": enc, "mask_pk": mask, "sig": sig}
+
+    def share_keys(self, announced: Message) -> Message:
+        """``announced``: {"keys": {v: {"enc_pk", "mask_pk", "sig"}}} (U1). Refused, before
+        anything is drawn or encrypted, unless every entry is authenticated
+        (:func:`.roster.check_roster`)."""
         self._advance(1)
-        keys = {int(v): (k["enc_pk"], k["mask_pk"]) for v, k in roster["keys"].items()}
+        try:
+            keys = roster.check_roster(self.plan, self.site, announced["keys"], self.credentials)
+        except roster.RosterRefused as err:
+            raise self._abort(str(err)) from None
         own = (crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key))
         if keys.get(self.site) != own or not set(keys) <= set(self.plan.sites):
-            raise RoundAborted(f"site {self.site}: the roster does not hold this site's keys")
+            raise self._abort(f"site {self.site}: the roster does not hold this site's keys")
         if len(keys) < self.plan.min_inputs:
-            raise RoundAborted(f"site {self.site}: {len(keys)} sites advertised keys, "
+            raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
                                f"fewer than {self.plan.min_inputs}")  # fmt: skip
         self._roster = keys
         points = [self.plan.point(v) for v in sorted(keys)]
@@ -241,7 +276,7 @@ class SiteParty:
         self._advance(2)
         senders = {int(v) for v in inbox["shares"]} | {self.site}
         if not senders <= set(self._roster) or len(senders) < self.plan.min_inputs:
-            raise RoundAborted(f"site {self.site}: shares from {sorted(senders)} do not allow "
+            raise self._abort(f"site {self.site}: shares from {sorted(senders)} do not allow "
                                f"{self.plan.min_inputs} inputs")  # fmt: skip
         for v, ct in inbox["shares"].items():
             self._inbox[int(v)] = ct
@@ -267,25 +302,45 @@ class SiteParty:
             try:
                 plaintext = crypto.open_sealed(key, self._inbox[v], _aad(self.plan, v, self.site))
             except InvalidTag:
-                raise RoundAborted(f"site {self.site}: the shares relayed from site {v} "
+                raise self._abort(f"site {self.site}: the shares relayed from site {v} "
                                    "do not authenticate") from None  # fmt: skip
         if struct.unpack(">II", plaintext[:8]) != (v, self.site):
-            raise RoundAborted(f"site {self.site}: shares from site {v} are mislabelled")
+            raise self._abort(f"site {self.site}: shares from site {v} are mislabelled")
         n = shamir.SHARE_BYTES
         return plaintext[8 : 8 + n], plaintext[8 + n : 8 + 2 * n]
 
-    def unmask(self, announcement: Message) -> Message:
-        """``announcement``: {"survivors": [sites whose masked input the server holds]} (U3)."""
+    def consistency(self, announcement: Message) -> Message:
+        """``announcement``: {"survivors": U3, the sites whose masked input the server
+        holds}. Checked (a subset of U2 holding this site, at least ``min_inputs``), then
+        signed: the only survivor set this site will unmask for."""
         self._advance(3)
         u3 = {int(v) for v in announcement["survivors"]}
         if not u3 <= self._u2 or self.site not in u3:
-            raise RoundAborted(f"site {self.site}: the announced survivors are inconsistent")
+            raise self._abort(f"site {self.site}: the announced survivors are inconsistent")
         if len(u3) < self.plan.min_inputs:
-            raise RoundAborted(
+            raise self._abort(
                 f"site {self.site} refuses to unmask: {len(u3)} inputs < {self.plan.min_inputs} "
                 f"(more than max_dropouts={self.plan.max_dropouts} sites missing: the sum "
                 "would carry too little noise)"
             )
+        self._u3 = sorted(u3)
+        sig = identity.sign(self.credentials.signing_key, roster.survivors(self.plan, u3))
+        return {"site": self.site, "sig": sig}
+
+    def unmask(self, announcement: Message) -> Message:
+        """``announcement``: {"survivors": U3, "signatures": {v: v's signature of U3}}.
+        Refused unless U3 is the set this site signed and at least t members of U3 signed
+        it (:func:`.roster.check_consistency`); then this site's unmasking shares."""
+        self._advance(4)
+        if sorted({int(v) for v in announcement["survivors"]}) != self._u3:
+            raise self._abort(f"site {self.site}: the survivors announced for unmasking are "
+                               "not the set it signed; refusing to unmask")  # fmt: skip
+        signatures = {int(v): s for v, s in announcement["signatures"].items()}
+        try:
+            roster.check_consistency(self.plan, self.site, self._u3, signatures, self.credentials)
+        except roster.RosterRefused as err:
+            raise self._abort(str(err)) from None
+        u3 = set(self._u3)
         self_shares, key_shares = {}, {}
         for v in sorted(self._u2):
             s_share, b_share = self._open(v)

@@ -18,7 +18,7 @@ from .protocol import Message, RoundAborted, SecAggPlan, pairwise_masks, unpack_
 
 
 class ServerParty:
-    """The aggregator of one round. Call the four steps in order with the messages that
+    """The aggregator of one round. Call the five steps in order with the messages that
     arrived (a site missing from a step's messages has dropped)."""
 
     def __init__(self, plan: SecAggPlan) -> None:
@@ -27,6 +27,7 @@ class ServerParty:
         self._keys: dict[int, tuple[bytes, bytes]] = {}
         self._u2: set[int] = set()
         self._inputs: dict[int, np.ndarray] = {}
+        self._u4: set[int] = set()  # the survivors that signed U3
         self._stage = 0
 
     def _receive(self, step: int, name: str, messages: Sequence[Message], among: set[int]) -> dict:
@@ -51,7 +52,12 @@ class ServerParty:
         """Step 1: the roster U1 to broadcast to its members."""
         got = self._receive(0, "advertise_keys", messages, set(self.plan.sites))
         self._keys = {v: (m["enc_pk"], m["mask_pk"]) for v, m in got.items()}
-        return {"keys": {v: {"enc_pk": e, "mask_pk": s} for v, (e, s) in self._keys.items()}}
+        return {
+            "keys": {
+                v: {"enc_pk": m["enc_pk"], "mask_pk": m["mask_pk"], "sig": m["sig"]}
+                for v, m in got.items()
+            }
+        }
 
     def route_shares(self, messages: Sequence[Message]) -> dict[int, Message]:
         """Step 2: each member of U2 gets the ciphertexts addressed to it by the others."""
@@ -70,9 +76,19 @@ class ServerParty:
         self._inputs = {v: unpack_words(m["y"], self.plan) for v, m in got.items()}
         return {"survivors": sorted(self._inputs)}
 
+    def collect_signatures(self, messages: Sequence[Message]) -> Message:
+        """Step 4 (consistency check): U3 with the signatures of U3 by the survivors that
+        answered (U4), to relay to them."""
+        got = self._receive(3, "consistency", messages, set(self._inputs))
+        self._u4 = set(got)
+        return {
+            "survivors": sorted(self._inputs),
+            "signatures": {v: m["sig"] for v, m in got.items()},
+        }
+
     def finish(self, messages: Sequence[Message]) -> np.ndarray:
-        """Step 4: sum_{u in U3} x_u mod 2^bits (uint64) from >= t unmasking answers."""
-        got = self._receive(3, "unmask", messages, set(self._inputs))
+        """Step 5: sum_{u in U3} x_u mod 2^bits (uint64) from >= t unmasking answers."""
+        got = self._receive(4, "unmask", messages, self._u4)
         t, plan = self.plan.threshold, self.plan
         if len(got) < t:
             raise RoundAborted(f"server: {len(got)} unmasking answers, fewer than t = {t}")

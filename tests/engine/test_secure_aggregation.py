@@ -145,7 +145,7 @@ def test_the_server_sees_only_masked_inputs_and_the_sum():
     u = residual.astype(np.float64) / 2.0**bits
     assert stats.kstest(u, "uniform").pvalue > 1e-6
     names = [name for name, _ in party.transcript]
-    assert names == ["advertise_keys", "share_keys", "masked_input", "unmask"]
+    assert names == ["advertise_keys", "share_keys", "masked_input", "consistency", "unmask"]
 
 
 def test_the_engine_sum_carries_the_central_noise():

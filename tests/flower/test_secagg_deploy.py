@@ -2,7 +2,8 @@
 per site, ``flwr run`` (docs/secure_aggregation.md).
 
 Every SuperNode reads only its own ``.npz`` and its own privacy-policy file (its own
-``epsilon``, ``max_dropouts = 1``); its ledger file (``fedsgld-site-K.json``) lives next
+``epsilon``, ``max_dropouts = 1``, its long-term signing key and the consortium's key
+list, so every roster is authenticated); its ledger file (``fedsgld-site-K.json``) lives next
 to that file. The first run (3 sites) checks the result file's blocks, that every site's
 ledger holds exactly one distributed discrete Gaussian charge per round, and that the
 run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites) gives one site a
@@ -24,6 +25,7 @@ from fedsgld.deploy.export_sites import export_sites
 from fedsgld.deploy.loopback import Loopback
 from fedsgld.federation import Federation
 from fedsgld.privacy.distributed import ddg_epsilon
+from fedsgld.secagg import identity
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]  # 4 to 5 min each on 2 loaded cores
 
@@ -53,12 +55,17 @@ def _reference(sites: int) -> tuple[float, list]:
 
 
 def _deploy(root: Path, policies: list[str]) -> dict:
-    """``policies[k]``: site k's policy file text. The run's results.json."""
+    """``policies[k]``: site k's policy file text, to which its long-term key (written by
+    ``identity.generate`` in its own directory, mode 0600) and the consortium's key list
+    are added. The run's results.json."""
     files = export_sites(_engine_config(len(policies)), root / "data")
+    public = {k: identity.generate(root / f"site{k}" / "site.key") for k in range(len(policies))}
+    peers = "".join(f'{k} = "{h}"\n' for k, h in public.items())
     nodes = []
     for k, (text, data) in enumerate(zip(policies, files)):
-        (root / f"site{k}").mkdir()
-        (root / f"site{k}" / "policy.toml").write_text(text)
+        (root / f"site{k}" / "peers.toml").write_text(peers)
+        keys = 'signing_key = "site.key"\npeers = "peers.toml"\n'  # next to the policy
+        (root / f"site{k}" / "policy.toml").write_text(text + keys)
         nodes.append(
             f"site-id={k} site-data='{data}' privacy-policy='{root / f'site{k}' / 'policy.toml'}'"
         )
@@ -96,7 +103,7 @@ def _check_run(r: dict, sites: int, ref: float) -> None:
     assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
     cost = r["flower"]["secure_aggregation"]
     assert cost["rounds"] == ROUNDS
-    steps = {"advertise_keys", "share_keys", "masked_input", "unmask", "round"}
+    steps = {"advertise_keys", "share_keys", "masked_input", "consistency", "unmask", "round"}
     assert set(cost["median_seconds"]) == steps
     assert all(v > 0 for v in cost["median_seconds"].values())
     assert cost["median_server_sent_bytes"] > 0 and cost["median_server_received_bytes"] > 0

@@ -20,7 +20,7 @@ from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import SECAGG, secagg_plan
 from fedsgld.flower.secure_site import STATE
 from fedsgld.privacy.distributed import ddg_epsilon
-from fedsgld.secagg import RoundAborted
+from fedsgld.secagg import RoundAborted, identity
 from fedsgld.secagg.crypto import mask, modulus_mask
 from fedsgld.secagg.shamir import combine
 from fedsgld.secagg.wire import unflatten
@@ -172,11 +172,31 @@ def test_more_dropouts_than_planned_abort_the_round_and_keep_it_counted(tmp_path
     assert _ddg_rounds(ledger) == 2  # round 1 was charged before any site drew
 
 
+def _policy_nodes(tmp_path, texts: dict[int, str], *, impostor: int | None = None) -> list[dict]:
+    """Four simulation nodes, each with its own policy file (``texts[k]``, default a budget
+    and a shared seed), its long-term key and the consortium's key list (identity.generate).
+    ``impostor``: that site signs with a key the others' list does not hold."""
+    files, peers = identity.consortium_files(tmp_path / "keys", range(4))
+    nodes = []
+    for k in range(4):
+        key, listed = files[k], peers
+        if k == impostor:
+            key = tmp_path / "keys" / "impostor.key"
+            listed = tmp_path / "keys" / "impostor-peers.toml"
+            fake = identity.generate(key)
+            listed.write_text("".join(  # its own list holds its own key: it goes ahead
+                line if not line.startswith(f"{k} =") else f'{k} = "{fake}"\n'
+                for line in peers.read_text().splitlines(keepends=True)))  # fmt: skip
+        f = tmp_path / f"site{k}.toml"
+        f.write_text(texts.get(k, "epsilon = 50.0\ninsecure_seeded_noise = true\n")
+                     + f'signing_key = "{key}"\npeers = "{listed}"\nmin_peers = 3\n')  # fmt: skip
+        nodes.append({"partition-id": k, "num-partitions": 4, "privacy-policy": str(f)})
+    return nodes
+
+
 def test_a_site_refuses_a_round_planned_for_fewer_dropouts_than_its_policy(tmp_path):
-    policy = tmp_path / "site0.toml"
-    policy.write_text("epsilon = 50.0\ninsecure_seeded_noise = true\nmax_dropouts = 1\n")
-    nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
-    nodes[0]["privacy-policy"] = str(policy)
+    nodes = _policy_nodes(tmp_path, {0: "epsilon = 50.0\ninsecure_seeded_noise = true\n"
+                                        "max_dropouts = 1\n"})  # fmt: skip
     wire = Wire()
     cfg = {**SMALL, "out": str(tmp_path / "run"), "max_dropouts": 0}
     with pytest.raises(RoundAborted):
@@ -189,6 +209,26 @@ def test_a_site_refuses_a_round_planned_for_fewer_dropouts_than_its_policy(tmp_p
     run_local({**cfg, "max_dropouts": 1, "out": str(tmp_path / "ok")}, **APPS, node_configs=nodes,
               fault=wire)  # fmt: skip
     assert json.loads((tmp_path / "ok" / "results.json").read_text())["privacy"]["steps"] == 3
+    assert sorted(wire.replies(0, "consistency")) == [0, 1, 2, 3]
+
+
+def test_a_roster_with_a_site_the_key_lists_do_not_hold_is_refused_before_any_share(tmp_path):
+    """Site 3 signs with a key that sites 0 to 2's lists do not hold (a site the server
+    made up, as they see it): all three refuse the roster at share_keys, so no share of
+    their secrets leaves, and the round aborts (3 dropouts > max_dropouts = 1)."""
+    nodes = _policy_nodes(tmp_path, {}, impostor=3)
+    wire = Wire()
+    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):
+        run_local({**SMALL, "out": str(tmp_path / "run"), "max_dropouts": 1}, **APPS,
+                  node_configs=nodes, fault=wire)  # fmt: skip
+    assert sorted(wire.replies(0, "advertise_keys")) == [0, 1, 2, 3]
+    assert sorted(wire.replies(0, "share_keys")) == [3]  # only the impostor's own answer
+    refusals = [r.error.reason for m, r in wire.seen
+                if m.content["plan"]["secagg-step"] == "share_keys" and r.has_error()]  # fmt: skip
+    assert len(refusals) == 3
+    assert all("site 3's round keys are not signed by its key in the key list" in why
+               for why in refusals)  # fmt: skip
+    assert not wire.replies(0, "masked_input")  # nothing was drawn or masked
 
 
 def _resend(grid, msg: Message, **change) -> Message:

@@ -28,6 +28,7 @@ from fedsgld.secagg import (
     ServerParty,
     SiteParty,
     check_site_plan,
+    ephemeral_credentials,
     run_round,
 )
 from fedsgld.secagg.crypto import mask
@@ -45,14 +46,21 @@ def params(sites: int, dim: int, *, max_dropouts: int = 0, max_colluders: int = 
     )  # fmt: skip
 
 
+def parties(plan: SecAggPlan) -> dict[int, SiteParty]:
+    """Every site's party, with fresh long-term keys that all of them list."""
+    creds = ephemeral_credentials(plan.sites)
+    return {v: SiteParty(v, plan, creds[v]) for v in plan.sites}
+
+
 def protocol(plan: SecAggPlan, inputs: dict[int, np.ndarray]):
-    """Run the four steps with every site present; return (server, its modular sum)."""
-    sites = {v: SiteParty(v, plan) for v in plan.sites}
+    """Run the five steps with every site present; return (server, its modular sum)."""
+    sites = parties(plan)
     server = ServerParty(plan)
     roster = server.collect_keys([s.advertise_keys() for s in sites.values()])
     inbox = server.route_shares([s.share_keys(roster) for s in sites.values()])
     ann = server.collect_masked([s.masked_input(inbox[v], inputs[v]) for v, s in sites.items()])
-    return server, server.finish([s.unmask(ann) for s in sites.values()])
+    signed = server.collect_signatures([s.consistency(ann) for s in sites.values()])
+    return server, server.finish([s.unmask(signed) for s in sites.values()])
 
 
 def messages(server: ServerParty, step: str) -> dict[int, dict]:
@@ -103,7 +111,7 @@ def test_masks_are_never_reused_across_rounds():
 
 def test_relayed_shares_are_authenticated_and_a_site_unmasks_once():
     plan = SecAggPlan(round_label=b"r", sites=(0, 1, 2), length=8, bits=16)
-    sites = {v: SiteParty(v, plan) for v in plan.sites}
+    sites = parties(plan)
     server = ServerParty(plan)
     roster = server.collect_keys([s.advertise_keys() for s in sites.values()])
     inbox = server.route_shares([s.share_keys(roster) for s in sites.values()])
@@ -113,11 +121,12 @@ def test_relayed_shares_are_authenticated_and_a_site_unmasks_once():
     ys = [sites[0].masked_input(inbox[0], x), sites[1].masked_input(inbox[1], x)]
     ys.append(sites[2].masked_input(forged, x))
     ann = server.collect_masked(ys)
+    signed = server.collect_signatures([s.consistency(ann) for s in sites.values()])
     with pytest.raises(RoundAborted, match="do not authenticate"):
-        sites[2].unmask(ann)
-    sites[0].unmask(ann)
+        sites[2].unmask(signed)
+    sites[0].unmask(signed)
     with pytest.raises(RoundAborted, match="out of order"):  # never a second set of shares
-        sites[0].unmask({"survivors": [0, 1]})
+        sites[0].unmask({"survivors": [0, 1], "signatures": {}})
 
 
 # -- (b) the noise of the sum ---------------------------------------------------------------
@@ -183,16 +192,16 @@ def test_the_discrete_gaussian_sampler_is_exact():
 # -- (c), (d) dropouts ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", ["share_keys", "masked_input", "unmask"])
+@pytest.mark.parametrize("step", ["share_keys", "masked_input", "consistency", "unmask"])
 def test_a_planned_dropout_completes_the_round_with_the_right_sum(step):
     """Site 2 of 5 drops at ``step`` (max_dropouts = 1): the sum holds exactly the inputs the
-    server received (site 2's if it dropped only at unmasking), up to the noise."""
+    server received (site 2's if it dropped after its masked input), up to the noise."""
     dim = 4096
     p = params(5, dim, max_dropouts=1)
     rng = np.random.default_rng(7)
     xs = [rng.normal(0, 50.0, dim) for _ in range(5)]
     res = run_round(xs, p, round_label=b"drop", max_dropouts=1, drop={2: step})
-    included = [0, 1, 2, 3, 4] if step == "unmask" else [0, 1, 3, 4]
+    included = [0, 1, 2, 3, 4] if step in ("consistency", "unmask") else [0, 1, 3, 4]
     assert res.survivors == tuple(included)
     assert res.server_received == sum(res.sent.values()) > 4 * 4 * p.dim  # 4 masked inputs
     err = res.total - sum(xs[v] for v in included)
@@ -220,7 +229,7 @@ def test_a_site_refuses_to_unmask_a_sum_with_too_few_inputs():
     """Even if the server ignores the rule, an honest site does not help release a sum of
     fewer than K - max_dropouts inputs (its share was sized for them)."""
     plan = SecAggPlan(round_label=b"r", sites=(0, 1, 2, 3), length=8, bits=16, max_dropouts=1)
-    sites = {v: SiteParty(v, plan) for v in plan.sites}
+    sites = parties(plan)
     server = ServerParty(plan)
     roster = server.collect_keys([s.advertise_keys() for s in sites.values()])
     inbox = server.route_shares([s.share_keys(roster) for s in sites.values()])
@@ -228,7 +237,7 @@ def test_a_site_refuses_to_unmask_a_sum_with_too_few_inputs():
     for v in (0, 1):
         sites[v].masked_input(inbox[v], x)
     with pytest.raises(RoundAborted, match="refuses to unmask"):
-        sites[0].unmask({"survivors": [0, 1]})
+        sites[0].consistency({"survivors": [0, 1]})
 
 
 def test_a_site_checks_the_plan_against_its_policy():

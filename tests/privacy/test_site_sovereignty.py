@@ -38,6 +38,7 @@ from fedsgld.flower.local_grid import LocalGrid
 from fedsgld.flower.protocol import run_record
 from fedsgld.flower.runner import PlacementRefused, serve
 from fedsgld.privacy import PrivacyAccountant
+from fedsgld.secagg import identity
 
 # what the deployed site of the attack trusts: a budget, bounds; placements left to default
 HOSPITAL = dict(epsilon=4.0, max_sample_rate=0.1, min_noise_multiplier=0.6, max_clip=10.0)
@@ -223,8 +224,15 @@ def ledger_file_of(d: Path, site: int) -> dict:
 
 
 def test_site_init_writes_a_commented_policy_with_safe_defaults(tmp_path):
-    pol = init_policy(tmp_path / "p" / "policy.toml", epsilon=4)
+    pol, public = init_policy(tmp_path / "p" / "policy.toml", epsilon=4, site_id=3)
     assert pol.epsilon == 4.0 and pol.placements == ("secure", "sites")
+    # the site's long-term key, readable by its owner only; its public key starts the list
+    key = tmp_path / "p" / "site.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert identity.public_hex(identity.load(key)) == public
+    assert pol.peers.key(3) == bytes.fromhex(public) and pol.peers.sites == (3,)
+    assert (tmp_path / "p" / "site.pub").read_text() == f'3 = "{public}"\n'
+    assert pol.signing_key == str(key.resolve()) and pol.min_peers == 2
     assert pol.min_expected_batch == 16 and pol.evaluation == "dp"
     assert not pol.insecure_seeded_noise and not pol.share_predictions
     assert pol.state_dir == str((tmp_path / "p").resolve())
@@ -232,6 +240,9 @@ def test_site_init_writes_a_commented_policy_with_safe_defaults(tmp_path):
     assert "TRUSTS the server" in text and text.count("#") > 15
     with pytest.raises(ValueError, match="exists.*--force"):
         init_policy(tmp_path / "p" / "policy.toml", epsilon=8)
+    with pytest.raises(ValueError, match="signing key .* exists"):
+        init_policy(tmp_path / "p" / "other.toml", epsilon=8)
+    assert identity.public_hex(identity.load(key)) == public  # the key was not replaced
     assert SitePolicy.from_file(tmp_path / "p" / "policy.toml").epsilon == 4.0
     for bad, words in ((0, "--epsilon must be"), (math.inf, "--epsilon must be")):
         with pytest.raises(ValueError, match=words):
