@@ -82,6 +82,12 @@ def check_site_plan(
         (not unknown, f"the round names site(s) {unknown} outside the site's key list"),
         (plan.max_dropouts >= max_dropouts, f"max_dropouts {plan.max_dropouts} < the policy's {max_dropouts}"),
         (plan.max_colluders >= max_colluders, f"max_colluders {plan.max_colluders} < the policy's {max_colluders}"),
+        # two disjoint groups of K - max_dropouts signers (colluders sign both) would let a
+        # server unmask each group under its own survivor list: K must exceed 2d + c
+        (k > 2 * plan.max_dropouts + plan.max_colluders,
+         f"{k} sites are too few for {plan.max_dropouts} dropouts and {plan.max_colluders} "
+         "colluders: two survivor lists could each gather enough signatures (needs K > "
+         "2 max_dropouts + max_colluders)"),
         ((params.sites, params.dim, params.bits) == (k, plan.length, plan.bits),
          "the mechanism's sites, dimension or bits differ from the plan's"),
         (params.clip == clip, f"the mechanism's clip {params.clip} is not the clip applied, {clip}"),

@@ -257,6 +257,14 @@ def test_a_site_checks_the_plan_against_its_policy():
         check_site_plan(plan, params(5, 1000), **policy)
     with pytest.raises(ValueError, match="bits"):
         check_site_plan(replace(plan, bits=p.bits - 1), p, **policy)
+    # K <= 2 max_dropouts + max_colluders: the consistency check could be split; refused
+    p4 = params(4, 1000, max_dropouts=2)
+    split = SecAggPlan(round_label=b"r", sites=range(4), length=p4.dim, bits=p4.bits,
+                       max_dropouts=2)  # fmt: skip
+    with pytest.raises(ValueError, match="too few for 2 dropouts"):
+        check_site_plan(split, p4, **policy)
+    p5 = params(5, 1000, max_dropouts=2)
+    check_site_plan(replace(split, sites=tuple(range(5))), p5, **policy)  # 5 > 4: accepted
 
 
 def test_thresholds_are_consistent():
