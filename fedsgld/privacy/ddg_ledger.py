@@ -104,7 +104,7 @@ class DDGLedger:
 
     def _ddg_affordable(self, event: DpEvent) -> int:
         """How many of ``event``'s releases, in order, fit (Gaussian steps first, then DDG
-        rounds: they compose by RDP, so order does not change the sum)."""
+        rounds: the bound of the composition does not depend on their order)."""
         gauss, ddg = ddg_steps(event)
         parts: Sequence[DpEvent] = [SubsampledGaussianStep(q, s) for q, s in gauss] + [
             DistributedDiscreteGaussianStep(p, q) for q, p in ddg
@@ -121,7 +121,7 @@ class DDGLedger:
             eps = self._ddg_epsilon(key, ddg)
             if eps > self.epsilon_budget:
                 raise BudgetExhausted(
-                    f"release from step {self.steps + 1} would take epsilon (RDP, with "
+                    f"release from step {self.steps + 1} would take epsilon (dominating PLD, with "
                     f"distributed discrete Gaussian rounds) to {eps:.6g} > budget "
                     f"{self.epsilon_budget:g} at delta={self.delta:g}; not recorded",
                     epsilon=eps,
