@@ -147,6 +147,8 @@ def dominated_epsilon(
     if not key:
         return 0.0
     d = delta * math.exp(-up)
+    if not d > 0.0:  # a slack this large leaves no guarantee
+        return math.inf
     eps = pld_fft.compose(key, delta=d, sigma_merge=MERGE).epsilon(d)
     return eps + up + down
 
