@@ -236,6 +236,8 @@ class DDGParameters:
             "noise_multiplier": self.noise_multiplier,
             "effective_noise_multiplier": self.effective_noise_multiplier,
             "tau": self.tau,
+            "dominating_noise_multiplier": self.dominating_noise_multiplier,
+            "slack": sum(self.slack),
         }
 
 
