@@ -21,9 +21,10 @@ and converts it to an (epsilon, delta) guarantee with these accountants:
   distinct (q, sigma): accurate but slow. Only computed when chosen as ``accountant``.
 
 The budget check uses the rigorous accountant chosen by ``accountant`` or, once a round of
-the distributed discrete Gaussian is recorded, RDP of the whole run
-(:mod:`fedsgld.privacy.ddg_ledger`, the accountant's second ledger). Sigmas can be
-rounded DOWN onto a geometric grid before they enter the ledger (``sigma_rel_grid``).
+the distributed discrete Gaussian is recorded, the PLD of the whole run's dominating
+Gaussian ledger plus its slack (:mod:`fedsgld.privacy.ddg_ledger`, the accountant's
+second ledger). Sigmas can be rounded DOWN onto a geometric grid before they enter the
+ledger (``sigma_rel_grid``).
 
 Every release is a privacy event (:mod:`fedsgld.privacy.events`): ``spend`` records one,
 ``fits``/``affordable``/``epsilon_after`` check one against the budget (certified plans make
@@ -201,7 +202,7 @@ class PrivacyAccountant(DDGLedger):
         """{"gdp": CLT (approximate), "pld": rigorous, "rdp": rigorous} at ``delta``, of the
         recorded ledger or of a given list of (q, sigma, count) (used as given), plus the
         chosen reference accountant. Empty ledger: all 0.0. With DDG rounds recorded,
-        every value is the RDP epsilon of the whole run (:mod:`fedsgld.privacy.ddg_ledger`).
+        every value is the epsilon of the whole run by :mod:`fedsgld.privacy.ddg_ledger`.
         """
         key = self._key(ledger)
         if self._ddg:
@@ -217,7 +218,7 @@ class PrivacyAccountant(DDGLedger):
 
     def rigorous_epsilon(self, ledger: Iterable[Any] | None = None) -> float:
         """Epsilon of the ledger under the rigorous accountant ``rigorous_name`` (budget check);
-        with DDG rounds recorded, by RDP with them."""
+        with DDG rounds recorded, by :mod:`fedsgld.privacy.ddg_ledger` with them."""
         if self._ddg:
             return self._ddg_epsilon(self._key(ledger), self._ddg)
         return self._eps(self.rigorous_name, self._key(ledger))

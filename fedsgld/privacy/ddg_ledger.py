@@ -1,15 +1,18 @@
-"""The accountant's second ledger: rounds of the distributed discrete Gaussian, by RDP.
+"""The accountant's second ledger: rounds of the distributed discrete Gaussian.
 
 :class:`~fedsgld.privacy.accountant.PrivacyAccountant` composes Poisson-subsampled
-Gaussian steps by privacy loss distributions. The distributed discrete Gaussian's bound
-(Kairouz, Liu & Steinke 2021, Prop. 14; Poisson subsampling by Zhu & Wang's general
-bound: :mod:`fedsgld.privacy.distributed`) is Renyi DP, which a PLD cannot take. So the
-accountant keeps the rounds of :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`
-in a second, run-length encoded ledger ``[(q, DDGParameters, count), ...]``, and once it
-holds any, the epsilon of the WHOLE run (Gaussian steps included, at their recorded
-sigmas) is the RDP composition of both ledgers at integer orders,
-:func:`~fedsgld.privacy.distributed.ddg_epsilon`: every value ``epsilon()`` reports, and
-the budget check. Without DDG rounds nothing changes.
+Gaussian steps by privacy loss distributions. A round of
+:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep` is dominated by a
+Poisson-subsampled Gaussian step at ``params.dominating_noise_multiplier``, up to a
+slack that the whole run adds to epsilon (:mod:`fedsgld.privacy.distributed`,
+:mod:`fedsgld.privacy.ddg_dominance`). The accountant keeps those rounds in a second,
+run-length encoded ledger ``[(q, DDGParameters, count), ...]``, and once it holds any,
+the epsilon of the WHOLE run (Gaussian steps included, at their recorded sigmas) is
+:func:`~fedsgld.privacy.distributed.ddg_epsilon` of both ledgers: the FFT PLD of the
+dominating Gaussian ledger plus the slack, for every value ``epsilon()`` reports and for
+the budget check. Each (Gaussian ledger, DDG ledger) pair is computed once (an LRU cache:
+a site's admission asks for the same ledger when it checks a plan and when it charges
+it). Without DDG rounds nothing changes.
 """
 
 from __future__ import annotations
@@ -19,10 +22,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from fedsgld.privacy.budget import BudgetExhausted
-from fedsgld.privacy.distributed import INTEGER_ORDERS, DDGParameters
+from fedsgld.privacy.distributed import DDGParameters, ddg_epsilon
 from fedsgld.privacy.events import (
     Composed,
     DistributedDiscreteGaussianStep,
@@ -31,14 +32,17 @@ from fedsgld.privacy.events import (
     ddg_steps,
 )
 from fedsgld.privacy.gdp import gdp_mu
-from fedsgld.privacy.ledger import LedgerKey, append, check_q
-from fedsgld.privacy.rdp import rdp_epsilon, subsampled_gaussian_rdp
+from fedsgld.privacy.ledger import LRU, LedgerKey, append, check_q
 
 #: what the result file says of the accounting once a DDG round is in the ledger
 ACCOUNTING = (
-    "RDP, Kairouz et al. 2021 Prop. 14 with Poisson subsampling by the general bound "
-    "(Zhu & Wang 2019), composed with the run's Gaussian steps by RDP at integer orders"
+    "PLD of a dominating Poisson-subsampled Gaussian per round (the sum of discrete "
+    "Gaussian shares within a bounded likelihood ratio of a post-processed continuous "
+    "Gaussian, the slack added to epsilon), composed with the run's Gaussian steps by "
+    "fedsgld's FFT PLD accountant"
 )
+
+_CACHE = 256
 
 DDGKey = tuple[tuple[float, DDGParameters, int], ...]
 
@@ -69,23 +73,17 @@ class DDGLedger:
         return list(self._ddg)
 
     def _ddg_epsilon(self, key: LedgerKey, ddg: DDGKey) -> float:
-        """The RDP epsilon of the Gaussian ledger ``key`` and the DDG ledger ``ddg`` together:
-        :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each distinct round's curve
-        computed once (a DP-SGLD run has a distinct sigma_t, so parameters, every round)."""
+        """The epsilon of the Gaussian ledger ``key`` and the DDG ledger ``ddg`` together:
+        :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each pair of ledgers computed
+        once (the cache is keyed by both ledgers, so by every event's parameters)."""
         if not key and not ddg:
             return 0.0
-        curves = self.__dict__.setdefault("_ddg_curves", {})
-        total = np.zeros(len(INTEGER_ORDERS))
-        for q, params, count in ddg:
-            curve = curves.get((q, params))
-            if curve is None:
-                curve = curves[(q, params)] = params.subsampled_rdp(q, INTEGER_ORDERS)
-            total += count * curve
-        for q, sigma, count in key:
-            total += count * subsampled_gaussian_rdp(q, sigma, INTEGER_ORDERS)[0]
-        if not np.any(total):
-            return 0.0
-        return float(rdp_epsilon(total, self.delta, INTEGER_ORDERS)[0])
+        cache = self.__dict__.setdefault("_ddg_eps_cache", LRU(_CACHE))
+        cached = cache.lookup((key, ddg))
+        if cached is None:
+            cached = ddg_epsilon(ddg, self.delta, gaussian=key).epsilon
+            cache.put((key, ddg), cached)
+        return cached
 
     def _after(self, event: DpEvent) -> tuple[LedgerKey, DDGKey]:
         """Both ledgers as they would be with ``event`` (nothing recorded)."""
@@ -106,7 +104,7 @@ class DDGLedger:
 
     def _ddg_affordable(self, event: DpEvent) -> int:
         """How many of ``event``'s releases, in order, fit (Gaussian steps first, then DDG
-        rounds: they compose by RDP, so order does not change the sum)."""
+        rounds: the bound of the composition does not depend on their order)."""
         gauss, ddg = ddg_steps(event)
         parts: Sequence[DpEvent] = [SubsampledGaussianStep(q, s) for q, s in gauss] + [
             DistributedDiscreteGaussianStep(p, q) for q, p in ddg
@@ -123,7 +121,7 @@ class DDGLedger:
             eps = self._ddg_epsilon(key, ddg)
             if eps > self.epsilon_budget:
                 raise BudgetExhausted(
-                    f"release from step {self.steps + 1} would take epsilon (RDP, with "
+                    f"release from step {self.steps + 1} would take epsilon (dominating PLD, with "
                     f"distributed discrete Gaussian rounds) to {eps:.6g} > budget "
                     f"{self.epsilon_budget:g} at delta={self.delta:g}; not recorded",
                     epsilon=eps,
@@ -145,7 +143,7 @@ class DDGLedger:
         self._certified = []
 
     def _ddg_epsilons(self, key: LedgerKey) -> dict[str, float]:
-        """Every name ``epsilon()`` reports, all the RDP epsilon of the whole run."""
+        """Every name ``epsilon()`` reports, all the epsilon of the whole run (:meth:`_ddg_epsilon`)."""
         v = self._ddg_epsilon(key, self._ddg)
         names = ("gdp", "pld", "rdp", self.rigorous_name)
         return dict.fromkeys(names, v if math.isfinite(v) else math.inf)

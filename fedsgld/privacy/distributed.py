@@ -17,65 +17,68 @@ ceil(g_i)}. So, for every fixed rounding randomness, the rounded sums differ by 
     Delta_2 = C / gamma + sqrt(d)            (d: the padded dimension, a power of 2)
     Delta_1 = Delta_2 * min(sqrt(d), Delta_2)  (an integer vector: |v_i| <= v_i^2)
 
-and the released sum is a mixture over that randomness, whose Renyi divergence is at most
-the largest of the components' (joint quasi-convexity). This is the rounding inflation of
+and the released sum is a mixture over that randomness, whose hockey-stick divergence is
+at most the largest of the components' (joint convexity). This is the rounding inflation of
 the paper with beta = 0 (its Prop. 22 bound ||round(x)|| <= ||x|| + sqrt(d), which holds
 for every draw). The paper's conditional rounding with beta > 0 bounds the norm of one
 party's rounded vector, i.e. a whole-contribution (site-level) sensitivity; it gives no
 deterministic bound on round(x + g) - round(x) and is not accounted here.
 
-RDP of the sum of n honest shares (each N_Z(0, s^2) per coordinate), Kairouz et al.
-Theorem 1 / Proposition 14 (and ``compute_rdp_dgaussian`` of google-research/federated
-distributed_dp), with sigma^2 = n s^2 and tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k/(k+1)):
-
-    eps(alpha) = min( alpha D2^2 / (2 sigma^2) + tau d,
-                      alpha/2 (D2^2/sigma^2 + 2 D1 tau / sigma + tau^2 d),
-                      alpha/2 (D2/sigma + tau sqrt(d))^2 )
-
+Accounting (the proof is in docs/accounting.md, "The distributed discrete Gaussian").
 n is the number of HONEST shares the guarantee may count on: with K sites, at most
 ``max_dropouts`` missing and at most ``max_colluders`` whose shares the adversary knows,
 n = K - max_dropouts - max_colluders (more honest shares only add independent noise:
-post-processing). Poisson subsampling with rate q (integer orders alpha >= 2): the
-general upper bound of Zhu & Wang (ICML 2019, "Poisson subsampled Renyi differential
-privacy", the general upper bound, which distributed_dp uses too),
+post-processing). The sum of the n honest shares, N_Z(0, s^2) each per coordinate, is
+within a factor e^{+-d theta-terms} of a law that post-processes the continuous Gaussian
+N(0, n s^2 - r^2) (:mod:`fedsgld.privacy.ddg_dominance`, r^2 <= 4), for every output. So
+each round is dominated by the Poisson-subsampled Gaussian with noise multiplier
 
-    (alpha - 1) eps'(alpha) <= log( (1-q)^(alpha-1) (alpha q - q + 1)
-                                   + C(alpha,2) q^2 (1-q)^(alpha-2) e^{eps(2)}
-                                   + 3 sum_{l=3}^{alpha} C(alpha,l) q^l (1-q)^(alpha-l) e^{(l-1) eps(l)} ),
+    sigma_dom = sqrt(n s^2 - r^2) / Delta_2
 
-never above eps(alpha) itself. Steps compose by adding RDP; the (epsilon, delta)
-conversion is :func:`fedsgld.privacy.rdp.rdp_epsilon` (Canonne, Kamath & Steinke 2020).
-Modular clipping is post-processing of the noisy sum (it costs accuracy when the sum
-wraps, never privacy); :func:`choose_ddg` picks the bit width so that it practically
-never does.
+plus a slack (A_up, A_down) that underflows to 0 at fedsgld's grid, and
+:func:`ddg_epsilon` composes the rounds, and any Gaussian releases of the same ledger,
+by fedsgld's PLD accountant (:mod:`fedsgld.privacy.pld_fft`):
+epsilon = epsilon_PLD(delta e^{-A_up}) + A_up + A_down. The Renyi-DP route of Kairouz et
+al. (Prop. 14, Zhu & Wang's general subsampling bound) stays available as
+:func:`fedsgld.privacy.ddg_rdp.ddg_rdp_epsilon` for comparison. Modular clipping is
+post-processing of the noisy sum (it costs accuracy when the sum wraps, never privacy);
+:func:`choose_ddg` picks the bit width so that it practically never does.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
 
-from .rdp import DEFAULT_ORDERS, rdp_epsilon, subsampled_gaussian_rdp
+from .ddg_dominance import NoiseComparison, compare_shares, dominated_delta, dominated_epsilon
+from .ddg_rdp import (
+    INTEGER_ORDERS,
+    ddg_rdp,
+    ddg_rdp_epsilon,
+    ddg_tau,
+    poisson_subsampled_rdp,
+)
 
 __all__ = [
     "INTEGER_ORDERS",
+    "DDGEpsilon",
     "DDGParameters",
     "choose_ddg",
+    "ddg_delta",
     "ddg_epsilon",
     "ddg_rdp",
+    "ddg_rdp_epsilon",
     "ddg_tau",
+    "dominating_ledger",
     "honest_shares",
     "padded_dimension",
     "poisson_subsampled_rdp",
     "rounding_norm_bound",
 ]
-
-#: the integer orders of :data:`fedsgld.privacy.rdp.DEFAULT_ORDERS` (2, ..., 63, 128, ..., 1024)
-INTEGER_ORDERS: np.ndarray = DEFAULT_ORDERS[DEFAULT_ORDERS == np.round(DEFAULT_ORDERS)]
 
 MAX_BITS = 64  # the modular arithmetic runs on uint64
 
@@ -186,6 +189,24 @@ class DDGParameters:
         term corresponds to, rounding inflation included."""
         return math.sqrt(self.honest * self.share_variance) / self.sensitivity_l2
 
+    @property
+    def comparison(self) -> NoiseComparison:
+        """Per-coordinate comparison of the honest shares' sum with the kernel law that
+        post-processes N(0, honest s^2 - r^2) (:func:`~fedsgld.privacy.ddg_dominance.compare_shares`)."""
+        return compare_shares(float(self.share_variance), self.honest)
+
+    @property
+    def dominating_noise_multiplier(self) -> float:
+        """sqrt(honest s^2 - r^2) / Delta_2: the noise multiplier of the Poisson-subsampled
+        Gaussian that dominates one round (up to :attr:`slack`)."""
+        return math.sqrt(self.comparison.gaussian_variance) / self.sensitivity_l2
+
+    @property
+    def slack(self) -> tuple[float, float]:
+        """(d up, d down): the bounds on log p_sum / k over one round's d coordinates."""
+        c = self.comparison
+        return self.dim * c.up, self.dim * c.down
+
     def rdp(self, orders: np.ndarray = INTEGER_ORDERS) -> np.ndarray:
         """RDP of one unsampled round at ``orders`` (:func:`ddg_rdp`)."""
         return ddg_rdp(
@@ -215,97 +236,63 @@ class DDGParameters:
             "noise_multiplier": self.noise_multiplier,
             "effective_noise_multiplier": self.effective_noise_multiplier,
             "tau": self.tau,
+            "dominating_noise_multiplier": self.dominating_noise_multiplier,
+            "slack": sum(self.slack),
         }
 
 
-def ddg_tau(share_variance: float, shares: int) -> float:
-    """tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 s^2 k / (k + 1)) (Kairouz et al. Theorem 1):
-    how far the sum of n shares N_Z(0, s^2) may be from one N_Z(0, n s^2)."""
-    k = np.arange(1, shares, dtype=np.float64)
-    return float(10.0 * np.sum(np.exp(-2.0 * math.pi**2 * share_variance * k / (k + 1))))
+class DDGEpsilon(NamedTuple):
+    """:func:`ddg_epsilon`'s result: ``epsilon`` and the ``slack`` A_up + A_down in it."""
+
+    epsilon: float
+    slack: float
 
 
-def ddg_rdp(
-    orders: np.ndarray, *, l2: float, l1: float, share_variance: float, shares: int, dim: int
-) -> np.ndarray:
-    """RDP at ``orders`` of the sum of ``shares`` independent N_Z(0, s^2)^dim added to a
-    query with integer sensitivities ``l2`` and ``l1`` (Kairouz et al. Prop. 14): the
-    three-term minimum of the module docstring, sigma^2 = shares * s^2."""
-    a = np.asarray(orders, dtype=np.float64)
-    sigma = math.sqrt(shares * share_variance)
-    tau = ddg_tau(share_variance, shares)
-    l2s, l1s = l2 / sigma, l1 / sigma
-    t1 = a * l2s * l2s / 2.0 + tau * dim
-    t2 = a / 2.0 * (l2s * l2s + 2.0 * l1s * tau + tau * tau * dim)
-    t3 = a / 2.0 * (l2s + math.sqrt(dim) * tau) ** 2
-    return np.minimum(np.minimum(t1, t2), t3)
-
-
-def _log_moment(q: float, eps: np.ndarray, alpha: int, coefficient: float) -> float:
-    """log of the bracket of Zhu & Wang's bound at integer ``alpha``; ``eps[l]`` = eps(l).
-    ``coefficient`` multiplies the terms l >= 3 (3 in their general upper bound)."""
-    ell = np.arange(2, alpha + 1, dtype=np.float64)
-    log_c = gammaln(alpha + 1.0) - gammaln(ell + 1.0) - gammaln(alpha - ell + 1.0)
-    terms = (
-        log_c
-        + ell * math.log(q)
-        + (alpha - ell) * math.log1p(-q)
-        + (ell - 1.0) * eps[2 : alpha + 1]
-    )
-    terms[1:] += math.log(coefficient)
-    head = (alpha - 1) * math.log1p(-q) + math.log(alpha * q - q + 1.0)
-    return float(logsumexp(np.concatenate(([head], terms))))
-
-
-def poisson_subsampled_rdp(
-    q: float,
-    rdp_of: Callable[[np.ndarray], np.ndarray],
-    orders: np.ndarray = INTEGER_ORDERS,
-    *,
-    _coefficient: float = 3.0,
-) -> np.ndarray:
-    """RDP at integer ``orders`` of a mechanism with RDP curve ``rdp_of`` run on a Poisson
-    sample of rate ``q`` (Zhu & Wang 2019's general bound; the module docstring), never above
-    the unsampled curve. (``_coefficient`` = 1 is their tighter bound, which needs a
-    condition on the mechanism; tests use it to check against the subsampled Gaussian.)"""
-    q = float(q)
-    if not (0.0 < q <= 1.0):
-        raise ValueError(f"sample rate q must be in (0, 1], got {q!r}")
-    orders = np.asarray(orders, dtype=np.float64)
-    if not np.all((orders >= 2) & (orders == np.round(orders))):
-        raise ValueError("the subsampled DDG bound needs integer orders >= 2")
-    plain = np.asarray(rdp_of(orders), dtype=np.float64)
-    if q == 1.0:
-        return plain
-    top = int(orders.max())
-    eps = np.zeros(top + 1)
-    eps[2:] = rdp_of(np.arange(2, top + 1, dtype=np.float64))
-    sub = np.array([_log_moment(q, eps, int(a), _coefficient) / (a - 1.0) for a in orders])
-    return np.minimum(sub, plain)
+def dominating_ledger(
+    steps: Iterable[tuple[float, DDGParameters, int]],
+    gaussian: Iterable[tuple[float, float, int]] = (),
+) -> tuple[list[tuple[float, float, int]], float, float]:
+    """(ledger, A_up, A_down): the Gaussian ledger [(q, sigma, count), ...] that dominates
+    the rounds ``steps`` (q, params, count), each at ``params.dominating_noise_multiplier``,
+    followed by the Gaussian releases ``gaussian``; and the rounds' summed slacks."""
+    ledger: list[tuple[float, float, int]] = []
+    up = down = 0.0
+    for q, params, count in steps:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"step count must be an integer >= 0, got {count!r}")
+        if not isinstance(params, DDGParameters):
+            raise ValueError(f"a DDG step needs DDGParameters, got {params!r}")
+        if count:
+            ledger.append((float(q), params.dominating_noise_multiplier, count))
+            u, d = params.slack
+            up, down = up + count * u, down + count * d
+    ledger += [(float(q), float(s), int(c)) for q, s, c in gaussian]
+    return ledger, up, down
 
 
 def ddg_epsilon(
     steps: Iterable[tuple[float, DDGParameters, int]],
     delta: float,
-    orders: np.ndarray = INTEGER_ORDERS,
     *,
     gaussian: Iterable[tuple[float, float, int]] = (),
-) -> tuple[float, float]:
-    """(epsilon, order) at ``delta`` of rounds given as (q, parameters, count), composed
-    with the Poisson-subsampled Gaussian releases ``gaussian`` as (q, sigma, count) (e.g.
-    a site's noised evaluations): RDP adds over all of them, at integer orders, then the
-    conversion of :func:`fedsgld.privacy.rdp.rdp_epsilon`."""
-    total = np.zeros(len(orders))
-    for q, params, count in steps:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"step count must be an integer >= 0, got {count!r}")
-        if count:
-            total += count * params.subsampled_rdp(q, orders)
-    for q, sigma, count in gaussian:
-        total += count * subsampled_gaussian_rdp(q, sigma, orders)[0]
-    if not np.any(total):
-        return 0.0, float(orders[0])
-    return rdp_epsilon(total, delta, orders)
+) -> DDGEpsilon:
+    """Epsilon at ``delta`` of rounds (q, parameters, count) composed with the
+    Poisson-subsampled Gaussian releases ``gaussian`` (q, sigma, count) (e.g. a site's
+    noised evaluations): the PLD of :func:`dominating_ledger` plus its slack (the module
+    docstring). An upper bound; ``[0]`` is epsilon."""
+    ledger, up, down = dominating_ledger(steps, gaussian)
+    return DDGEpsilon(dominated_epsilon(ledger, delta, slack_up=up, slack_down=down), up + down)
+
+
+def ddg_delta(
+    steps: Iterable[tuple[float, DDGParameters, int]],
+    epsilon: float,
+    *,
+    gaussian: Iterable[tuple[float, float, int]] = (),
+) -> float:
+    """An upper bound on delta at ``epsilon`` of the same ledger as :func:`ddg_epsilon`."""
+    ledger, up, down = dominating_ledger(steps, gaussian)
+    return dominated_delta(ledger, epsilon, slack_up=up, slack_down=down)
 
 
 def _share_variance(target: float) -> int:

@@ -21,9 +21,10 @@ The accountants read events instead of bare ``(q, sigma, count)`` tuples:
   event and the private vote histogram (:func:`~fedsgld.privacy.pate_events.answers_epsilon`).
 * :class:`DistributedDiscreteGaussianStep`: one round of the distributed discrete
   Gaussian sum under secure aggregation (:mod:`fedsgld.privacy.distributed`), records
-  Poisson-sampled with rate q. Its bound is Renyi DP, so it is NOT in the Gaussian
-  ledger: the accountant keeps it in a second ledger composed by RDP
-  (:mod:`fedsgld.privacy.ddg_ledger`); :func:`ddg_steps` flattens an event into it.
+  Poisson-sampled with rate q. It is dominated by a Gaussian step only up to a slack the
+  whole run adds to epsilon, so it is NOT in the Gaussian ledger: the accountant keeps it
+  in a second ledger (:mod:`fedsgld.privacy.ddg_ledger`); :func:`ddg_steps` flattens an
+  event into it.
 * :class:`Repeated` (one event ``count`` times) and :class:`Composed` (events in order):
   composition.
 
@@ -99,7 +100,8 @@ class GaussianRelease(DpEvent):
 class DistributedDiscreteGaussianStep(DpEvent):
     """One round of the distributed discrete Gaussian sum (Kairouz, Liu & Steinke 2021)
     with public parameters ``params``, every record in the sites' clipped sums with
-    probability ``sample_rate`` q: RDP ``params.subsampled_rdp(q)``."""
+    probability ``sample_rate`` q: dominated by the Poisson-subsampled Gaussian at
+    ``params.dominating_noise_multiplier``, up to ``params.slack``."""
 
     params: DDGParameters
     sample_rate: float
@@ -170,8 +172,8 @@ def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
             yield from gaussian_steps(e)
     elif isinstance(event, DistributedDiscreteGaussianStep):
         raise UnsupportedEvent(
-            "DistributedDiscreteGaussianStep is composed by RDP (fedsgld.privacy.ddg_ledger), "
-            "not by the Gaussian ledger"
+            "DistributedDiscreteGaussianStep is composed by the DDG ledger "
+            "(fedsgld.privacy.ddg_ledger), not by the Gaussian ledger"
         )
     elif isinstance(event, (LnmaxAnswers, GnmaxAnswers, ConfidentGnmaxAnswers)):
         raise UnsupportedEvent(
@@ -186,8 +188,8 @@ def ddg_steps(
     event: DpEvent,
 ) -> tuple[list[tuple[float, float]], list[tuple[float, DDGParameters]]]:
     """``event`` split into its Gaussian steps ``(q, sigma)`` and its distributed discrete
-    Gaussian steps ``(q, params)`` (each in release order; the two ledgers compose apart,
-    then together by RDP, so their interleaving does not matter)."""
+    Gaussian steps ``(q, params)`` (each in release order; composition does not depend
+    on the order, so their interleaving does not matter)."""
     if isinstance(event, DistributedDiscreteGaussianStep):
         return [], [(event.sample_rate, event.params)]
     if isinstance(event, Repeated):

@@ -8,7 +8,7 @@ only the decoded sum sum_k S_k + noise. :class:`SecureSumServer` plans each roun
 mechanism (:meth:`SecureSumServer.parameters`: :func:`~fedsgld.privacy.distributed.choose_ddg`
 for sigma_t, the clip, the model's dimension, the sites and the plan's dropouts and
 colluders), checks and charges the run's ledger with the round's
-:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep` (accounted by RDP:
+:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep` (accounted by the PLD of a dominating Gaussian:
 :mod:`fedsgld.privacy.ddg_ledger`), and takes the Langevin step on the decoded sum with
 no noise of its own (:meth:`SecureSumServer.apply_sum`).
 """

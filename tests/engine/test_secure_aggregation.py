@@ -84,7 +84,7 @@ def test_engine_run_names_the_mechanism_and_its_epsilon(tmp_path):
     on_disk = json.loads((tmp_path / "secagg" / "results.json").read_text())
     block = on_disk["privacy"]["secure_aggregation"]
     assert block["mechanism"] == "distributed discrete Gaussian"
-    assert block["accounting"].startswith("RDP, Kairouz et al. 2021 Prop. 14")
+    assert block["accounting"].startswith("PLD of a dominating Poisson-subsampled Gaussian")
     assert on_disk["privacy"]["steps"] == 6 and res["privacy"]["steps"] == 6
     # the run's epsilon is ddg_epsilon of its rounds (dpsgld, constant step size here)
     cfg = load_config(None, {**SMALL, "max_dropouts": 1})

@@ -64,3 +64,29 @@ def test_site_ledger_admits_a_ddg_round_within_its_budget_only():
     with pytest.raises(PolicyRefused):
         ledger.admit(event=Repeated(step, 5), round_of=("run", 0, 1))
     assert ledger.accountant.ddg_ledger == [(Q, PARAMS, 1)]
+
+
+def test_site_admission_composes_each_ledger_once(monkeypatch):
+    """Checking a plan and charging it ask for the same pair of ledgers: one PLD, not two;
+    the same plan again at the next round is one more (the ledger grew)."""
+    from fedsgld.privacy import pld_fft
+
+    calls = []
+    real_compose = pld_fft.compose
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real_compose(*args, **kwargs)
+
+    monkeypatch.setattr(pld_fft, "compose", counting)
+    policy = SitePolicy.simulation(epsilon=10.0, delta=DELTA)
+    ledger = SiteLedger(0, policy)
+    step = DistributedDiscreteGaussianStep(PARAMS, Q)
+    ledger.admit(event=step, round_of=("run", 0, 0))
+    assert len(calls) == 1
+    ledger.accountant.rigorous_epsilon()
+    ledger.accountant.epsilon()
+    assert len(calls) == 1
+    ledger.admit(event=step, round_of=("run", 0, 1))
+    assert len(calls) == 2
+    assert ledger.accountant.rigorous_epsilon() == ddg_epsilon([(Q, PARAMS, 2)], DELTA)[0]

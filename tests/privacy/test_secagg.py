@@ -18,6 +18,7 @@ from fedsgld.privacy.distributed import (
     choose_ddg,
     ddg_epsilon,
     ddg_rdp,
+    ddg_rdp_epsilon,
     poisson_subsampled_rdp,
     rounding_norm_bound,
 )
@@ -360,18 +361,20 @@ def test_epsilon_in_the_continuous_limit_is_the_gaussian_mechanisms():
     T, delta = 50, 1e-5
     a = INTEGER_ORDERS
     closed = np.min(T * a / (2 * z * z) + np.log1p(-1 / a) - np.log(delta * a) / (a - 1))
-    eps, _ = ddg_epsilon([(1.0, p, T)], delta)
+    eps, _ = ddg_rdp_epsilon([(1.0, p, T)], delta)
     assert eps == pytest.approx(closed, rel=1e-9)
 
 
 def test_gaussian_releases_compose_with_the_rounds():
     """A site's ledger also holds Gaussian releases (noised evaluations): alone they give
-    the RDP accountant's epsilon (integer orders only: never below it, within 2 %), and
-    with DDG rounds more than either part."""
+    the PLD accountant's epsilon (the RDP route: the RDP accountant's, integer orders only,
+    never below it, within 2 %), and with DDG rounds more than either part."""
     evals = [(1.0, 5.0, 20)]
     alone = ddg_epsilon([], 1e-5, gaussian=evals)[0]
+    assert alone == PrivacyAccountant(delta=1e-5).rigorous_epsilon(evals)
+    alone_rdp = ddg_rdp_epsilon([], 1e-5, gaussian=evals)[0]
     ref = PrivacyAccountant(delta=1e-5, accountant="rdp").rigorous_epsilon(evals)
-    assert ref <= alone <= 1.02 * ref
+    assert ref <= alone_rdp <= 1.02 * ref
     rounds = [(0.05, params(4, 1000), 100)]
     both = ddg_epsilon(rounds, 1e-5, gaussian=evals)[0]
     assert both > max(alone, ddg_epsilon(rounds, 1e-5)[0])

@@ -1,0 +1,85 @@
+"""Speed of the exact discrete Gaussian sampler against an earlier version of it.
+
+    python benchmarks/discrete_gaussian_speed.py [--baseline 03eb375] [--dim 131072]
+        [--sigma 1.46] [--sites 4] [--repeats 5]
+
+One site's share of one round: ``--dim`` draws of N_Z(0, s^2) at the share variance that
+:func:`fedsgld.privacy.distributed.choose_ddg` picks for noise multiplier ``--sigma`` and
+``--sites`` sites (P = 100,000 parameters padded to 131,072 by default). The baseline is
+``fedsgld/secagg/discrete_gaussian.py`` as of the git revision ``--baseline`` (read with
+``git show``), timed in the same process, alternating with the current sampler. Reported:
+median CPU seconds of each, their ratio (baseline / current), and the operating-system
+randomness calls and bytes per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+import types
+from pathlib import Path
+
+from fedsgld.privacy.distributed import choose_ddg
+from fedsgld.secagg import discrete_gaussian as current
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def baseline_module(rev: str) -> types.ModuleType:
+    src = subprocess.run(
+        ["git", "show", f"{rev}:fedsgld/secagg/discrete_gaussian.py"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    mod = types.ModuleType("discrete_gaussian_baseline")
+    exec(compile(src, f"{rev}:discrete_gaussian.py", "exec"), mod.__dict__)  # noqa: S102
+    return mod
+
+
+def one(sampler, share: int, dim: int) -> tuple[float, int, int]:
+    calls, nbytes = [0], [0]
+
+    def randbytes(n: int) -> bytes:
+        calls[0] += 1
+        nbytes[0] += n
+        return os.urandom(n)
+
+    t0 = time.process_time()
+    sampler(share, dim, randbytes)
+    return time.process_time() - t0, calls[0], nbytes[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", default="03eb375")
+    ap.add_argument("--dim", type=int, default=131_072)
+    ap.add_argument("--sigma", type=float, default=1.46)
+    ap.add_argument("--sites", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    share = choose_ddg(
+        noise_multiplier=a.sigma, clip=1.0, dim=100_000, sites=a.sites, signal_norm=1e4
+    ).share_variance
+    old = baseline_module(a.baseline)
+    runs = {"baseline": [], "current": []}
+    for _ in range(a.repeats):
+        runs["baseline"].append(one(old.discrete_gaussian, share, a.dim))
+        runs["current"].append(one(current.discrete_gaussian, share, a.dim))
+    print(f"{a.dim} draws of N_Z(0, {share}) (one site's share, sigma {a.sigma}, "
+          f"{a.sites} sites); medians of {a.repeats}\n")  # fmt: skip
+    print("| sampler | CPU s | os.urandom calls | MB of randomness |")
+    print("|---|---|---|---|")
+    med = {}
+    for name, rows in runs.items():
+        med[name] = statistics.median(r[0] for r in rows)
+        calls = statistics.median(r[1] for r in rows)
+        mb = statistics.median(r[2] for r in rows) / 1e6
+        label = f"{name} ({a.baseline})" if name == "baseline" else name
+        print(f"| {label} | {med[name]:.4f} | {calls:g} | {mb:.2f} |")
+    print(f"\nratio baseline / current CPU time: {med['baseline'] / med['current']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
