@@ -17,8 +17,9 @@ loss first (Neyman-Pearson), so h is the piecewise-linear curve through the poin
 
     (P[L >= x_k], Q[L >= x_k]),  x_k the losses from +infinity down,
 
-convex and increasing. The audit uses the smaller of the two directions' curves (a canary
-may be the record that is added or the one that is removed).
+convex and increasing. The audit uses the greatest convex curve below both directions'
+curves (a canary may be the record that is added or the one that is removed, and the test
+averages over canaries, which needs a convex h).
 
 Why a rejection is rigorous: the pair dominates the mechanism (every hockey-stick
 divergence of the pair is at least the mechanism's, at every epsilon, by the accountant's
@@ -60,11 +61,27 @@ STEPS_PER_OCTAVE = 32
 S_MAX = 16.0
 
 
+def _lower_convex_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vertices of the greatest convex function below the points (x, y), x ascending."""
+    keep: list[int] = []
+    for i in range(x.size):
+        while len(keep) >= 2:
+            a, b = keep[-2], keep[-1]
+            # b lies on or above the chord from a to i: not a vertex of the lower hull
+            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
+                keep.pop()
+            else:
+                break
+        keep.append(i)
+    return x[keep], y[keep]
+
+
 def pld_inverse_blow_up(
     pld: pld_fft.ComposedPLD, *, slack: float = DEFAULT_SLACK
 ) -> Callable[[float], float]:
-    """x -> h(x) of the composed PLD ``pld`` (module docstring), the smaller of its two
-    directions, lowered by ``slack`` (never below 0)."""
+    """x -> h(x) of the composed PLD ``pld`` (module docstring): the greatest convex curve
+    below both directions' curves (each is convex; the test averages over canaries, which
+    needs a convex h), lowered by ``slack`` (never below 0)."""
     if not (0.0 <= slack < 1e-3):
         raise ValueError(f"slack must be in [0, 1e-3), got {slack!r}")
     curves = []
@@ -72,16 +89,19 @@ def pld_inverse_blow_up(
         xs, ps = x[::-1], np.maximum(p[::-1], 0.0)  # losses from the top down
         qs = ps * np.exp(-np.minimum(xs, 700.0))
         cum_p = np.concatenate(([0.0, extra], extra + np.cumsum(ps)))
-        cum_q = np.concatenate(([0.0, 0.0], np.cumsum(qs)))
-        curves.append((cum_p, np.minimum(cum_q, 1.0)))
+        cum_q = np.minimum(np.concatenate(([0.0, 0.0], np.cumsum(qs))), 1.0)
+        cum_p, first = np.unique(cum_p, return_index=True)  # massless outcomes add no point
+        curves.append((cum_p, cum_q[first]))
+    grid = np.unique(np.clip(np.concatenate([cp for cp, _ in curves] + [[0.0, 1.0]]), 0.0, 1.0))
+    low = np.minimum.reduce([np.interp(grid, cp, cq) for cp, cq in curves])
+    hx, hy = _lower_convex_hull(grid, np.append(low[:-1], 1.0))
 
     def h(t: float) -> float:
         if t <= 0.0:
             return 0.0
         if t >= 1.0:
             return 1.0
-        low = min(float(np.interp(t, cp, cq)) for cp, cq in curves)
-        return max(low - slack, 0.0)
+        return max(float(np.interp(t, hx, hy)) - slack, 0.0)
 
     return h
 
