@@ -40,11 +40,13 @@ sys.path.insert(0, str(ROOT))
 
 from fedsgld.config import load_config, parse_overrides  # noqa: E402
 from fedsgld.privacy import PrivacyAccountant  # noqa: E402
+from fedsgld.privacy.audit_bounds import count_correct  # noqa: E402
 from fedsgld.privacy.audit_tradeoff import audit_run  # noqa: E402
 from fedsgld.studies.audit import run_audit  # noqa: E402
 from fedsgld.studies.audit_scores import (  # noqa: E402
     likelihood_ratio,
     plan_guess,
+    separation,
     simulated_readings,
 )
 
@@ -79,18 +81,22 @@ def ideal_games(m: int, epsilon: float, *, seeds: int = 3) -> None:
     variances = [sigma**2] * steps
     plan = plan_guess(m, q, variances, delta=delta, significance=0.025)
     for seed in range(seeds):
-        inc, y = simulated_readings(m, q, variances, seed=seed + 1)
-        score = likelihood_ratio(y, q, variances)
-        b = audit_run(
-            score[None, :], inc, delta=delta, ledger=[(q, sigma, steps)], planned=[(0, *plan)]
-        )
-        print(
-            f"m {m}, epsilon {epsilon:g}, seed {seed}: subsampled game (q {q}, sigma "
-            f"{sigma:.4f}, {steps} steps, likelihood ratio, planned {plan}): one-run "
-            f"{b['one_run'].epsilon:.2f}, f-DP (accountant's curve) {b['fdp'].epsilon:.2f}, "
-            f"mu-GDP {b['gdp'].epsilon:.2f}",
-            flush=True,
-        )
+        for noise in (1.0, 0.5):  # the claimed noise, and the noise halved (still claimed)
+            truth = [v * noise**2 for v in variances]
+            inc, y = simulated_readings(m, q, truth, seed=seed + 1)
+            score = likelihood_ratio(y, q, variances)
+            b = audit_run(
+                score[None, :], inc, delta=delta, ledger=[(q, sigma, steps)], planned=[(0, *plan)]
+            )
+            print(
+                f"m {m}, epsilon {epsilon:g}, seed {seed}: subsampled game (q {q}, sigma "
+                f"{sigma:.4f}{' halved' if noise < 1 else ''}, {steps} steps, likelihood "
+                f"ratio, separation {separation(score, inc):.2f}, planned {plan}: "
+                f"{count_correct(score, inc, *plan)[1]} correct): one-run "
+                f"{b['one_run'].epsilon:.2f}, f-DP (accountant's curve) {b['fdp'].epsilon:.2f}, "
+                f"mu-GDP {b['gdp'].epsilon:.2f}",
+                flush=True,
+            )
 
 
 @contextmanager
