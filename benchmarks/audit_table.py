@@ -1,22 +1,27 @@
-"""The audit table of docs/audit.md: lower bound vs the accountant's epsilon on MNIST-5k.
+"""The audit tables of docs/audit.md: lower bounds vs the accountant's epsilon on MNIST-5k.
 
     python benchmarks/audit_table.py [--epsilons 1 4 8] [--methods dpsgld dpsgd]
-        [--placements server sites] [--canaries 25000] [--out runs/audit-table.json]
-    python benchmarks/audit_table.py --ideal [--canaries 25000] [--epsilons 4]
+        [--placements server sites] [--canaries 10000] [--breaks none clip4 rate4 noise_half]
+        [--out runs/audit-table.json]
+    python benchmarks/audit_table.py --ideal [--canaries 10000] [--epsilons 4]
+    python benchmarks/audit_table.py --table runs/audit-table.json [more.json ...]
 
 Every row is `fedsgld audit simulations/demo.toml --set method=M --set epsilon=E --set
-noise_placement=P --canaries 25000` (the demo: MNIST-5k over 4 sites, the paper's CNN
-with 26,010 parameters, 300 rounds, two threads) with the canaries at site 0 and a fixed
-inclusion seed (so the table is reproducible). DP-SGLD keeps the demo's schedule and
+noise_placement=P --canaries N` (the demo: MNIST-5k over 4 sites, the paper's CNN with
+26,010 parameters, 300 rounds, two threads) with the canaries at site 0 and a fixed
+inclusion seed (so the table is reproducible), and the mechanism broken or not: ``clip4``
+clips every record at 4 C inside the per-record clipping (``clip_factors``), ``rate4``
+makes the Poisson sampler draw at 4 q (``poisson_sample``), ``noise_half`` halves the
+server's noise (the accountant is told none of it). DP-SGLD keeps the demo's schedule and
 halts when the budget is spent; DP-SGD gets the constant noise multiplier that spends the
 budget in 300 steps (found here by bisection with the PLD accountant). Prints the markdown
-table and writes every row's JSON.
+table and writes every row's JSON; ``--table`` prints the table of rows written before
+(rows run as separate invocations).
 
-``--ideal`` plays the idealised games instead (no training): the Gaussian game at the
-mu-GDP whose epsilon is the budget, and the subsampled game of DP-SGD's setting (q, the
-noise multiplier, 300 steps) scored by the likelihood ratio, each with the same number of
-canaries, guess grid and Bonferroni correction as the audit, over a few seeds: what an
-audit with this many canaries can certify at best.
+``--ideal`` plays the idealised subsampled game of DP-SGD's setting instead (no training):
+the likelihood ratio of the claimed mechanism's readings, with the audit's planned guess,
+grid and corrections (:func:`fedsgld.privacy.audit_tradeoff.audit_run`), over a few seeds:
+what an audit with this many canaries can certify at best.
 """
 
 from __future__ import annotations
@@ -25,18 +30,25 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 
 from fedsgld.config import load_config, parse_overrides  # noqa: E402
 from fedsgld.privacy import PrivacyAccountant  # noqa: E402
-from fedsgld.privacy import audit_bounds as ab  # noqa: E402
+from fedsgld.privacy.audit_bounds import count_correct  # noqa: E402
+from fedsgld.privacy.audit_tradeoff import audit_run  # noqa: E402
 from fedsgld.studies.audit import run_audit  # noqa: E402
-from fedsgld.studies.audit_scores import likelihood_ratio  # noqa: E402
+from fedsgld.studies.audit_scores import (  # noqa: E402
+    likelihood_ratio,
+    plan_guess,
+    separation,
+    simulated_readings,
+)
 
 DEMO = ROOT / "simulations/demo.toml"
 NAMES = {"dpsgld": "DP-SGLD", "dpsgd": "DP-SGD"}
@@ -62,38 +74,66 @@ def dpsgd_sigma(epsilon: float, *, q: float, steps: int, delta: float) -> float:
     return hi
 
 
-def ideal_games(m: int, epsilon: float, *, seeds: int = 3, tries: int = 4) -> None:
-    """Print the idealised games' f-DP bounds with m canaries (module docstring); the
-    correction divides the 5 % among ``tries`` scores times the audit's guess grid."""
+def ideal_games(m: int, epsilon: float, *, seeds: int = 3) -> None:
+    """Print the idealised game's bounds with m canaries (module docstring)."""
     delta, q, steps = 1e-5, 0.064, 300
-    mu = ab.gdp_mu_at(epsilon, delta)
     sigma = dpsgd_sigma(epsilon, q=q, steps=steps, delta=delta)
-    pairs = ab.guess_pairs(m)
-    conf = 1.0 - 0.05 / (tries * len(pairs))
+    variances = [sigma**2] * steps
+    plan = plan_guess(m, q, variances, delta=delta, significance=0.025)
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        inc = rng.random(m) < 0.5
-        gauss = inc + rng.standard_normal(m) / mu
-        y = np.zeros((m, steps), dtype=np.float32)
-        for t in range(steps):  # one column at a time: m x steps float64 would be large
-            y[:, t] = ((rng.random(m) < q) & inc) + sigma * rng.standard_normal(m)
-        sub = likelihood_ratio(y, q, [sigma**2] * steps)
-        got = [
-            max(
-                ab.fdp_epsilon(m, *ab.count_correct(s, inc, a, b), delta=delta, confidence=conf)
-                for a, b in pairs
+        for noise in (1.0, 0.5):  # the claimed noise, and the noise halved (still claimed)
+            truth = [v * noise**2 for v in variances]
+            inc, y = simulated_readings(m, q, truth, seed=seed + 1)
+            score = likelihood_ratio(y, q, variances)
+            b = audit_run(
+                score[None, :], inc, delta=delta, ledger=[(q, sigma, steps)], planned=[(0, *plan)]
             )
-            for s in (gauss, sub)
-        ]
-        print(
-            f"m {m}, epsilon {epsilon:g}, seed {seed}: Gaussian game (mu {mu:.3f}) f-DP "
-            f"{got[0]:.2f}; subsampled game (q {q}, sigma {sigma:.3f}, {steps} steps, "
-            f"likelihood ratio) f-DP {got[1]:.2f}",
-            flush=True,
-        )
+            print(
+                f"m {m}, epsilon {epsilon:g}, seed {seed}: subsampled game (q {q}, sigma "
+                f"{sigma:.4f}{' halved' if noise < 1 else ''}, {steps} steps, likelihood "
+                f"ratio, separation {separation(score, inc):.2f}, planned {plan}: "
+                f"{count_correct(score, inc, *plan)[1]} correct): one-run "
+                f"{b['one_run'].epsilon:.2f}, f-DP (accountant's curve) {b['fdp'].epsilon:.2f}, "
+                f"mu-GDP {b['gdp'].epsilon:.2f}",
+                flush=True,
+            )
 
 
-def audit_row(method: str, eps: float, placement: str, args) -> dict:
+@contextmanager
+def broken(name: str):
+    """The mechanism broken by ``name`` for the duration (module docstring)."""
+    import fedsgld.core.mechanism as mechanism
+    import fedsgld.core.per_record as per_record
+    from fedsgld.core.noise import Randomness
+    from fedsgld.core.streams import SERVER_STREAM
+
+    if name == "none":
+        yield
+    elif name == "clip4":
+        factors = per_record.clip_factors
+        with patch.object(per_record, "clip_factors", lambda sq, c: factors(sq, 4 * c)):
+            yield
+    elif name == "rate4":
+        sample = mechanism.poisson_sample
+
+        def fast(n, *, sample_rate, generator):
+            return sample(n, sample_rate=min(1.0, 4 * sample_rate), generator=generator)
+
+        with patch.object(mechanism, "poisson_sample", fast):
+            yield
+    elif name == "noise_half":
+        draw = Randomness.gaussian
+
+        def half(self, shape, *, std, key, **kw):
+            return draw(self, shape, std=std / 2 if key[0] == SERVER_STREAM else std, key=key, **kw)
+
+        with patch.object(Randomness, "gaussian", half):
+            yield
+    else:
+        raise ValueError(f"--breaks must be among none, clip4, rate4, noise_half; got {name!r}")
+
+
+def audit_row(method: str, eps: float, placement: str, brk: str, args) -> dict:
     """One audit of the demo (module docstring)."""
     over = {"method": method, "epsilon": eps, "noise_placement": placement}
     over.update({"threads": 2, "eval_every": 0, **parse_overrides(args.set)})
@@ -104,21 +144,34 @@ def audit_row(method: str, eps: float, placement: str, args) -> dict:
             dpsgd_sigma(eps, q=p.sample_rate, steps=cfg.run.rounds, delta=p.delta), 4
         )
         cfg = load_config(DEMO, over)
-    r = run_audit(cfg, canaries=args.canaries, inclusion_seed=0, progress=False, log=lambda s: None)
-    r["overrides"] = over
+    with broken(brk):
+        r = run_audit(
+            cfg, canaries=args.canaries, inclusion_seed=0, progress=False, log=lambda s: None
+        )
+    r["overrides"], r["break"] = over, brk
     return r
+
+
+HEADER = (
+    "| method | noise at | break | canaries | steps | accountant epsilon | one run | f-DP, "
+    "accountant's curve (noise scale) | f-DP, mu-GDP (assumed) | flagged | correct / guesses "
+    "(f-DP) | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def table_line(r: dict) -> str:
     extra = f" (sigma {r['overrides']['noise_multiplier']})" if r["method"] == "dpsgd" else ""
     best = r["bounds"]["fdp"]
     guess = f"{best['k_in']} IN" + (f" + {best['k_out']} OUT" if best["k_out"] else "")
+    planned = " planned" if best["significance"] > 0.01 else ""
+    scale = f" (s {best['scale']:.2f})" if best.get("scale") else ""
     return (
-        f"| {NAMES[r['method']]}{extra} | {r['noise_placement']} | {r['epsilon_budget']:g} | "
-        f"{r['steps']} | {r['epsilon_accountant']:.2f} | {r['epsilon_lower_bound_one_run']:.2f} | "
-        f"{r['epsilon_lower_bound_fdp']:.2f} | {best['correct']} / {best['guesses']} ({guess}, "
-        f"{best['score'].replace('_', ' ')}) | "
-        f"{r['separation']['likelihood_ratio']:.2f} | {r['seconds']:.0f} s |"
+        f"| {NAMES[r['method']]}{extra} | {r['noise_placement']} | {r['break']} | "
+        f"{r['canaries']:,} | {r['steps']} | {r['epsilon_accountant']:.2f} | "
+        f"{r['epsilon_lower_bound_one_run']:.2f} | {r['epsilon_lower_bound_fdp']:.2f}{scale} | "
+        f"{r['epsilon_lower_bound_gdp']:.2f} | {'yes' if r['flagged'] else 'no'} | "
+        f"{best['correct']} / {best['guesses']} ({guess}{planned}, "
+        f"{best['score'].replace('_', ' ')}) | {r['seconds']:.0f} s |"
     )
 
 
@@ -127,7 +180,9 @@ def main() -> int:
     ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     ap.add_argument("--methods", nargs="+", default=["dpsgld", "dpsgd"])
     ap.add_argument("--placements", nargs="+", default=["server", "sites"])
-    ap.add_argument("--canaries", type=int, default=25_000)
+    ap.add_argument("--canaries", type=int, default=10_000)
+    ap.add_argument("--breaks", nargs="+", default=["none"])
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of these rows")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/audit-table.json")
     ap.add_argument("--ideal", action="store_true", help="the idealised games only")
@@ -136,29 +191,33 @@ def main() -> int:
         for eps in args.epsilons:
             ideal_games(args.canaries, eps)
         return 0
+    if args.table:
+        rows = [r for path in args.table for r in json.loads(Path(path).read_text())]
+        print(HEADER)
+        for r in rows:
+            print(table_line(r))
+        return 0
     rows = []
     for method in args.methods:
         for placement in args.placements:
             for eps in args.epsilons:
-                t = time.perf_counter()
-                rows.append(audit_row(method, eps, placement, args))
-                r = rows[-1]
-                print(
-                    f"{method} {placement} eps {eps}: lower bound {r['epsilon_lower_bound']:.3f} "
-                    f"(one-run {r['epsilon_lower_bound_one_run']:.3f}, f-DP "
-                    f"{r['epsilon_lower_bound_fdp']:.3f}), accountant "
-                    f"{r['epsilon_accountant']:.3f}, {r['steps']} steps, "
-                    f"{time.perf_counter() - t:.0f} s",
-                    flush=True,
-                )
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+                for brk in args.breaks:
+                    t = time.perf_counter()
+                    rows.append(audit_row(method, eps, placement, brk, args))
+                    r = rows[-1]
+                    print(
+                        f"{method} {placement} eps {eps} {brk}: lower bound "
+                        f"{r['epsilon_lower_bound']:.3f} (one-run "
+                        f"{r['epsilon_lower_bound_one_run']:.3f}, f-DP "
+                        f"{r['epsilon_lower_bound_fdp']:.3f}), accountant "
+                        f"{r['epsilon_accountant']:.3f}, flagged {r['flagged']}, {r['steps']} "
+                        f"steps, {time.perf_counter() - t:.0f} s",
+                        flush=True,
+                    )
+                    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     print()
-    print(
-        "| method | noise at | budget | steps | accountant epsilon | lower bound, one run "
-        "| lower bound, f-DP | correct / guesses (f-DP) | LR separation | time |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for r in rows:
         print(table_line(r))
     return 0

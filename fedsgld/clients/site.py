@@ -29,8 +29,9 @@ from fedsgld.core.streams import LOCAL_NOISE_STREAM  # noqa: F401 - re-exported 
 
 
 class Site:
-    #: an audit's canaries (:mod:`fedsgld.studies.audit`): ``(step, clip, sample_rate) -> sum`` of
-    #: the extra records this step, added to the clipped sum before any noise; None: none
+    #: an audit's canaries (:mod:`fedsgld.studies.audit`): records given by their gradients,
+    #: Poisson-sampled, pre-noised and clipped with the site's records
+    #: (``site_step(extra=...)``); None: none
     extra_records = None
 
     def __init__(
@@ -119,9 +120,8 @@ class Site:
             prenoise=prenoise,
             generator=gen,
             chunk_size=self.chunk_size,
+            extra=self.extra_records,
         )
-        if self.extra_records is not None:
-            s = s + self.extra_records(round, clip, sample_rate).to(s.device)
         return s.cpu()  # what leaves the site's device: the (P,) sum, for the server
 
     def local_round(
@@ -169,9 +169,8 @@ class Site:
                 prenoise=privacy.applied_prenoise,
                 generator=self.generator(t),
                 chunk_size=self.chunk_size,
+                extra=self.extra_records,
             )
-            if self.extra_records is not None:
-                s = s + self.extra_records(t, clip, q).to(s.device)
             std = privacy.sigma(t) * clip if clip is not None else 0.0
             noisy = charged.add_noise(
                 s,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from fedsgld.core import per_record as layerwise
 from fedsgld.core.noise import gaussian_noise
 
 
@@ -40,6 +41,4 @@ def clip_and_sum(
         g = gaussian_noise(g.shape, std=prenoise, generator=generator, dtype=g.dtype).add_(g)
     if clip is None:
         return g.sum(dim=0)
-    norms = torch.linalg.vector_norm(g, dim=1)
-    factors = (clip / (norms + 1e-12)).clamp_(max=1.0)
-    return factors @ g
+    return layerwise.clip_factors(torch.linalg.vector_norm(g, dim=1).square(), clip) @ g

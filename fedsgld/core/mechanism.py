@@ -46,7 +46,13 @@ from torch.func import functional_call, grad, vmap
 from fedsgld.core.clipping import clip_and_sum
 from fedsgld.core.device import check_generator, resolve_device
 from fedsgld.core.noise import gaussian_noise
-from fedsgld.core.per_record import LayerGrads, UnsupportedModel, clip_blocks_and_sum, param_blocks
+from fedsgld.core.per_record import (
+    LayerGrads,
+    UnsupportedModel,
+    clip_blocks_and_sum,
+    clipped_rows_sum,
+    param_blocks,
+)
 from fedsgld.core.prenoise import PrenoiseRows, draw_in_background, sharing_threads
 
 GRAD_PATHS = ("auto", "layers", "func")
@@ -350,17 +356,28 @@ def site_step(
     prenoise: float,
     generator: torch.Generator,
     chunk_size: int = 256,
+    extra=None,
 ) -> torch.Tensor:
     """One site's contribution to a Langevin step: the clipped, pre-noised sum S_k.
 
     Returns only the (P,) sum, on ``fm.device``; the realised batch size stays at the site.
     ``generator`` draws the Poisson sample and the pre-noise and must be on ``fm.device``;
     the records (x, y) may stay on the CPU.
+
+    ``extra``: records given by their gradients instead of (x, y) (an audit's canaries,
+    :mod:`fedsgld.studies.audit`), an object with ``count`` (how many) and
+    ``gradients(index, clip) -> (len(index), P)``. They are records N .. N + count - 1 of
+    the same Poisson sample (one :func:`poisson_sample` call for all) and are pre-noised and
+    clipped by the records' clipping
+    (:func:`fedsgld.core.per_record.clipped_rows_sum`).
     """
     check_generator(generator, fm.device, "site_step")
-    idx = poisson_sample(x.shape[0], sample_rate=sample_rate, generator=generator)
-    idx = idx.to(x.device)
-    return clipped_gradient_sum(
+    n = x.shape[0]
+    count = 0 if extra is None else int(extra.count)
+    idx = poisson_sample(n + count, sample_rate=sample_rate, generator=generator)
+    taken = idx[idx >= n] - n
+    idx = idx[idx < n].to(x.device)
+    total = clipped_gradient_sum(
         fm,
         theta,
         x[idx],
@@ -370,6 +387,17 @@ def site_step(
         generator=generator,
         chunk_size=chunk_size,
     )
+    if count and taken.numel():
+        rows = extra.gradients(taken.cpu(), clip)
+        total += clipped_rows_sum(
+            rows.to(fm.device, torch.float32),
+            fm._block_sizes(),
+            clip=clip,
+            prenoise=prenoise,
+            generator=generator,
+            chunk_size=chunk_size,
+        )
+    return total
 
 
 def langevin_update(

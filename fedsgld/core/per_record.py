@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedsgld.core.noise import gaussian_noise
+
 
 class UnsupportedModel(Exception):
     """The module cannot use layer-wise per-record gradients (the reason is the message)."""
@@ -311,7 +313,7 @@ class LayerGrads:
                 bg = t.E.sum(1)
                 sq += bg.square().sum(1)
             kept.append((t, G, bg))
-        c = (clip / (sq.sqrt() + 1e-12)).clamp_(max=1.0)
+        c = clip_factors(sq, clip)
         for t, G, bg in kept:
             w, bias = t.layer.weight, t.layer.bias
             if w is not None:
@@ -352,5 +354,42 @@ def clip_blocks_and_sum(blocks: list[torch.Tensor], clip: float | None) -> torch
     for blk in blocks:
         n = torch.linalg.vector_norm(blk, dim=1).square()
         sq = n if sq is None else sq.add_(n)
-    factors = (clip / (sq.sqrt() + 1e-12)).clamp_(max=1.0)
-    return torch.cat([factors @ blk for blk in blocks])
+    return torch.cat([clip_factors(sq, clip) @ blk for blk in blocks])
+
+
+def clip_factors(squared_norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """c_i = min(1, C / ||v_i||) from the squared norms ||v_i||^2: the one place every
+    per-record clipping path (and the audit's canaries, :func:`fedsgld.core.mechanism.site_step`)
+    takes its factors from, so that each record's clipped vector has norm <= C."""
+    return (clip / (squared_norms.sqrt() + 1e-12)).clamp_(max=1.0)
+
+
+def clipped_rows_sum(
+    rows: torch.Tensor,
+    sizes: list[int],
+    *,
+    clip: float | None,
+    prenoise: float,
+    generator: torch.Generator,
+    chunk_size: int = 256,
+) -> torch.Tensor:
+    """sum_i clip_C(v_i + rho z_i) for records given by their gradients v_i (rows of a
+    (k, P) matrix on the generator's device, P = sum(sizes)): the pre-noise rho z_i drawn
+    from ``generator`` laid out parameter by parameter (:func:`param_blocks` with the
+    parameter sizes ``sizes``), then :func:`clip_blocks_and_sum`, in chunks of ``chunk_size``
+    records. The records' own path with pre-noise, for gradients that need no model."""
+    size = sum(sizes)
+    if rows.dim() != 2 or rows.shape[1] != size:
+        raise ValueError(f"rows must be (records, {size}), got {tuple(rows.shape)}")
+    total = torch.zeros(size, dtype=torch.float32, device=rows.device)
+    for start in range(0, rows.shape[0], chunk_size):
+        part = rows[start : start + chunk_size]
+        k = part.shape[0]
+        flat = gaussian_noise((k * size,), std=prenoise, generator=generator).to(rows.device)
+        blocks = param_blocks(flat, k, sizes)
+        pos = 0
+        for blk in blocks:
+            blk += part[:, pos : pos + blk.shape[1]]
+            pos += blk.shape[1]
+        total += clip_blocks_and_sum(blocks, clip)
+    return total

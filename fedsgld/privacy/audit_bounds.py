@@ -282,6 +282,8 @@ class AuditBound:
     row: int = 0  # the score (row of the scores) that gave it
     k_in: int = 0  # guessed IN on the k_in highest scores
     k_out: int = 0  # and OUT on the k_out lowest
+    significance: float = 0.0  # the share of 1 - confidence this guess was tested at
+    scale: float | None = None  # noise scale s of the rejected ledger (accountant's curve)
 
     def to_dict(self) -> dict:
         return asdict(self)

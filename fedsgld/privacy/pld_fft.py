@@ -185,6 +185,12 @@ class ComposedPLD:
         """Mass counted in delta in full, per direction: +infinity plus the tail bound above B."""
         return list(self._extra)
 
+    def distributions(self) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Per direction (remove, add): the window's losses (ascending), their masses under
+        the first distribution of the dominating pair, and the mass counted at +infinity
+        (:attr:`extra_mass`). Copies: the trade-off curve of the pair is built from them."""
+        return [(x.copy(), p.copy(), e) for x, p, e in zip(self._losses, self._pmf, self._extra)]
+
     def _delta_one(self, d: int, epsilon: float) -> float:
         x, p = self._losses[d], self._pmf[d]
         sel = x > epsilon

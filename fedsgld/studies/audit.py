@@ -10,21 +10,27 @@ The canaries (the strongest the threat model allows; Nasr et al. 2021, 2023):
   parameter, a different one for every canary, drawn at random by the auditor (so no
   canary shows in another's score). As a record it has the gradient
   ``raw_norm * C * u_j`` whatever the parameters, and lives at one site
-  (``site``, default 0): in every step that site's Poisson sample takes it with the same
-  rate q as a record, and its gradient is clipped with the site's clip bound by the same
-  clipping function as records (so a site that does not clip releases it at full
-  ``raw_norm * C``). It is added to the site's clipped sum before any noise is drawn.
+  (``site``, default 0). The included canaries are records of that site, handled by the
+  records' own code (:func:`fedsgld.core.mechanism.site_step`): the same call of the
+  Poisson sampler draws them with the site's records (rate q, the site's generator), and
+  the sampled ones are pre-noised and clipped by the records' clipping
+  (:func:`fedsgld.core.per_record.clip_factors`), so a sampler or a clipping that is wrong
+  for the records is wrong for the canaries too. Their clipped sum joins the site's before
+  any noise is drawn.
 * Each canary is included (is one of the site's records for the whole run) independently
-  with probability 1/2, and every step's sample of the included canaries is drawn, by a
-  generator the auditor never reads: the inclusion bits are opened only to count the
-  auditor's correct guesses at the end.
+  with probability 1/2, by a generator the auditor never reads: the inclusion bits are
+  opened only to count the auditor's correct guesses at the end.
 * The auditor sees every released iterate: with noise at the server, the parameters after
   every round (what anyone who sees the model sees); with noise at the sites, the
   parameters the canaries' site returns each round (what the server sees).
 
 The accountant's epsilon covers exactly this: one record more or less, Poisson-sampled
 with rate q, clipped to C, noised with sigma_t C per step. A sound implementation must give
-a lower bound below it (at the stated confidence); a larger one is a bug.
+a lower bound below it (at the stated confidence); a larger one is a bug. The bounds
+(:func:`fedsgld.privacy.audit_tradeoff.audit_run`): the one-run bound and the f-DP test
+against the accountant's own trade-off curve (from its PLD), each at half the
+significance, the larger reported; the f-DP test's main guess is planned from the claimed
+mechanism before the inclusion bits are read (:func:`fedsgld.studies.audit_scores.plan_guess`).
 
 Scores: from each round's released parameters the auditor recovers the noisy gradient sum
 G_t (the update undone: the step size, the expected batch and the weight decay are public),
@@ -54,13 +60,12 @@ import torch
 from fedsgld.config import Config, load_config, parse_overrides
 from fedsgld.core.noise import seeded_generator
 from fedsgld.engine import run as engine_run
-from fedsgld.privacy import audit_bounds as ab
+from fedsgld.privacy import audit_tradeoff as at
 from fedsgld.studies import audit_scores as sc
 
 #: key parts of the audit's generators (beside the sites' 1 + site_id and the server's 0)
 DIRECTION_STREAM = 0xA0D1
 INCLUSION_STREAM = 0xA0D2
-SAMPLE_STREAM = 0xA0D3
 
 AUDITABLE = ("dpsgd", "dpsgld")
 
@@ -140,23 +145,28 @@ class CanaryAudit:
         return torch.randperm(size, generator=gen)[: self.m]
 
     def insert_at(self, site) -> None:
-        """Give ``site`` (a :class:`fedsgld.clients.Site`) the canaries as extra records."""
+        """Give ``site`` (a :class:`fedsgld.clients.Site`) the included canaries as records:
+        it samples, pre-noises and clips them with its own records (``Site.extra_records``,
+        :func:`fedsgld.core.mechanism.site_step`)."""
         if site.site_id != self.site_index:
             raise ValueError(f"the canaries live at site {self.site_index}, not {site.site_id}")
         self.size = int(site.fm.size)
         self.coords = self._draw_coords(self.size)
-        site.extra_records = self._extra_records
+        self._members = self._included.nonzero(as_tuple=True)[0]
+        site.extra_records = self
 
-    def _extra_records(self, step: int, clip: float | None, sample_rate: float) -> torch.Tensor:
-        """The clipped sum of this step's sampled included canaries (records of the site):
-        each canary's gradient, of norm ``raw_norm * clip``, is scaled by
-        min(1, clip / norm) as every record's is, then they are summed."""
-        gen = seeded_generator(self._inclusion_seed, SAMPLE_STREAM, int(step))
-        taken = self._included & (torch.rand(self.m, generator=gen) < sample_rate)
+    @property
+    def count(self) -> int:
+        """How many records the canaries add to their site: the included ones."""
+        return int(self._included.sum())
+
+    def gradients(self, index: torch.Tensor, clip: float | None) -> torch.Tensor:
+        """The gradients (len(index), P) of the site's canary records ``index`` (0 ..
+        count - 1, the included canaries in order): canary j's is ``raw_norm * C`` along
+        its own parameter, whatever the model's parameters."""
         raw = self.raw_norm * (clip if clip is not None else 1.0)
-        factor = 1.0 if clip is None else min(1.0, clip / raw)
-        out = torch.zeros(self.size)
-        out[self.coords] = (raw * factor) * taken.float()
+        out = torch.zeros(len(index), self.size)
+        out[torch.arange(len(index)), self.coords[self._members[index]]] = raw
         return out
 
     # -- the auditor's side --------------------------------------------------------------------
@@ -212,18 +222,36 @@ class CanaryAudit:
         y = np.stack(self.rows, axis=1)  # (m, T)
         return sc.all_scores(y, self.sample_rate, self.variances, self.steps)
 
-    def result(self, *, delta: float, confidence: float = 0.95) -> dict[str, Any]:
-        """The lower bounds from the scores; the inclusion bits are opened here."""
+    def result(
+        self, *, delta: float, confidence: float = 0.95, ledger: list | None = None
+    ) -> dict[str, Any]:
+        """The lower bounds from the scores (:func:`fedsgld.privacy.audit_tradeoff.audit_run`
+        against the curve of the accountant's ``ledger``, [(q, sigma, count), ...]; None or
+        empty: the mu-GDP curve); the inclusion bits are opened here."""
         scores = self.scores()  # computed before the inclusion bits are read
-        inc = self._included.numpy()
         names = list(scores)
         rows = np.stack([scores[n] for n in names])
-        bounds = ab.audit_scores(rows, inc, delta=delta, confidence=confidence)
-        best = max(bounds.values(), key=lambda b: b.epsilon)
+        k_in, k_out = sc.plan_guess(
+            self.m,
+            self.sample_rate,
+            self.variances,
+            self.steps,
+            delta=delta,
+            significance=(1.0 - confidence) / 2.0,
+        )  # from the claimed mechanism only
+        planned = [(names.index("likelihood_ratio"), k_in, k_out)]
+        inc = self._included.numpy()
+        bounds = at.audit_run(
+            rows, inc, delta=delta, confidence=confidence, ledger=ledger, planned=planned
+        )
+        best = max((bounds["one_run"], bounds["fdp"]), key=lambda b: b.epsilon)
         return {
             "epsilon_lower_bound": best.epsilon,
             "epsilon_lower_bound_one_run": bounds["one_run"].epsilon,
             "epsilon_lower_bound_fdp": bounds["fdp"].epsilon,
+            "epsilon_lower_bound_gdp": bounds["gdp"].epsilon,
+            "curve": "accountant" if ledger else "gdp",
+            "planned_guess": {"score": "likelihood_ratio", "k_in": k_in, "k_out": k_out},
             "method_of_bound": best.method,
             "canaries": self.m,
             "included": int(inc.sum()),
@@ -275,10 +303,16 @@ def audit_result(
     """The audit's JSON (the keys of ``fedsgld audit``) after the run ``results``."""
     trained = time.perf_counter() - start
     pr = results["privacy"]
-    out = audit.result(delta=pr["delta"], confidence=audit.confidence)
+    # the accountant's curve: its PLD of the Gaussian ledger; a secure sum is accounted by
+    # RDP of the distributed discrete Gaussian (no PLD): then the mu-GDP curve
+    secure = "secure_aggregation" in pr
+    ledger = [] if secure else [tuple(e) for e in pr.get("ledger") or []]
+    out = audit.result(delta=pr["delta"], confidence=audit.confidence, ledger=ledger)
+    accountant = pr["epsilon"][pr["rigorous_accountant"]]
     return {
         **out,
-        "epsilon_accountant": pr["epsilon"][pr["rigorous_accountant"]],
+        "flagged": out["epsilon_lower_bound"] > accountant,
+        "epsilon_accountant": accountant,
         "accountant": pr["rigorous_accountant"],
         "epsilon_budget": pr["budget"],
         "method": config.privacy.method,
@@ -358,13 +392,16 @@ def main_audit(args) -> int:
         print(
             f"{out['method']} ({out['noise_placement']} noise), {out['steps']} rounds: epsilon "
             f"lower bound {out['epsilon_lower_bound']:.3f} at confidence {out['confidence']:g} "
-            f"(one-run {out['epsilon_lower_bound_one_run']:.3f}, f-DP "
-            f"{out['epsilon_lower_bound_fdp']:.3f}); accountant {out['epsilon_accountant']:.3f} "
+            f"(one-run {out['epsilon_lower_bound_one_run']:.3f}, f-DP against the "
+            f"{out['curve']} curve {out['epsilon_lower_bound_fdp']:.3f}; mu-GDP, assumed "
+            f"Gaussian, {out['epsilon_lower_bound_gdp']:.3f}); accountant "
+            f"{out['epsilon_accountant']:.3f} "
             f"({out['accountant']}, delta {out['delta']:g}); {out['correct']} of "
             f"{out['guesses']} guesses correct, {out['canaries']} canaries; {out['seconds']:.1f} s"
         )
-        if out["epsilon_lower_bound"] > out["epsilon_accountant"]:
+        if out["flagged"]:
             print(
-                "the lower bound exceeds the accountant's epsilon: the mechanism leaks more than it claims"
+                "flagged: the lower bound exceeds the accountant's epsilon: the mechanism "
+                "leaks more than it claims"
             )
     return 0

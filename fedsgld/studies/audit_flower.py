@@ -8,13 +8,16 @@
   project's ClientApp (:func:`fedsgld.apps.client_app.build_app`) with one more mod,
   :func:`canary_mod`, inside the site's guard: for every training message the guard has
   passed, it gives the canaries' site, when this node hosts it, the canaries as extra
-  records (``Site.extra_records``, the hook the engine uses). The mod knows the canaries'
-  parameters and the inclusion randomness; nothing of it travels in a message.
+  records (``Site.extra_records``, the hook the engine uses): the site's Poisson sample
+  draws them with its records and its clipping clips them. With secure aggregation the
+  mod does the same on the secure round's messages (``train.secagg``), and the canaries
+  are in the site's masked input. The mod knows the canaries' parameters and the
+  inclusion randomness; nothing of it travels in a message.
 * **The auditor reads what the server sees.** The ServerApp is the project's round loop
   (:func:`fedsgld.apps.runner.serve`) with the audit watching its
   :class:`~fedsgld.strategies.LangevinServer` (``on_release``): with noise at the server
   the parameters after every round, with noise at the sites the parameters the canaries'
-  site returned. The readings, scores and bounds are :class:`fedsgld.studies.audit.CanaryAudit`'s.
+  site returned, with secure aggregation the parameters after the decoded secure sum. The readings, scores and bounds are :class:`fedsgld.studies.audit.CanaryAudit`'s.
 
 A seeded simulation (``randomness = "seeded"``) draws every sample and every noise as the
 engine does, so the two transports give the same readings up to float32 transport
@@ -36,7 +39,7 @@ from flwr.simulation import run_simulation
 
 from fedsgld.apps.client_app import build_app
 from fedsgld.config import Config
-from fedsgld.flower.protocol import TRAIN, config_from_plan
+from fedsgld.flower.protocol import SECAGG, TRAIN, config_from_plan
 from fedsgld.flower.runner import serve
 from fedsgld.flower.sites import hosted_sites
 from fedsgld.studies.audit import CanaryAudit, audit_result, make_audit
@@ -50,7 +53,7 @@ def canary_mod(settings: dict[str, Any]) -> Callable[[Message, Context, Callable
     placed: dict[str, Any] = {}
 
     def mod(msg: Message, context: Context, call_next: Callable) -> Message:
-        if msg.metadata.message_type == TRAIN:
+        if msg.metadata.message_type in (TRAIN, SECAGG):
             config = config_from_plan(msg.content["plan"])
             site = hosted_sites(context, config).sites.get(settings["site"])
             if site is not None and placed.get("site") is not site:  # once per built site
@@ -78,11 +81,6 @@ def run_audit_flower(
     (default: one per site), one CPU each. ``audit_options``: those of
     :func:`fedsgld.studies.audit.make_audit` (canaries, confidence, site, raw_norm, audit_seed,
     inclusion_seed)."""
-    if config.privacy.secure_aggregation:
-        raise ValueError(
-            "secure_aggregation = true: the Flower audit's canaries ride on train messages "
-            "only; audit secure aggregation on the in-process engine (fedsgld audit)"
-        )
     audit = make_audit(config, **audit_options)
     nodes = config.run.sites if nodes is None else nodes
     holder: dict[str, Any] = {}

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import special, stats
 
+from fedsgld.privacy import audit_bounds as ab
+
 SCORE_NAMES = ("likelihood_ratio", "weighted_sum", "whitened", "quiet_energy")
 
 
@@ -136,3 +138,47 @@ def separation(score: np.ndarray, included: np.ndarray) -> float:
     a, b = s[inc], s[~inc]
     sd = math.sqrt(0.5 * (a.var() + b.var())) + 1e-300
     return float((a.mean() - b.mean()) / sd)
+
+
+#: the seed of the simulated play :func:`plan_guess` chooses its guess on (public)
+PLAN_SEED = 0x9A1
+
+
+def simulated_readings(
+    m: int, q: float, variances: Sequence[float], steps=None, *, seed: int = PLAN_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+    """(included, readings (m, T)) of a play of the claimed mechanism: each canary IN with
+    probability 1/2, round t's reading k / E_t + N(0, v_t) with k ~ Binomial(E_t, q) for
+    an IN canary and 0 for an OUT one (the model of the module docstring)."""
+    rng = np.random.default_rng(seed)
+    steps = [1] * len(variances) if steps is None else list(steps)
+    inc = rng.random(m) < 0.5
+    y = np.empty((m, len(variances)))
+    for t, (v, e) in enumerate(zip(variances, steps, strict=True)):
+        y[:, t] = rng.binomial(e, q, m) * inc / e + math.sqrt(v) * rng.standard_normal(m)
+    return inc, y
+
+
+def plan_guess(
+    m: int,
+    q: float,
+    variances: Sequence[float],
+    steps=None,
+    *,
+    delta: float,
+    significance: float,
+) -> tuple[int, int]:
+    """The guess (k_in, k_out) to test the likelihood ratio with, chosen before any reading
+    is seen: the one of :func:`fedsgld.privacy.audit_bounds.guess_pairs` with the largest
+    mu-GDP f-DP bound at ``significance`` in :func:`simulated_readings` of the claimed
+    mechanism (public: m, q, the rounds' variances). Testing one planned guess instead of a
+    grid spends no significance on the choice."""
+    inc, y = simulated_readings(m, q, variances, steps)
+    score = likelihood_ratio(y, q, variances, steps)
+    best, pick = -1.0, (m // 2, 0)
+    for k_in, k_out in ab.guess_pairs(m):
+        r, v = ab.count_correct(score, inc, k_in, k_out)
+        eps = ab.fdp_epsilon(m, r, v, delta=delta, confidence=1.0 - significance)
+        if eps > best:
+            best, pick = eps, (k_in, k_out)
+    return pick

@@ -275,6 +275,7 @@ def test_sound_dpsgld_at_the_demos_privacy_settings():
     r = _audit(DEMO_LIKE, 1000)
     assert r["canaries"] == 1000 and r["rounds_seen"] == r["steps"] == 40
     assert r["guesses"] > 0 and r["confidence"] == 0.95
+    assert r["curve"] == "accountant" and not r["flagged"]
     _sound(r)
 
 
@@ -325,6 +326,33 @@ def test_site_clipping_removed_is_caught(monkeypatch):
     )
     r = _audit(ONE_STEP, 10_000)
     assert r["epsilon_lower_bound"] > r["epsilon_accountant"], r
+
+
+def test_records_clipped_at_four_times_the_bound_are_flagged(monkeypatch):
+    """The per-record clipping itself clips at 4 C (every path takes its factors from
+    clip_factors): the canaries are records, so they show at 4 C too and the demo's privacy
+    settings are flagged with 1,000 canaries."""
+    import fedsgld.core.per_record as per_record
+
+    factors = per_record.clip_factors
+    monkeypatch.setattr(per_record, "clip_factors", lambda sq, clip: factors(sq, 4 * clip))
+    r = _audit(DEMO_LIKE, 1000)
+    assert r["flagged"] and r["epsilon_lower_bound"] > r["epsilon_accountant"], r
+
+
+def test_poisson_sampler_at_four_times_the_rate_is_flagged(monkeypatch):
+    """The Poisson sampler draws at 4 q (the accountant is told q): records and canaries are
+    sampled by the same call, so the canaries show 4 times as often."""
+    import fedsgld.core.mechanism as mechanism
+
+    sample = mechanism.poisson_sample
+
+    def broken(n, *, sample_rate, generator):
+        return sample(n, sample_rate=min(1.0, 4 * sample_rate), generator=generator)
+
+    monkeypatch.setattr(mechanism, "poisson_sample", broken)
+    r = _audit(DEMO_LIKE, 1000)
+    assert r["flagged"] and r["epsilon_lower_bound"] > r["epsilon_accountant"], r
 
 
 def test_noise_reused_across_two_rounds_is_caught(monkeypatch):
