@@ -61,7 +61,7 @@ def _run_dir(out_dir: str | Path | None) -> tuple[Path, Any]:
 
 def simulate(
     model: ModelArg = None,
-    sites: Sequence[Any] | None = None,
+    sites: Sequence[Any] | int | None = None,
     *,
     test_sites: Sequence[Any] | None = None,
     num_classes: int | None = None,
@@ -77,7 +77,8 @@ def simulate(
     ``model``: a function returning any ``nn.Module`` that maps a batch of records to
     logits (called once, under the run's seed), or a built-in model's name; None: the
     config's. ``sites``: one entry per site: a torch ``Dataset``, an ``(x, y)`` pair or a
-    flwr-datasets partition; None: the config's dataset, split into the config's sites.
+    flwr-datasets partition; None (or a number of sites): the config's dataset, split into
+    the config's sites.
     ``test_sites``: each site's test records (default: ``test_fraction`` of its own).
     ``settings``: any config key (``fedsgld config`` lists them), e.g. ``method="dpsgld",
     epsilon=4.0, noise_placement="sites", rounds=200, sample_rate=0.05, clip=1.0``; over
@@ -101,6 +102,8 @@ def simulate(
     elif model is not None and not callable(model):
         raise ValueError("model: pass a function that returns an nn.Module (or a model's name)")
     data = None
+    if isinstance(sites, int) and not isinstance(sites, bool):  # the config key: a count
+        settings, sites = {**settings, "sites": sites}, None
     if sites is not None:
         if isinstance(sites, (str, bytes)) or not isinstance(sites, Sequence):
             raise ValueError("sites: a list with one entry per site")

@@ -67,7 +67,10 @@ def open_run_dir(
             "resume=true) or choose another output directory"
         )
     if resume and not (ckpt_path.exists() or ledger_path.exists()):
-        raise ResumeError(f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}")
+        raise ResumeError(
+            f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}, so there is no run "
+            "to resume; drop --resume (resume=false) to start a new run there"
+        )
     saved = SavedRun(chain=ledger_chain.LedgerChain(out))
     if resume:
         _read_saved(saved, out, config, log)
