@@ -25,6 +25,7 @@ _API = (
     "simulate",
 )
 
+
 def __getattr__(name: str) -> Any:
     if name in _API:
         # on first use: torch loads only when the API is used, and the layers below, which

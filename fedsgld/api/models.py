@@ -11,10 +11,12 @@ compute them (:class:`fedsgld.core.mechanism.FlatModel`):
 * ``func``: anything else that ``torch.func.vmap(torch.func.grad(...))`` can run on one
   record at a time (LayerNorm, GroupNorm, Embedding, Conv1d, attention, ...), slower.
 
-Refused, in one line naming the layer: layers that couple the records of a batch
-(BatchNorm, InstanceNorm tracking running statistics: a record's gradient would depend on
-the others, so clipping it would not bound one record's influence), and layers that draw
-random numbers in the forward pass (Dropout), which ``torch.func`` cannot vectorise.
+Refused, in one line naming the layer: layers in training mode that couple the records
+of a batch (BatchNorm, InstanceNorm tracking running statistics: a record's gradient
+would depend on the others, so clipping it would not bound one record's influence), and
+layers in training mode that draw random numbers in the forward pass (Dropout), which
+``torch.func`` cannot vectorise. In eval mode (``.eval()``: BatchNorm then uses its fixed
+running statistics) both treat records independently and are accepted.
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ def refused_layer(model: nn.Module) -> str | None:
     that prevents it (None: no such layer)."""
     for name, m in model.named_modules():
         kind = type(m).__name__
-        if isinstance(m, _COUPLING) or (
-            isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats
+        if m.training and (
+            isinstance(m, _COUPLING)
+            or (isinstance(m, nn.modules.instancenorm._InstanceNorm) and m.track_running_stats)
         ):
             return (
-                f"model: {kind} {_where(name)} couples the records of a batch, so one record's "
-                "gradient (which DP clips) is undefined; use GroupNorm or LayerNorm"
+                f"model: {kind} {_where(name)} couples the records of a batch in training mode, "
+                "so one record's gradient (which DP clips) is undefined; use GroupNorm or "
+                "LayerNorm, or freeze it with .eval() (its running statistics)"
             )
-        if isinstance(m, _RANDOM) and m.p > 0:
+        if m.training and isinstance(m, _RANDOM) and m.p > 0:
             return (
                 f"model: {kind} {_where(name)} draws random masks, which per-record "
                 "gradients by torch.func cannot vectorise; remove it (DP noise regularises)"

@@ -110,7 +110,7 @@ def test_batchnorm_is_refused_in_one_line():
     with pytest.raises(ValueError) as err:
         fedsgld.simulate(model, sites, progress=False, epsilon=8.0)
     text = str(err.value)
-    assert "\n" not in text and "BatchNorm1d at '1'" in text
+    assert "\n" not in text and "BatchNorm1d at '1'" in text and ".eval()" in text
 
 
 def test_linear_model_uses_the_layer_path():
