@@ -84,10 +84,16 @@ def variational_view(config: Config, model: torch.nn.Module) -> VariationalModel
     return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
 
 
-def initial_theta(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.Tensor:
+def initial_theta(
+    config: Config,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    model_fn: ModelFactory | None = None,
+) -> torch.Tensor:
     """theta_0 (phi_0 for VI): the seeded model's parameters in the sites' view, as the
-    server starts from them (on the CPU)."""
-    model = seeded_model(config, input_shape, num_classes, seed=config.run.seed)
+    server starts from them (on the CPU); ``model_fn``: a user's model factory."""
+    model = seeded_model(config, input_shape, num_classes, seed=config.run.seed, model_fn=model_fn)
     return (variational_view(config, model) or FlatModel(model)).flatten()
 
 
