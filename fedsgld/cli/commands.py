@@ -8,6 +8,9 @@ fedsgld config [--markdown]
 fedsgld compare RUN_DIR [RUN_DIR ...] [--out FILE]
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
+fedsgld deploy run APP CONNECTION [flwr run options]
+fedsgld deploy export-sites [CONFIG] [--set key=value ...] --out DIR
+fedsgld supernode|superlink ...
 fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
 Help (-h) and --version import neither torch nor the accountants: :data:`SUBCOMMANDS`
@@ -119,12 +122,17 @@ SUBCOMMANDS = (
 )
 #: Registered after SUBCOMMANDS, in this order, by :func:`fedsgld.deploy.fast.register`.
 FAST_PATH = ("supernode", "superlink")
+DEPLOY = Subcommand(
+    "deploy",
+    "deployment helpers: flwr run with the run's outcome, each site's records to a file",
+    "fedsgld.cli.deploy:add_arguments",
+)
 SITE = Subcommand(
     "site",
     "a deployed site: approve the app bundles it runs",
     "fedsgld.cli.site:add_site_arguments",
 )
-COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, SITE.name)
+COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, DEPLOY.name, SITE.name)
 
 
 def _load(target: str):
@@ -216,6 +224,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for spec in SUBCOMMANDS:
         _add(sub, spec, command is None or command == spec.name)
     deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
+    _add(sub, DEPLOY, command is None or command == DEPLOY.name)
     _add(sub, SITE, True)
     return parser
 
@@ -231,7 +240,7 @@ _RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
 
 
 #: Commands whose start imports torch (and often flwr): tens of seconds on a cold disk.
-_HEAVY = ("simulate", "audit", "benchmark", "sweep", "compare", "pate", "deploy")
+_HEAVY = ("simulate", "audit", "benchmark", "sweep", "compare", "pate")
 
 
 def _unknown_command(argv: list[str]) -> str | None:
