@@ -83,3 +83,16 @@ def test_compare_out_is_optional_and_pate_has_no_progress():
     assert args.out == "compare.png"
     args = build_parser("pate").parse_args(["pate", "c.toml", "--no-progress"])
     assert args.no_progress
+
+
+def test_deploy_run_and_local_pass_flwr_options_through_untouched():
+    from fedsgld.cli.deploy import split_passthrough
+
+    line = ["deploy", "local", "--home", "h", "--run-config", "rounds=2", "--stream"]
+    assert split_passthrough(line) == (line[:4], ["--run-config", "rounds=2", "--stream"])
+    line = ["deploy", "run", ".", "hospitals", "--run-config", "out='x'"]
+    assert split_passthrough(line) == (line[:2], line[2:])
+    assert split_passthrough(["deploy", "local", "-h"]) == (["deploy", "local", "-h"], None)
+    assert split_passthrough(["simulate", "c.toml"])[1] is None
+    args = build_parser("deploy").parse_args(["deploy", "local", "--home", "h"])
+    assert args.home == "h" and args.flwr_args == []

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsgld import __version__
+from fedsgld.cli.deploy import split_passthrough
 from fedsgld.cli.errors import (
     _error_lines,
     _NewDir,
@@ -293,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # no command: list them
         parser.print_help()
         return 0
-    args = parser.parse_args(argv)
+    own, passthrough = split_passthrough(argv)
+    args = parser.parse_args(own)
+    if passthrough is not None:  # flwr run's arguments, as given
+        args.flwr_args = passthrough
     prog = f"fedsgld {args.command}" if getattr(args, "command", None) else "fedsgld"
     out = getattr(args, "out", None)
     new_dir = (

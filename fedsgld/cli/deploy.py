@@ -3,6 +3,8 @@ helpers as subcommands of the one ``fedsgld`` command.
 
 ``fedsgld deploy run APP CONNECTION [flwr run options]`` is ``flwr run ... --stream``
 whose exit status is the run's outcome (:mod:`fedsgld.deploy.run`);
+``fedsgld deploy local [flwr run options]`` the same for a local simulation on a SuperLink
+of its own (:mod:`fedsgld.deploy.local`);
 ``fedsgld deploy export-sites CONFIG --out DIR`` writes each site's records to its own file
 (:mod:`fedsgld.deploy.export_sites`). ``python -m fedsgld.deploy run`` and
 ``python -m fedsgld.deploy.export_sites`` remain the same commands. Nothing here imports
@@ -23,12 +25,43 @@ def _run(args: argparse.Namespace) -> int:
     return int(main(list(args.flwr_args)) or 0)
 
 
+def _local(args: argparse.Namespace) -> int:
+    run_local = importlib.import_module("fedsgld.deploy.local").run_local
+    return int(run_local(list(args.flwr_args), home=args.home) or 0)
+
+
 def _export_sites(args: argparse.Namespace) -> int:
     main = importlib.import_module("fedsgld.deploy.export_sites").main
     argv = [*([args.config] if args.config else []), "--out", args.out]
     for item in args.set or []:
         argv += ["--set", item]
     return int(main(argv) or 0)
+
+
+#: deploy's subcommands whose arguments after their own options go to ``flwr run`` as given.
+PASSTHROUGH = {"run": (), "local": ("--home",)}
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``fedsgld deploy run|local [own options] ARGS...``: (the line up to ARGS, ARGS), so
+    that ARGS, flwr run's options included, reach flwr run untouched by this parser
+    (None: not such a line, or a request for help)."""
+    if "deploy" not in argv:
+        return argv, None
+    i = argv.index("deploy") + 1
+    if i >= len(argv) or argv[i] not in PASSTHROUGH:
+        return argv, None
+    own, j = PASSTHROUGH[argv[i]], i + 1
+    while j < len(argv):
+        if argv[j] in own and j + 1 < len(argv):
+            j += 2
+        elif any(argv[j].startswith(f"{o}=") for o in own):
+            j += 1
+        else:
+            break
+    if argv[j : j + 1] in (["-h"], ["--help"]):
+        return argv, None
+    return argv[:j], argv[j:]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,11 +77,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "flwr_args",
-        nargs=argparse.REMAINDER,
+        nargs="*",
         metavar="APP CONNECTION ...",
         help="as for flwr run, e.g. . hospitals --run-config \"out='runs/d1' rounds=5\"",
     )
     run.set_defaults(func=_run, run_parser=run)
+    local = sub.add_parser(
+        "local",
+        help="a Flower simulation on its own SuperLink (a free port), stopped afterwards",
+        description="Start flower-superlink --simulation on a free port of 127.0.0.1 with "
+        "its own FLWR_HOME (printed, with its PID), run `flwr run . --stream` with the "
+        "options given against it (exit status: the run's outcome), then stop that "
+        "SuperLink by its PID, also on Ctrl-C. Unlike plain `flwr run .`, it never uses "
+        "a SuperLink that was already listening and leaves none running.",
+    )
+    local.add_argument(
+        "--home", default=None, help="FLWR_HOME and logs here (default: runs/flwr-local-PORT)"
+    )
+    local.add_argument(
+        "flwr_args",
+        nargs="*",
+        metavar="...",
+        help='flwr run options, e.g. --run-config "rounds=20" --federation-config '
+        '"num-supernodes=4"',
+    )
+    local.set_defaults(func=_local)
     export = sub.add_parser(
         "export-sites",
         help="write each site's records of a config's dataset to its own .npz file",
