@@ -249,13 +249,15 @@ def run(
     model_fn: Callable[[], torch.nn.Module] | None = None,
     site_data: list | None = None,
     on_round: Callable[[Any], Any] | None = None,
+    built: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run one federation in-process and write its result directory. Returns results.json's dict
     (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
     :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries at a site and reads every
     release (``LangevinServer.on_release``). ``model_fn`` / ``site_data``: a user's own model
     factory and sites (:class:`~fedsgld.federation.Federation`); ``on_round``: called after
-    every round (:class:`~fedsgld.run.progress.RoundInfo`)."""
+    every round (:class:`~fedsgld.run.progress.RoundInfo`); ``built``: a dict that receives the
+    run's ``federation`` and ``server`` (the Python API reads the trained model from them)."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(
         lc.config,
@@ -280,5 +282,6 @@ def run(
     )
     # in-memory predictions (not in the file): "last", "posterior" and the derived models
     results["_eval"] = {"posterior": post, **lc.evaluations, "last": last}
-    results["_run"] = {"federation": fed, "server": server}  # for the Python API
+    if built is not None:
+        built.update(federation=fed, server=server)
     return results

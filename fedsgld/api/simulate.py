@@ -25,6 +25,7 @@ from fedsgld.config import Config, load_config
 from fedsgld.data.user import user_sites
 from fedsgld.files import write_json
 from fedsgld.run.progress import RoundInfo
+from fedsgld.run.stops import RunInterrupted
 
 ModelArg = Callable[[], nn.Module] | str | None
 
@@ -91,7 +92,8 @@ def simulate(
     :meth:`Result.save` copies it); ``resume``: continue the run in ``out_dir``.
     ``progress=False`` prints nothing. ``on_round(info)`` is called after every round.
     Ctrl-C raises :class:`~fedsgld.run.stops.RunInterrupted` (a KeyboardInterrupt) after
-    checkpointing a run that released something (resume it with ``resume=True``).
+    checkpointing, in ``out_dir``, a run that released something (resume it with
+    ``resume=True``); without ``out_dir`` nothing is kept.
 
     Privacy caveat: a simulation seeds every party's noise from ``seed``; it is private only
     against parties who do not know the seed (see docs/privacy.md).
@@ -121,17 +123,26 @@ def simulate(
         check_model(model, data[0].x_train, data[0].y_train, data[0].num_classes)
     out, tmp = _run_dir(out_dir)
     log = print if progress else (lambda _line: None)
+    built: dict[str, Any] = {}
     with warnings.catch_warnings():
         # the per-record gradient path in use is part of the result (Result.grad_path)
         warnings.filterwarnings("ignore", message="per-record gradients fall back")
-        res = engine.run(
-            cfg, out_dir=out, resume=resume, progress=progress, log=log,
-            config_source="python", model_fn=model, site_data=data, on_round=on_round,
-        )  # fmt: skip
-    run = res.pop("_run")
+        try:
+            res = engine.run(
+                cfg, out_dir=out, resume=resume, progress=progress, log=log,
+                config_source="python", model_fn=model, site_data=data, on_round=on_round,
+                built=built,
+            )  # fmt: skip
+        except RunInterrupted as err:
+            if tmp is None:
+                raise
+            # a temporary directory goes with this call: nothing is kept to resume
+            raise RunInterrupted(err.rounds, None) from None
     res.pop("_eval", None)
-    return _result(res, run["federation"], run["server"], out, tmp, user_model=model is not None,
-                   user_data=data is not None)  # fmt: skip
+    return _result(
+        res, built["federation"], built["server"], out, tmp,
+        user_model=model is not None, user_data=data is not None,
+    )  # fmt: skip
 
 
 def _result(res, fed, server, out: Path, tmp, *, user_model: bool, user_data: bool) -> Result:

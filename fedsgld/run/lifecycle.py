@@ -48,6 +48,7 @@ from fedsgld.run.blocks import (
     Evaluate,
     budget_accounting,
     history_row,
+    note_contributors,
     randomness_block,
 )
 from fedsgld.run.layout import (
@@ -233,7 +234,8 @@ class RunLifecycle:
                 if plan is None:
                     break
                 last_plan = plan
-                self._note_contributors(
+                note_contributors(
+                    self.contributors,
                     plan.round,
                     contributors() if contributors else list(range(self.config.run.sites)),
                 )
@@ -311,16 +313,6 @@ class RunLifecycle:
             self._record(evaluate, last_plan)  # where the budget (or the round limit) ended it
         self.log(f"stopped after {server.t} rounds: {server.halt_reason}")
         self.checkpoint(**extra())
-
-    def _note_contributors(self, rnd: int, sites: list[int]) -> None:
-        """Run-length encoded: ``{"rounds": [first, last], "sites": [...]}`` per stretch of
-        consecutive rounds with the same sites (a replay after a resume starts a new one)."""
-        sites = sorted(int(k) for k in sites)
-        last = self.contributors[-1] if self.contributors else None
-        if last is not None and last["sites"] == sites and last["rounds"][1] + 1 == rnd:
-            last["rounds"][1] = rnd
-        else:
-            self.contributors.append({"rounds": [rnd, rnd], "sites": sites})
 
     # -- recalibration -----------------------------------------------------------------
     def recalibrate(
