@@ -76,9 +76,10 @@ class Result:
         samples (Bayesian model averaging) when there are any and ``posterior``, else the
         last iterate's softmax."""
         thetas = self.samples if posterior and self.samples else [self.theta]
-        x = torch.as_tensor(x).float()
-        probs = [torch.softmax(self._flat.logits(t, x), -1) for t in thetas]
-        return torch.stack(probs).mean(0)
+        device = self._flat.device
+        x = torch.as_tensor(x).float().to(device)
+        probs = [torch.softmax(self._flat.logits(t.to(device), x), -1) for t in thetas]
+        return torch.stack(probs).mean(0).cpu()
 
     def save(self, directory: str | Path) -> Path:
         """Copy the run's files (results.json, report.md, ledger, checkpoint, plots) to

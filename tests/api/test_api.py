@@ -54,7 +54,7 @@ class Net(nn.Module):
         return self.body(x)
 
 
-def test_own_model_on_own_tensors_trains(capsys):
+def test_own_model_on_own_tensors_trains(capsys, tmp_path):
     sites = [_blobs(150, k) for k in range(3)]
     rounds = []
     res = fedsgld.simulate(
@@ -75,6 +75,16 @@ def test_own_model_on_own_tensors_trains(capsys):
     assert {"history", "reliability"} <= set(res.plots)
     on_disk = json.loads((res.directory / "results.json").read_text())
     assert on_disk["python_api"] == {"model": "Net", "sites": "python"}
+    kept = res.save(tmp_path / "kept")
+    assert {"results.json", "ledger.json", "report.md", "history.png"} <= {
+        p.name for p in kept.iterdir()
+    }
+    with pytest.raises(ValueError, match="already holds a run"):
+        res.save(kept)
+    # the module holds the last iterate: its predictions are the result's
+    with torch.no_grad():
+        own = torch.softmax(res.model(sites[0][0][:4]), -1)
+    assert torch.allclose(own, res.predict(sites[0][0][:4], posterior=False), atol=1e-6)
 
 
 def test_same_numbers_as_the_cli_for_a_built_in_model(tmp_path):
