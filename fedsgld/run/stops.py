@@ -60,13 +60,13 @@ def _noise_setting(privacy, factor: float) -> str:
     return f"temperature={privacy.temperature * factor**2:.3g}"
 
 
-def empty_plan_message(config, server) -> str:
-    """One line: why the plan affords nothing, and settings that would afford rounds."""
-    p, rounds = config.privacy, server.rounds - server.t
-    acc = server.accountant
-    q, sigma = server.schedule_point(server.t * server.local_steps)
-    e = server.local_steps
-    need = acc.rigorous_epsilon(acc.ledger_after(server.schedule_point, rounds * e))
+def _offers(config, server) -> list[str]:
+    """Settings that would afford rounds: the epsilon all planned rounds need, and the
+    smallest noise scalings (by factors of sqrt 2) that afford some and all rounds."""
+    p, rounds, acc = config.privacy, server.rounds - server.t, server.accountant
+    need = acc.rigorous_epsilon(
+        acc.ledger_after(server.schedule_point, rounds * server.local_steps)
+    )
     offers = [f"epsilon={need:.3g} affords all {rounds} rounds"]
     some = next((f for f in _SIGMA_FACTORS if _afford(server, f) > 0), None)
     if some is not None:
@@ -75,12 +75,23 @@ def empty_plan_message(config, server) -> str:
         full = next((f for f in _SIGMA_FACTORS if f >= some and _afford(server, f) >= rounds), None)
         if full is not None and n < rounds:
             offers.append(f"{_noise_setting(p, full)} affords all {rounds}")
+    return offers
+
+
+def empty_plan_message(config, server) -> str:
+    """One line: why the plan affords nothing, and settings that would afford rounds."""
+    p, rounds, acc = config.privacy, server.rounds - server.t, server.accountant
+    q, sigma = server.schedule_point(server.t * server.local_steps)
+    try:
+        offers = _offers(config, server)
+    except Exception:  # noqa: BLE001 - the refusal stands without its suggestions
+        offers = []
     noise = "noise_multiplier" if p.method in ("dpsgd", "dpvi") else "temperature or lr"
     return (
         f"the privacy budget affords 0 of the {rounds} rounds: epsilon={p.epsilon:g} at "
         f"delta={p.delta:g} ({acc.rigorous_name}) does not cover step 1 of {p.method} "
         f"(sample_rate={q:g}, sigma={sigma:.3g}); raise epsilon or {noise}, or lower "
-        f"sample_rate: {', '.join(offers)}"
+        f"sample_rate" + (f": {', '.join(offers)}" if offers else "")
     )
 
 
