@@ -218,13 +218,19 @@ class RunLifecycle:
         """
         server = self.server
         extra = on_checkpoint or (lambda: {})
-        reserved = reserve_recalibration(  # the rounds cut so that recalibration fits
-            server,
-            self.config,
-            done=bool(self.extra_state.get("recal")),
-            fresh=self.ckpt is None and self.ledger_file is None,
-            log=self.log,
-        )
+        fresh = self.ckpt is None and self.ledger_file is None
+        try:  # the rounds cut so that recalibration fits
+            reserved = reserve_recalibration(
+                server,
+                self.config,
+                done=bool(self.extra_state.get("recal")),
+                fresh=fresh,
+                log=self.log,
+            )
+        except ValueError:  # a new run whose recalibration cannot fit: refused, nothing kept
+            if fresh and released_nothing(server):
+                discard_unreleased(self.out, created=self.created)
+            raise
         bar = self._progress(enabled=progress)
         last_plan = None
         try:
