@@ -45,8 +45,8 @@ test-all: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check fedsgld tests benchmarks
-	$(BIN)/ruff format --check fedsgld tests benchmarks
+	$(BIN)/ruff check fedsgld tests benchmarks examples
+	$(BIN)/ruff format --check fedsgld tests benchmarks examples
 	$(BIN)/lint-imports
 
 bench: setup

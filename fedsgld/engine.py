@@ -247,13 +247,26 @@ def run(
     log: Callable[[str], None] = print,
     config_source: str | None = None,
     audit=None,
+    model_fn: Callable[[], torch.nn.Module] | None = None,
+    site_data: list | None = None,
+    on_round: Callable[[Any], Any] | None = None,
+    built: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run one federation in-process and write its result directory. Returns results.json's dict
     (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
     :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries at a site and reads every
-    release (``LangevinServer.on_release``)."""
+    release (``LangevinServer.on_release``). ``model_fn`` / ``site_data``: a user's own model
+    factory and sites (:class:`~fedsgld.federation.Federation`); ``on_round``: called after
+    every round (:class:`~fedsgld.run.progress.RoundInfo`); ``built``: a dict that receives the
+    run's ``federation`` and ``server`` (the Python API reads the trained model from them)."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
-    fed = Federation(lc.config, log=log, randomness=lc.site_randomness)
+    fed = Federation(
+        lc.config,
+        log=log,
+        randomness=lc.site_randomness,
+        model_fn=model_fn,
+        site_data=site_data,
+    )
     server = fed.make_server(randomness=lc.server_randomness())
     if isinstance(server, SecureSumServer):
         server.run_key = lc.run_key
@@ -261,7 +274,7 @@ def run(
     if audit is not None:
         audit.attach(fed, server)
     test = partial(_evaluate_groups, fed)
-    lc.train(partial(one_round, fed, server), test, progress=progress)
+    lc.train(partial(one_round, fed, server), test, progress=progress, on_round=on_round)
     results, last, post = lc.finish(
         test,
         sites=fed.site_table(),
@@ -270,4 +283,6 @@ def run(
     )
     # in-memory predictions (not in the file): "last", "posterior" and the derived models
     results["_eval"] = {"posterior": post, **lc.evaluations, "last": last}
+    if built is not None:
+        built.update(federation=fed, server=server)
     return results

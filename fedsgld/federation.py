@@ -44,10 +44,19 @@ Log = Callable[[str], None]
 # -- the model and the parameter view ----------------------------------------------------
 
 
+ModelFactory = Callable[[], torch.nn.Module]
+
+
 def seeded_model(
-    config: Config, input_shape: tuple[int, ...], num_classes: int, *, seed: int
+    config: Config,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    seed: int,
+    model_fn: ModelFactory | None = None,
 ) -> torch.nn.Module:
-    """The run's model, its initial weights drawn from ``seed`` (the same in every process).
+    """The run's model, its initial weights drawn from ``seed`` (the same in every process):
+    ``model_fn()`` (a user's own module) or the built-in model the config names.
 
     Only the CPU generator is seeded (the model is built on the CPU), inside a fork of the
     random state, so the caller's own random draws are untouched; seeding every
@@ -55,6 +64,13 @@ def seeded_model(
     run = config.run
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
+        if model_fn is not None:
+            model = model_fn()
+            if not isinstance(model, torch.nn.Module):
+                raise ValueError(
+                    f"model: the factory must return a torch.nn.Module, got {type(model).__name__}"
+                )
+            return model
         return build_model(
             run.model, input_shape=input_shape, num_classes=num_classes, hidden=run.hidden
         )
@@ -69,10 +85,16 @@ def variational_view(config: Config, model: torch.nn.Module) -> VariationalModel
     return VariationalModel(model, init_std=run.vi_init_std, predict_samples=run.vi_samples)
 
 
-def initial_theta(config: Config, input_shape: tuple[int, ...], num_classes: int) -> torch.Tensor:
+def initial_theta(
+    config: Config,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    model_fn: ModelFactory | None = None,
+) -> torch.Tensor:
     """theta_0 (phi_0 for VI): the seeded model's parameters in the sites' view, as the
-    server starts from them (on the CPU)."""
-    model = seeded_model(config, input_shape, num_classes, seed=config.run.seed)
+    server starts from them (on the CPU); ``model_fn``: a user's model factory."""
+    model = seeded_model(config, input_shape, num_classes, seed=config.run.seed, model_fn=model_fn)
     return (variational_view(config, model) or FlatModel(model)).flatten()
 
 
@@ -198,6 +220,17 @@ def split_data(config: Config, *, seed: int, log: Log) -> DataSplit:
     return DataSplit(site_data, ds.num_classes, val_data, cal_data)
 
 
+def user_split(config: Config, site_data: list[SiteData], *, seed: int, log: Log) -> DataSplit:
+    """A :class:`DataSplit` over sites a user built (:func:`fedsgld.data.user.user_sites`),
+    with the validation and calibration splits held out as for a built-in dataset."""
+    log(describe_sites(site_data))
+    site_data, val_data = hold_out(
+        config, site_data, seed=seed, setting="validation_fraction", log=log
+    )
+    site_data, cal_data = hold_out(config, site_data, seed=seed, setting="recal_fraction", log=log)
+    return DataSplit(site_data, site_data[0].num_classes, val_data, cal_data)
+
+
 def resolve_seed(config: Config) -> tuple[int, str]:
     """The run's seed and where it came from: the config's, or (seed -1) fresh entropy."""
     if config.run.seed == -1:
@@ -259,9 +292,13 @@ class Federation:
         *,
         log: Log = print,
         randomness: Callable[[], Randomness] | None = None,
+        model_fn: ModelFactory | None = None,
+        site_data: list[SiteData] | None = None,
     ) -> None:
         """``randomness()`` gives each site its own :class:`Randomness` (default: seeded
-        from the config's seed, a simulation)."""
+        from the config's seed, a simulation). ``model_fn`` and ``site_data``: a user's own
+        model and sites (the Python API) instead of the config's model and dataset; the
+        config's ``sites`` must then equal ``len(site_data)``."""
         self.config = config
         if config.perf.threads:
             torch.set_num_threads(config.perf.threads)
@@ -273,11 +310,18 @@ class Federation:
             if requested.type != "cpu":
                 log(f"device {requested}: variational methods run on the CPU")
         self.seed, self.seed_source = resolve_seed(config)
-        split = split_data(config, seed=self.seed, log=log)
+        if site_data is not None:
+            if len(site_data) != config.run.sites:
+                raise ValueError(f"sites: {config.run.sites} in the config, {len(site_data)} given")
+            split = user_split(config, site_data, seed=self.seed, log=log)
+        else:
+            split = split_data(config, seed=self.seed, log=log)
         self.site_data, self.num_classes = split.site_data, split.num_classes
         self.val_data, self.cal_data = split.val_data, split.cal_data
         input_shape = tuple(self.site_data[0].x_train.shape[1:])
-        self.model = seeded_model(config, input_shape, self.num_classes, seed=self.seed)
+        self.model = seeded_model(
+            config, input_shape, self.num_classes, seed=self.seed, model_fn=model_fn
+        )
         self.sites = [
             build_site(
                 config,
@@ -354,5 +398,6 @@ __all__ = [
     "seeded_model",
     "site_device",
     "split_data",
+    "user_split",
     "variational_view",
 ]

@@ -129,11 +129,14 @@ def test_removal_keeps_a_directory_that_holds_a_ledger(tmp_path):
     assert not (tmp_path / "fresh").exists()
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    with pytest.raises(ValueError, match="did you mean 'epsilon'"):
-        main(["simulate", DEMO, "--set", "epsilom=3", "--debug"])
-    with pytest.raises(ValueError, match="did you mean 'epsilon'"):
-        main(["--debug", "simulate", DEMO, "--set", "epsilom=3"])
+def test_debug_shows_the_traceback_and_keeps_the_exit_status(capsys):
+    for argv in (
+        ["simulate", DEMO, "--set", "epsilom=3", "--debug"],
+        ["--debug", "simulate", DEMO, "--set", "epsilom=3"],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" in err and "did you mean 'epsilon'" in err
 
 
 def test_an_internal_error_says_how_to_see_the_traceback(monkeypatch, capsys):
@@ -146,8 +149,9 @@ def test_an_internal_error_says_how_to_see_the_traceback(monkeypatch, capsys):
     assert "Traceback" not in err
     assert "internal error: RuntimeError: something inside broke" in err
     assert "--debug" in err
-    with pytest.raises(RuntimeError):
-        main(["config", "--debug"])
+    assert main(["config", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "something inside broke" in err
 
 
 @pytest.mark.parametrize(

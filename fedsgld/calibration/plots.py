@@ -16,7 +16,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
@@ -95,8 +94,8 @@ def _legend_below(fig, handles: list, *, ncol: int = 1, top: float = 1.0) -> Non
     fig.tight_layout(rect=(0, (0.1 + 0.2 * rows) / fig.get_figheight(), 1, top))
 
 
-def _draw_bars(ax, b: Bins, *, color: str = "C0", show_counts: bool = False) -> None:
-    """Accuracy per bin as bars, the gap to the bin's mean confidence hatched."""
+def _draw_bars(ax, b: Bins, *, color: str = "C0") -> None:
+    """Accuracy per bin as bars, the gap to the bin's mean confidence shaded red."""
     edges = b["edges"]
     centers = 0.5 * (edges[:-1] + edges[1:])
     width = edges[1] - edges[0]
@@ -104,45 +103,36 @@ def _draw_bars(ax, b: Bins, *, color: str = "C0", show_counts: bool = False) -> 
     acc, conf = b["accuracy"][ne], b["confidence"][ne]
     ax.bar(centers[ne], acc, width=width, color=color, alpha=0.75, edgecolor="k", lw=0.5)
     lo, hi = np.minimum(acc, conf), np.maximum(acc, conf)
-    ax.bar(
-        centers[ne],
-        hi - lo,
-        bottom=lo,
-        width=width,
-        color="red",
-        alpha=0.25,
-        hatch="//",
-        edgecolor="red",
-        lw=0.0,
-    )
-    if show_counts:
-        for x, top, n in zip(centers[ne], hi, b["counts"][ne]):
-            ax.text(
-                x,
-                top + 0.015,
-                str(int(n)),
-                ha="center",
-                va="bottom",
-                fontsize=6,
-                rotation=90 if n >= 100 else 0,
-                color="0.2",
-            )
+    # the gap: a narrower red bar from the accuracy to the mean confidence, on top
+    ax.bar(centers[ne], hi - lo, bottom=lo, width=0.45 * width, color="red", alpha=0.6, lw=0.0)
     ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1)
-    ax.set(xlim=(0, 1), ylim=(0, 1.12 if show_counts else 1.0), ylabel="accuracy")
+    ax.set(xlim=(0, 1), ylim=(0, 1.0), ylabel="accuracy")
     ax.set_yticks(np.linspace(0, 1, 6))
+
+
+def _draw_counts(cax, b: Bins, *, color: str = "C0") -> None:
+    """The records of each bin as bars on a log axis (a bin of two records stays visible
+    and reads as two records)."""
+    cax.bar(
+        0.5 * (b["edges"][:-1] + b["edges"][1:]),
+        b["counts"],
+        width=b["edges"][1] - b["edges"][0],
+        color=color,
+        alpha=0.6,
+        edgecolor="k",
+        lw=0.3,
+    )
+    _count_axis(cax, int(b["counts"].max()))
 
 
 _BARS_LEGEND = [
     Patch(facecolor="C0", alpha=0.75, edgecolor="k", lw=0.5, label="accuracy of the bin"),
-    Patch(
-        facecolor="red", alpha=0.25, hatch="//", edgecolor="red", lw=0, label="gap to confidence"
-    ),
+    Patch(facecolor="red", alpha=0.6, lw=0, label="gap to the bin's mean confidence"),
 ]
 
-
-#: The site grid's key for the numbers above its bars: a sample number, no empty swatch.
-_COUNT_KEY = Line2D(
-    [], [], ls="none", marker="$12$", markersize=11, color="0.2", label="records in the bin"
+#: The key of the count strips under the bars.
+_COUNT_KEY = Patch(
+    facecolor="C0", alpha=0.6, edgecolor="k", lw=0.3, label="records in the bin (log scale)"
 )
 
 
@@ -184,16 +174,7 @@ def plot_reliability(
     fig, ax, cax = _fig_with_counts()
     _draw_bars(ax, b)
     ax.set_title(f"{title or 'reliability diagram'}\nECE {bins_ece(b):.4f}")
-    cax.bar(
-        0.5 * (b["edges"][:-1] + b["edges"][1:]),
-        b["counts"],
-        width=b["edges"][1] - b["edges"][0],
-        color="C0",
-        alpha=0.6,
-        edgecolor="k",
-        lw=0.3,
-    )
-    _count_axis(cax, int(b["counts"].max()))
+    _draw_counts(cax, b)
     _legend_below(fig, _BARS_LEGEND, ncol=2)
     return _save(fig, path, layout=False)
 
@@ -274,38 +255,58 @@ def plot_reliability_overlay(
     return _save(fig, path, layout=False)
 
 
+def _grid_shape(n: int) -> tuple[int, int]:
+    """(rows, cols) for n panels plus, where a cell would stay empty, the legend."""
+    cols = min(n, 3)
+    return math.ceil(n / cols), cols
+
+
 def plot_site_grid(
     per_site: dict[str, tuple[Any, Any]], path, *, title: str | None = None, n_bins: int = 15
 ) -> Path:
     """One small reliability diagram per site (and pooled), in a grid.
 
-    Each bar is labelled with the number of records in its bin, and each panel's title gives
-    the ECE and the number of records, so a bin of two records does not look like a finding.
+    Under each panel a strip gives the records in each bin (log scale), and each panel's
+    title the ECE and the number of records, so a bin of two records does not look like a
+    finding. The key sits in the grid's first empty cell, or below the grid when none is.
     """
     if not per_site:
         raise ValueError("plot_site_grid needs at least one site")
     n = len(per_site)
-    cols = min(n, 3)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.5 * rows + 0.6), squeeze=False)
-    for ax, (name, (p, y)) in zip(axes.flat, per_site.items(), strict=False):
+    rows, cols = _grid_shape(n)
+    fig = plt.figure(figsize=(4.0 * cols, 4.2 * rows + 1.0))
+    cells = fig.add_gridspec(rows, cols, hspace=0.45, wspace=0.38)
+    for i, (name, (p, y)) in enumerate(per_site.items()):
+        inner = cells[divmod(i, cols)].subgridspec(2, 1, height_ratios=[3, 1], hspace=0.08)
+        ax = fig.add_subplot(inner[0])
+        cax = fig.add_subplot(inner[1], sharex=ax)
         b = reliability_bins(p, y, n_bins)
-        _draw_bars(ax, b, show_counts=True)
+        _draw_bars(ax, b)
+        _draw_counts(cax, b)
+        ax.tick_params(labelbottom=False)
         ax.set_title(f"{name}: ECE {bins_ece(b):.4f}, {int(b['counts'].sum())} records", fontsize=9)
-        ax.set_xlabel("confidence")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     if title:
         fig.suptitle(title)
     legend = [*_BARS_LEGEND, _COUNT_KEY]
-    _legend_below(fig, legend, ncol=len(legend))
+    if n < rows * cols:  # the key in the first empty cell, away from every panel
+        key = fig.add_subplot(cells[divmod(n, cols)])
+        key.axis("off")
+        key.legend(handles=legend, loc="center", fontsize=9, frameon=False)
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.5 / fig.get_figheight(), top=0.9)
+    else:
+        fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
+        fig.subplots_adjust(
+            left=0.07, right=0.98, bottom=1.0 / fig.get_figheight(), top=0.9 if title else 0.95
+        )
     return _save(fig, path, layout=False)
 
 
 def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) -> Path:
-    """Methods side by side: reliability curves (counts below) and confidence histograms.
+    """Runs side by side: reliability curves (counts below) and confidence histograms.
 
-    ``runs`` maps a label (e.g. ``"dpsgld, epsilon 3.999"``) to its pooled reliability bins.
+    ``runs`` maps a label (e.g. ``"demo-dpsgld (dpsgld, epsilon 3.994)"``) to its pooled
+    reliability bins; one legend entry per run gives its ECE, accuracy and mean confidence
+    (lines in the histogram would pile up where a good model's confidences are).
     """
     if not runs:
         raise ValueError("plot_comparison needs at least one run")
@@ -317,19 +318,19 @@ def plot_comparison(runs: dict[str, Bins], path, *, title: str | None = None) ->
     top = 1
     for i, (name, b) in enumerate(runs.items()):
         color = f"C{i}"
-        _draw_curve(ax, cax, b, color=color, label=f"{name}: ECE {bins_ece(b):.4f}")
-        _confidence_axes(hax, b, color=color, label=name, filled=False)
+        acc, conf = bins_means(b)
+        label = f"{name}: ECE {bins_ece(b):.4f}, accuracy {acc:.3f}, mean confidence {conf:.3f}"
+        _draw_curve(ax, cax, b, color=color, label=label)
+        share = b["counts"] / max(float(b["counts"].sum()), 1.0)
+        hax.stairs(share, b["edges"], color=color, lw=1.5)
         top = max(top, int(b["counts"].max()))
     _count_axis(cax, top)
     ax.tick_params(labelbottom=False)
     ax.set_title("reliability")
+    hax.set(xlim=(0, 1), xlabel="confidence", ylabel="share of records")
     _share_axis(hax, *(b["counts"] for b in runs.values()))
     hax.set_title("confidence histogram")
     if title:
         fig.suptitle(title)
-    # one column per run: its reliability curve, then its accuracy and mean confidence
-    handles = ax.get_legend_handles_labels()[0]
-    marks = hax.get_legend_handles_labels()[0]
-    per_run = [[h, *marks[2 * i : 2 * i + 2]] for i, h in enumerate(handles)]
-    _legend_below(fig, [h for col in per_run for h in col], ncol=len(runs) or 1)
+    _legend_below(fig, ax.get_legend_handles_labels()[0], ncol=1)
     return _save(fig, path, layout=False)

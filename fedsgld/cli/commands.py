@@ -5,10 +5,14 @@ fedsgld benchmark CONFIG [--set key=value ...] [--out DIR]
 fedsgld sweep CONFIG --grid [METHOD.]KEY=V1,V2,... [--seeds S ...] [--recal F] [--out DIR]
 fedsgld audit CONFIG [--set key=value ...] [--canaries M] [--confidence C] [--json] [--out DIR]
 fedsgld config [--markdown]
-fedsgld compare RUN_DIR [RUN_DIR ...] --out FILE
+fedsgld compare RUN_DIR [RUN_DIR ...] [--out FILE]
 fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
                 (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
-fedsgld site init --epsilon E --out FILE [--placements P,...]
+fedsgld deploy run APP CONNECTION [flwr run options]
+fedsgld deploy export-sites [CONFIG] [--set key=value ...] --out DIR
+fedsgld supernode|superlink ...
+fedsgld site init --epsilon E --out FILE [--site-id K] [--placements P,...]
+fedsgld site ledger FILE
 fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
 Help (-h) and --version import neither torch nor the accountants: :data:`SUBCOMMANDS`
@@ -19,13 +23,17 @@ and each is imported only when that subcommand runs (or prints its own help).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
+import shlex
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedsgld import __version__
+from fedsgld.cli.deploy import split_passthrough
 from fedsgld.cli.errors import (
     _error_lines,
     _NewDir,
@@ -117,12 +125,17 @@ SUBCOMMANDS = (
 )
 #: Registered after SUBCOMMANDS, in this order, by :func:`fedsgld.deploy.fast.register`.
 FAST_PATH = ("supernode", "superlink")
+DEPLOY = Subcommand(
+    "deploy",
+    "deployment helpers: flwr run with the run's outcome, each site's records to a file",
+    "fedsgld.cli.deploy:add_arguments",
+)
 SITE = Subcommand(
     "site",
     "a deployed site: write its privacy policy, approve the app bundles it runs",
     "fedsgld.cli.site:add_site_arguments",
 )
-COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, SITE.name)
+COMMANDS = (*(c.name for c in SUBCOMMANDS), *FAST_PATH, DEPLOY.name, SITE.name)
 
 
 def _load(target: str):
@@ -214,6 +227,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for spec in SUBCOMMANDS:
         _add(sub, spec, command is None or command == spec.name)
     deploy_fast.register(sub)  # supernode, superlink: Flower's, its fixed waits shortened
+    _add(sub, DEPLOY, command is None or command == DEPLOY.name)
     _add(sub, SITE, True)
     return parser
 
@@ -228,33 +242,103 @@ def _command_of(argv: list[str]) -> str:
 _RUN_DIR_COMMANDS = ("benchmark", "pate", "sweep")
 
 
+#: Commands whose start imports torch (and often flwr): tens of seconds on a cold disk.
+_HEAVY = ("simulate", "audit", "benchmark", "sweep", "compare", "pate")
+
+
+def _unknown_command(argv: list[str]) -> str | None:
+    """The error line for a first word that is no command (None: it is one, or an option)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is None or first in COMMANDS:
+        return None
+    near = difflib.get_close_matches(first, COMMANDS, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    return f"fedsgld: error: unknown command {first!r}; {hint}`fedsgld -h` lists the commands"
+
+
+def _resume_line(argv: list[str], out: Path) -> str:
+    """The command that resumes the interrupted run in ``out``: the same line with
+    ``--out OUT --resume``."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif a != "--resume" and not a.startswith("--out="):
+            kept.append(a)
+    return shlex.join(["fedsgld", *kept, "--out", str(out), "--resume"])
+
+
+def _interrupted(prog: str, err: KeyboardInterrupt, argv: list[str]) -> str:
+    """One line for Ctrl-C: the rounds taken and how to resume, or that nothing was kept."""
+    rounds, out = getattr(err, "rounds", None), getattr(err, "out", None)
+    if out is not None:
+        return f"{prog}: interrupted after {rounds} rounds; resume with: {_resume_line(argv, out)}"
+    if rounds is not None:
+        return f"{prog}: interrupted after 0 rounds: nothing was released and no run directory kept"
+    return f"{prog}: interrupted"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one ``fedsgld`` command. A user's mistake prints ``fedsgld COMMAND: error: ...``
-    and returns 2 (``--debug`` anywhere on the line shows the traceback instead)."""
+    and returns 2 (``--debug`` anywhere on the line shows the traceback too); Ctrl-C prints
+    one line (how to resume) and returns 130."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    unknown = _unknown_command(argv)
+    if unknown is not None:
+        print(unknown, file=sys.stderr)
+        return 2
     command = _command_of(argv)
     parser = build_parser(command)
-    args = parser.parse_args(argv)
+    if not argv:  # no command: list them
+        parser.print_help()
+        return 0
+    own, passthrough = split_passthrough(argv)
+    args = parser.parse_args(own)
+    if passthrough is not None:  # flwr run's arguments, as given
+        args.flwr_args = passthrough
     prog = f"fedsgld {args.command}" if getattr(args, "command", None) else "fedsgld"
     out = getattr(args, "out", None)
     new_dir = (
         _NewDir(Path(out)) if out and getattr(args, "command", None) in _RUN_DIR_COMMANDS else None
     )
     try:
+        if (
+            command in _HEAVY
+            and sys.stderr.isatty()
+            and not any(a in ("-h", "--help") for a in argv)
+        ):
+            # someone is waiting at a terminal: say why nothing happens for a while
+            sys.stderr.write(f"{prog}: loading torch and the federation code ...\n")  # one write
+            sys.stderr.flush()
         status = int(args.func(args) or 0)
+    except KeyboardInterrupt as err:
+        if new_dir is not None:
+            new_dir.discard()
+        if debug:
+            traceback.print_exc()
+        print(_interrupted(prog, err, argv), file=sys.stderr)
+        return 130
     except BaseException as err:
         if new_dir is not None:
             new_dir.discard()
-        if debug or not isinstance(err, Exception):
+        if not isinstance(err, Exception):
             raise
+        if debug:
+            traceback.print_exc()
         if isinstance(err, _user_errors()):
             print(f"{prog}: error: {_error_lines(err)}", file=sys.stderr)
             return 2
         print(
-            f"{prog}: internal error: {type(err).__name__}: {_error_lines(err)}\n"
-            f"{prog}: run again with --debug for the traceback, and report it",
+            f"{prog}: internal error: {type(err).__name__}: {_error_lines(err)}"
+            + (
+                ""
+                if debug
+                else f"\n{prog}: run again with --debug for the traceback, and report it"
+            ),
             file=sys.stderr,
         )
         return 1

@@ -64,7 +64,9 @@ def config(cfg: argparse.ArgumentParser) -> None:
 
 def compare(cmp_: argparse.ArgumentParser) -> None:
     cmp_.add_argument("runs", nargs="+", metavar="RUN_DIR", help="result directories to compare")
-    cmp_.add_argument("--out", required=True, help="PNG file to write")
+    cmp_.add_argument(
+        "--out", default="compare.png", help="PNG file to write (default: compare.png)"
+    )
     cmp_.add_argument(
         "--posterior", action="store_true", help="also draw each run's posterior average"
     )
@@ -75,6 +77,9 @@ def pate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="result directory (default: a new one under runs/)")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)"
+    )
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress lines (only the result line)"
     )
 
 

@@ -17,7 +17,8 @@ def run_pate_command(args: argparse.Namespace) -> int:
     try:
         config = load_pate_config(args.config, parse_overrides(args.set))
         out = args.out if args.out is not None else new_run_dir("runs", "pate")
-        results = run_pate(config, out_dir=out)
+        quiet = getattr(args, "no_progress", False)
+        results = run_pate(config, out_dir=out, log=(lambda _line: None) if quiet else print)
     except (ValueError, OSError) as err:
         print(f"fedsgld pate: error: {err}", file=sys.stderr)
         return 2

@@ -48,9 +48,20 @@ def _int(name: str, v: Any, lo: int, hi: int | None = None) -> None:
         raise ValueError(f"{name} must be an integer {rng}, got {v!r}")
 
 
+#: Values of a setting that name another command: what to run instead.
+_OTHER_COMMANDS = {("method", "pate"): "PATE is its own command: fedsgld pate CONFIG"}
+
+
 def _choice(name: str, v: Any, options: tuple[str, ...]) -> None:
     if v not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}; got {v!r}")
+        hint = _OTHER_COMMANDS.get((name, v))
+        if hint is None and isinstance(v, str):
+            near = difflib.get_close_matches(v, options, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else None
+        raise ValueError(
+            f"{name} must be one of {', '.join(options)}; got {v!r}"
+            + (f" ({hint})" if hint else "")
+        )
 
 
 def unknown_settings_message(unknown: list[str], valid: typing.Iterable[str]) -> str:

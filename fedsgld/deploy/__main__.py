@@ -1,7 +1,8 @@
 """``python -m fedsgld.deploy supernode|superlink -- ...``: the fast path (see
-:mod:`fedsgld.deploy.fast`), without the rest of the ``fedsgld`` command.
+:mod:`fedsgld.deploy.fast`), without the rest of the ``fedsgld`` command (what ``fedsgld
+supernode`` execs, to keep a site's process small).
 ``python -m fedsgld.deploy run APP CONNECTION ...``: ``flwr run`` whose exit status is
-the run's outcome (:mod:`fedsgld.deploy.run`)."""
+the run's outcome (:mod:`fedsgld.deploy.run`); documented as ``fedsgld deploy run``."""
 
 import sys
 

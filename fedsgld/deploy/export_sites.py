@@ -1,6 +1,7 @@
 """Write each site's shard of a config's dataset to its own ``.npz`` file.
 
-    python -m fedsgld.deploy.export_sites CONFIG [--set key=value ...] --out DIR
+    fedsgld deploy export-sites CONFIG [--set key=value ...] --out DIR
+    python -m fedsgld.deploy.export_sites CONFIG [--set key=value ...] --out DIR   (the same)
 
 writes ``DIR/site-<k>.npz`` (``x_train``, ``y_train``, ``x_test``, ``y_test``,
 ``num_classes``) for every site k: the engine's split (same dataset, partition and
@@ -45,7 +46,9 @@ def export_sites(config: Config, out: str | Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m fedsgld.deploy.export_sites", description=__doc__.split("\n\n")[0]
+        prog="fedsgld deploy export-sites",
+        description="Write each site's records of a config's dataset to DIR/site-<k>.npz "
+        "(x_train, y_train, x_test, y_test, num_classes): the in-process engine's split.",
     )
     ap.add_argument(
         "config", nargs="?", default=None, help="TOML config (default: built-in defaults)"
@@ -58,10 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, parse_overrides(args.set))
     except ValueError as err:
-        print(f"export_sites: error: {err}", file=sys.stderr)
+        print(f"fedsgld deploy export-sites: error: {err}", file=sys.stderr)
         return 2
     if config.run.seed == -1:
-        print("export_sites: error: seed -1 gives a random split; set a seed", file=sys.stderr)
+        print(
+            "fedsgld deploy export-sites: error: seed -1 gives a random split; set a seed",
+            file=sys.stderr,
+        )
         return 2
     for p in export_sites(config, args.out):
         print(p)

@@ -252,3 +252,15 @@ def recal_privacy_block(acc, st: dict[str, Any], p: PrivacySettings) -> dict[str
         ),
     )
     return block
+
+
+def note_contributors(contributors: list[dict[str, Any]], rnd: int, sites: list[int]) -> None:
+    """Add round ``rnd``'s contributing ``sites`` to results.json's ``round_contributors``,
+    run-length encoded: ``{"rounds": [first, last], "sites": [...]}`` per stretch of
+    consecutive rounds with the same sites (a replay after a resume starts a new one)."""
+    sites = sorted(int(k) for k in sites)
+    last = contributors[-1] if contributors else None
+    if last is not None and last["sites"] == sites and last["rounds"][1] + 1 == rnd:
+        last["rounds"][1] = rnd
+    else:
+        contributors.append({"rounds": [rnd, rnd], "sites": sites})

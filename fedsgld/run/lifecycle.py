@@ -48,6 +48,7 @@ from fedsgld.run.blocks import (
     Evaluate,
     budget_accounting,
     history_row,
+    note_contributors,
     randomness_block,
 )
 from fedsgld.run.layout import (
@@ -57,9 +58,15 @@ from fedsgld.run.layout import (
     ckpt_config,
     new_run_dir,
 )
-from fedsgld.run.progress import Progress
+from fedsgld.run.progress import Progress, RoundInfo
 from fedsgld.run.recalibration import fit_temperature, reserve_recalibration
 from fedsgld.run.resume import open_run_dir, resolve_seed, restore_ledger
+from fedsgld.run.stops import (
+    RunInterrupted,
+    discard_unreleased,
+    refuse_empty_plan,
+    released_nothing,
+)
 
 
 class RunLifecycle:
@@ -87,6 +94,7 @@ class RunLifecycle:
         self.user_config = config
         out = Path(out).expanduser() if out else new_run_dir(tag=tag or config.privacy.method)
         self.out = out
+        self.created = not out.exists()  # removed again if interrupted before any release
         self.saved = open_run_dir(out, config, resume=resume, log=log)
         self.ckpt, self.ledger_file = self.saved.ckpt, self.saved.ledger_file
         self.chain = self.saved.chain
@@ -141,12 +149,16 @@ class RunLifecycle:
         state["lifecycle"] = self._lifecycle_record()
         # the object as it reads back from the file, so that its digest can be checked
         sealed, link = self.chain.seal(strict_json(state), epoch=self.epoch)
+        self.out.mkdir(parents=True, exist_ok=True)  # a new run's directory: its first write
         write_json(self.out / LEDGER, sealed)
         self.chain.append(link)  # after ledger.json: a crash between them is completed on resume
 
     def attach(self, server) -> None:
         """Restore ``server`` from the checkpoint and the larger ledger, hook the ledger
-        write in front of every noise draw, and persist the new epoch before anything runs."""
+        write in front of every noise draw, and persist the new epoch before anything runs.
+
+        A new run whose budget affords no round is refused here
+        (:class:`~fedsgld.run.stops.NothingToSpend`), before its directory exists."""
         self.server = server
         server.on_spend = self.persist_ledger
         if self.ckpt is not None:
@@ -159,6 +171,8 @@ class RunLifecycle:
                 f"resumed at {where}, epoch {self.epoch}; the ledger holds "
                 f"{acc.steps if acc is not None else 0} steps (fresh noise from here on)"
             )
+        else:
+            refuse_empty_plan(self.config, server)
         self.persist_ledger()
 
     def checkpoint(self, **extra: Any) -> None:
@@ -178,7 +192,6 @@ class RunLifecycle:
         atomic_write(self.out / CHECKPOINT, lambda p: torch.save(state, p))
 
     # -- the loop --------------------------------------------------------------------------
-    # -- the loop --------------------------------------------------------------------------
     def train(
         self,
         round_fn: Callable[[], Any],
@@ -188,6 +201,7 @@ class RunLifecycle:
         on_checkpoint: Callable[[], dict[str, Any]] | None = None,
         checkpoint_on: tuple[type[BaseException], ...] = (),
         contributors: Callable[[], list[int]] | None = None,
+        on_round: Callable[[RoundInfo], Any] | None = None,
     ) -> None:
         """Run rounds until ``round_fn()`` returns None (the server's plan was None).
 
@@ -199,16 +213,24 @@ class RunLifecycle:
         with fresh noise, and the ledger keeps counting their first release.
         ``contributors()``: the sites whose replies the round just taken used (default:
         every site, as in the in-process engine); results.json's ``round_contributors``.
+        ``on_round(info)``: called after every round (:class:`~fedsgld.run.progress.RoundInfo`).
+        Ctrl-C raises :class:`~fedsgld.run.stops.RunInterrupted` (see :meth:`_interrupted`).
         """
         server = self.server
         extra = on_checkpoint or (lambda: {})
-        reserved = reserve_recalibration(  # the rounds cut so that recalibration fits
-            server,
-            self.config,
-            done=bool(self.extra_state.get("recal")),
-            fresh=self.ckpt is None and self.ledger_file is None,
-            log=self.log,
-        )
+        fresh = self.ckpt is None and self.ledger_file is None
+        try:  # the rounds cut so that recalibration fits
+            reserved = reserve_recalibration(
+                server,
+                self.config,
+                done=bool(self.extra_state.get("recal")),
+                fresh=fresh,
+                log=self.log,
+            )
+        except ValueError:  # a new run whose recalibration cannot fit: refused, nothing kept
+            if fresh and released_nothing(server):
+                discard_unreleased(self.out, created=self.created)
+            raise
         bar = self._progress(enabled=progress)
         last_plan = None
         try:
@@ -218,14 +240,20 @@ class RunLifecycle:
                 if plan is None:
                     break
                 last_plan = plan
-                self._note_contributors(
+                note_contributors(
+                    self.contributors,
                     plan.round,
                     contributors() if contributors else list(range(self.config.run.sites)),
                 )
                 acc = self._after_round(plan, evaluate, extra)
                 self.round_times.append(time.perf_counter() - t0)
                 bar.update(server, evaluated=acc)
-        except (KeyboardInterrupt, *checkpoint_on):
+                if on_round is not None:
+                    on_round(RoundInfo(server.t, bar.total, bar.eps, acc, server.theta))
+        except KeyboardInterrupt:
+            bar.close()
+            raise self._interrupted(extra) from None
+        except checkpoint_on:
             bar.close()
             self.checkpoint(**extra())
             raise
@@ -234,6 +262,16 @@ class RunLifecycle:
             raise
         bar.close()
         self._stop(reserved, last_plan, evaluate, extra)
+
+    def _interrupted(self, extra) -> RunInterrupted:
+        """Ctrl-C during training: a run that released nothing leaves no run files (and no
+        directory it created); any other is checkpointed, resumable."""
+        server = self.server
+        if released_nothing(server) and self.ckpt is None and self.ledger_file is None:
+            discard_unreleased(self.out, created=self.created)
+            return RunInterrupted(0, None)
+        self.checkpoint(**extra())
+        return RunInterrupted(server.t, self.out)
 
     def _progress(self, *, enabled: bool) -> Progress:
         """Log what the budget allows; the progress display over the affordable rounds."""
@@ -281,16 +319,6 @@ class RunLifecycle:
             self._record(evaluate, last_plan)  # where the budget (or the round limit) ended it
         self.log(f"stopped after {server.t} rounds: {server.halt_reason}")
         self.checkpoint(**extra())
-
-    def _note_contributors(self, rnd: int, sites: list[int]) -> None:
-        """Run-length encoded: ``{"rounds": [first, last], "sites": [...]}`` per stretch of
-        consecutive rounds with the same sites (a replay after a resume starts a new one)."""
-        sites = sorted(int(k) for k in sites)
-        last = self.contributors[-1] if self.contributors else None
-        if last is not None and last["sites"] == sites and last["rounds"][1] + 1 == rnd:
-            last["rounds"][1] = rnd
-        else:
-            self.contributors.append({"rounds": [rnd, rnd], "sites": sites})
 
     # -- recalibration -----------------------------------------------------------------
     def recalibrate(

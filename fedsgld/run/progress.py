@@ -5,6 +5,23 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """What a per-round callback is told after round ``round`` (1-based count of rounds
+    taken): the rounds the budget allows in all, the rigorous epsilon spent (as last
+    computed by the progress display, at most a few rounds old; None without an
+    accountant), the pooled test accuracy of this round's evaluation (None when the round
+    was not evaluated) and the parameters theta (or phi) after the round (read-only)."""
+
+    round: int
+    planned: int
+    epsilon: float | None
+    test_accuracy: float | None
+    theta: Any
 
 
 class Progress:

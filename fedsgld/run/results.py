@@ -63,19 +63,22 @@ def run_title(results: dict[str, Any]) -> str:
 def plot_history(
     history: list[dict[str, Any]], path: Path, *, budget: float | None, title: str | None = None
 ) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.7))
+    """Epsilon, accuracy, NLL and ECE over the rounds, each on its own axis."""
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.4), sharex=True)
     r = [h["round"] for h in history]
-    axes[0].plot(r, [h["epsilon"] for h in history], marker=".")
+    (eps, acc), (nll, ece) = axes
+    eps.plot(r, [h["epsilon"] for h in history], marker=".")
+    eps_title = "epsilon spent (rigorous)"
     if budget is not None:
-        axes[0].axhline(budget, color="red", ls="--", lw=1, label=f"budget {budget:g}")
-        axes[0].legend()
-    axes[0].set(title="epsilon spent (rigorous)", xlabel="round")
-    axes[1].plot(r, [h["test_accuracy"] for h in history], marker=".")
-    axes[1].set(title="pooled test accuracy", xlabel="round")
-    axes[2].plot(r, [h["test_ece"] for h in history], marker=".", label="ECE")
-    axes[2].plot(r, [h["test_nll"] for h in history], marker=".", label="NLL")
-    axes[2].set(title="pooled test NLL / ECE", xlabel="round")
-    axes[2].legend()
+        eps.axhline(budget, color="red", ls="--", lw=1)
+        eps_title += f"; budget {budget:g} dashed"
+    eps.set(title=eps_title)
+    acc.plot(r, [h["test_accuracy"] for h in history], marker=".", color="C1")
+    acc.set(title="pooled test accuracy")
+    nll.plot(r, [h["test_nll"] for h in history], marker=".", color="C2")
+    nll.set(title="pooled test NLL", xlabel="round")
+    ece.plot(r, [h["test_ece"] for h in history], marker=".", color="C3")
+    ece.set(title="pooled test ECE", xlabel="round")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -275,14 +278,15 @@ def compare_runs(run_dirs: list[str | Path], out: str | Path, *, posterior: bool
         pr = r["privacy"]
         acc = pr.get("rigorous_accountant") or "pld"
         eps = pr["epsilon"].get(acc)
-        name = pr["method"] + ("" if pr.get("budget") is None else f", epsilon {eps:.3f}")
-        if name in runs:
-            name = f"{name} ({Path(d).name})"
+        what = pr["method"] + ("" if pr.get("budget") is None else f", epsilon {eps:.3f}")
+        run = Path(d).resolve().name  # the directory tells two runs of one method apart
+        name = f"{run} ({what})"
+        i = 2
+        while name in runs:
+            name, i = f"{run} #{i} ({what})", i + 1
         runs[name] = bins_from_json(r["reliability"]["last"])
         if posterior and r["reliability"].get("posterior"):
-            runs[f"{pr['method']} posterior average"] = bins_from_json(
-                r["reliability"]["posterior"]
-            )
+            runs[f"{run} posterior average"] = bins_from_json(r["reliability"]["posterior"])
     return plot_comparison(
         runs,
         out,

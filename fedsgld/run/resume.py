@@ -55,7 +55,10 @@ class SavedRun:
 def open_run_dir(
     out: Path, config: Config, *, resume: bool, log: Callable[[str], None]
 ) -> SavedRun:
-    """Check ``out`` for a new run or a resume, read what a resume continues, create it."""
+    """Check ``out`` for a new run or a resume and read what a resume continues. A new
+    run's directory is created with its first ledger write
+    (:meth:`~fedsgld.run.lifecycle.RunLifecycle.persist_ledger`), so that a run refused or
+    interrupted before then leaves none."""
     ckpt_path, ledger_path = out / CHECKPOINT, out / LEDGER
     held = (ckpt_path, ledger_path, out / ledger_chain.CHAIN)
     if not resume and any(p.exists() for p in held):
@@ -64,11 +67,13 @@ def open_run_dir(
             "resume=true) or choose another output directory"
         )
     if resume and not (ckpt_path.exists() or ledger_path.exists()):
-        raise ResumeError(f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}")
+        raise ResumeError(
+            f"resume: {str(out)!r} holds no {CHECKPOINT} and no {LEDGER}, so there is no run "
+            "to resume; drop --resume (resume=false) to start a new run there"
+        )
     saved = SavedRun(chain=ledger_chain.LedgerChain(out))
     if resume:
         _read_saved(saved, out, config, log)
-    out.mkdir(parents=True, exist_ok=True)
     return saved
 
 

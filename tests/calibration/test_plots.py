@@ -77,19 +77,80 @@ def test_count_axis_labels_are_plain_numbers_without_zero():
     assert {"1", "10", "100"} <= set(visible)
 
 
-def test_site_bars_are_labelled_with_their_counts():
-    import matplotlib.pyplot as plt
+def test_site_panels_show_their_counts_in_a_strip_not_in_tiny_text(tmp_path, monkeypatch):
+    p, y = _data(6)
+    fig, _ = _figure_of(
+        monkeypatch, lambda: plot_site_grid({"site 0": (p[:40], y[:40])}, tmp_path / "g.png")
+    )
+    from fedsgld.calibration.metrics import reliability_bins
+
+    bars, strip = [a for a in fig.axes if a.axison]
+    heights = sorted(r.get_height() for r in strip.patches if r.get_height() > 0)
+    assert heights == sorted(float(c) for c in reliability_bins(p[:40], y[:40])["counts"] if c > 0)
+    assert strip.get_yscale() == "log"
+    assert not bars.texts and not strip.texts  # no 5-point numbers over the bars
+    assert not any(patch.get_hatch() for patch in bars.patches)  # no unexplained hatching
+
+
+def test_site_grid_puts_its_key_in_the_empty_cell(tmp_path, monkeypatch):
+    """4 sites and the pooled panel in a 2 x 3 grid: the sixth cell holds the key."""
+    per_site = {f"site {k}": _confident(200, k) for k in range(4)}
+    per_site["pooled"] = _confident(800, 9)
+    fig, _ = _figure_of(monkeypatch, lambda: plot_site_grid(per_site, tmp_path / "g.png"))
+    shown = [a for a in fig.axes if a.axison]
+    assert len(shown) == 2 * 5  # every visible cell holds a panel and its count strip
+    (key,) = [a for a in fig.axes if not a.axison]
+    assert key.get_legend() is not None
+    _assert_legends_outside_axes(fig)
+    r = fig.canvas.get_renderer()
+    box = key.get_legend().get_window_extent(r)
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+
+
+def test_comparison_tells_two_runs_of_one_method_apart(tmp_path, monkeypatch):
+    import json
 
     from fedsgld.calibration.metrics import reliability_bins
-    from fedsgld.calibration.plots import _draw_bars
+    from fedsgld.calibration.plots import bins_to_json
+    from fedsgld.run.results import compare_runs
 
-    p, y = _data(6)
-    b = reliability_bins(p[:40], y[:40])
-    fig, ax = _axes()
-    _draw_bars(ax, b, show_counts=True)
-    texts = sorted(int(t.get_text()) for t in ax.texts)
-    plt.close(fig)
-    assert texts == sorted(int(c) for c in b["counts"] if c > 0)
+    dirs = []
+    for name, seed in (("dpsgd-a", 0), ("dpsgd-b", 1)):
+        b = reliability_bins(*_confident(500, seed))
+        d = tmp_path / name
+        d.mkdir()
+        r = {
+            "privacy": {"method": "dpsgd", "budget": 4.0, "rigorous_accountant": "pld",
+                        "epsilon": {"pld": 3.9}, "delta": 1e-5},
+            "reliability": {"last": bins_to_json(b)},
+        }  # fmt: skip
+        (d / "results.json").write_text(json.dumps(r))
+        dirs.append(d)
+    fig, _ = _figure_of(monkeypatch, lambda: compare_runs(dirs, tmp_path / "c.png"))
+    labels = [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+    assert (
+        len(labels) == 2 and labels[0].startswith("dpsgd-a (") and labels[1].startswith("dpsgd-b (")
+    )
+    hist = [a for a in fig.axes if a.get_title() == "confidence histogram"][0]
+    assert not hist.lines  # no bands or lines piled up where the confidences are
+    _assert_legends_outside_axes(fig)
+
+
+def test_history_gives_nll_and_ece_their_own_axes(tmp_path, monkeypatch):
+    from fedsgld.run.results import plot_history
+
+    hist = [
+        {"round": r, "epsilon": r / 10, "test_accuracy": 0.5 + r / 100, "test_nll": 2.0 - r / 10,
+         "test_ece": 0.1 - r / 1000}
+        for r in range(5, 30, 5)
+    ]  # fmt: skip
+    fig, _ = _figure_of(monkeypatch, lambda: plot_history(hist, tmp_path / "h.png", budget=4.0))
+    titles = {a.get_title(): a for a in fig.axes}
+    nll, ece = titles["pooled test NLL"], titles["pooled test ECE"]
+    assert nll is not ece
+    lo, hi = ece.get_ylim()
+    assert lo >= 0.05 and hi <= 0.1  # ECE fills its own axis, not NLL's
+    assert not any(a.get_legend() for a in fig.axes) and not fig.legends
 
 
 def test_mean_confidence_is_drawn_above_the_accuracy():

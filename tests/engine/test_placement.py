@@ -69,14 +69,21 @@ def test_local_steps_are_each_accounted(tmp_path):
 
 
 def test_the_budget_stops_whole_rounds_of_local_steps(tmp_path):
-    res = _run(tmp_path, "tight", noise_placement="sites", local_steps=4, epsilon=2.0, rounds=50)
+    # a budget of a few rounds of 4 local steps (one that affords none is refused)
+    res = _run(tmp_path, "tight", noise_placement="sites", local_steps=4, epsilon=10.0, rounds=50)
     p = res["privacy"]
     assert p["halted"] and "4 local steps" in p["halt_reason"]
-    assert p["ledger_steps"] == 4 * p["steps"]
-    assert p["epsilon"]["pld"] <= 2.0
+    assert 1 <= p["steps"] < 50 and p["ledger_steps"] == 4 * p["steps"]
+    assert p["epsilon"]["pld"] <= 10.0
     # dp_accounting: the rounds taken fit the budget, one more round would have overspent
-    assert pld_epsilon(_schedule(4 * p["steps"]), delta=1e-5) <= 2.0
-    assert pld_epsilon(_schedule(4 * (p["steps"] + 1)), delta=1e-5) > 2.0
+    assert pld_epsilon(_schedule(4 * p["steps"]), delta=1e-5) <= 10.0
+    assert pld_epsilon(_schedule(4 * (p["steps"] + 1)), delta=1e-5) > 10.0
+
+
+def test_a_budget_that_affords_no_round_of_local_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="affords 0 of the 50 rounds"):
+        _run(tmp_path, "none", noise_placement="sites", local_steps=4, epsilon=2.0, rounds=50)
+    assert not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize(

@@ -146,3 +146,23 @@ def test_make_demo_runs_what_the_check_runs():
         )
     clean = re.search(r"^clean:.*\n((?:\t.*\n)+)", make, re.M).group(1)
     assert "$(VENV)" not in clean and ".venv" not in clean
+
+
+def test_check_uses_the_measured_tolerance_unless_exact(tmp_path, capsys):
+    """``--check`` compares as the tests do: a run on another processor whose accuracy moved
+    by less than the tolerance matches; ``--check --exact`` sees the changed digit."""
+    import json
+
+    runs = {"dpsgld": _fake("dpsgld"), "dpsgd": _fake("dpsgd", ece=0.0345)}
+    readme = tmp_path / "README.md"
+    readme.write_text(rn.rewrite(README.read_text(), runs))
+    runs["dpsgld"]["metrics"]["pooled"]["accuracy"] += rn.TOLERANCE["accuracy"] / 2
+    dirs = []
+    for method, r in runs.items():
+        (tmp_path / method).mkdir()
+        (tmp_path / method / "results.json").write_text(json.dumps(r))
+        dirs.append(str(tmp_path / method))
+    assert rn.main([*dirs, "--readme", str(readme), "--check"]) == 0
+    assert "matches" in capsys.readouterr().out
+    assert rn.main([*dirs, "--readme", str(readme), "--check", "--exact"]) == 1
+    assert "differs" in capsys.readouterr().out

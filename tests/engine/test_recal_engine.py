@@ -108,8 +108,10 @@ def test_halting_reserves_the_recalibration_in_the_one_budget(tmp_path):
 
 
 def test_recalibration_alone_over_budget_is_refused_before_training(tmp_path):
+    # training alone fits this budget (one that affords no round is refused before this)
     with pytest.raises(ValueError, match="recal_noise_multiplier"):
-        _run(tmp_path, "x", rounds=5, epsilon=0.5, recal_noise_multiplier=0.5, recal_steps=50)
+        _run(tmp_path, "x", rounds=5, epsilon=5.0, recal_noise_multiplier=0.5, recal_steps=50)
+    assert not (tmp_path / "x").exists()  # refused before anything was released
 
 
 def test_non_private_recalibration_fits_without_noise_or_ledger(tmp_path):

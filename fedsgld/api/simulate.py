@@ -1,0 +1,173 @@
+"""``fedsgld.simulate``: a federation from Python objects, run by the in-process engine.
+
+The same builder, lifecycle and engine as ``fedsgld simulate CONFIG`` (one training loop):
+only where the model and the sites' records come from differs. A user's model factory is
+called once under the run's seed (so its initial weights are reproducible) and its records
+stay in the process, one :class:`~fedsgld.data.partition.SiteData` per site.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsgld import engine
+from fedsgld.api.models import check_model
+from fedsgld.api.result import Result
+from fedsgld.config import Config, load_config
+from fedsgld.data.user import user_sites
+from fedsgld.files import write_json
+from fedsgld.run.progress import RoundInfo
+from fedsgld.run.stops import RunInterrupted
+
+ModelArg = Callable[[], nn.Module] | str | None
+
+
+def make_config(
+    config: str | Path | Config | Mapping[str, Any] | None, settings: Mapping[str, Any]
+) -> Config:
+    """A :class:`Config` from a TOML file, a Config, a flat mapping or nothing (defaults),
+    with ``settings`` (flat config keys) over it; ValueError names an unknown key."""
+    if isinstance(config, Config):
+        return Config.from_flat({**config.flat(), **settings})
+    if isinstance(config, Mapping):
+        return load_config(None, {**config, **settings})
+    return load_config(config, dict(settings))
+
+
+def _trained_model(fed, theta: torch.Tensor) -> nn.Module:
+    """The federation's module holding ``theta`` (the mean mu for variational methods)."""
+    fm = fed.sites[0].fm
+    params = dict(fed.model.named_parameters())
+    flat = theta[: fm.theta_size].to(next(iter(params.values())).device)
+    with torch.no_grad():
+        for name, chunk in zip(fm.names, flat.split(fm.numels), strict=True):
+            params[name].copy_(chunk.view_as(params[name]))
+    return fed.model
+
+
+def _run_dir(out_dir: str | Path | None) -> tuple[Path, Any]:
+    if out_dir is not None:
+        return Path(out_dir).expanduser(), None
+    tmp = tempfile.TemporaryDirectory(prefix="fedsgld-")
+    return Path(tmp.name) / "run", tmp
+
+
+def simulate(
+    model: ModelArg = None,
+    sites: Sequence[Any] | int | None = None,
+    *,
+    test_sites: Sequence[Any] | None = None,
+    num_classes: int | None = None,
+    config: str | Path | Config | Mapping[str, Any] | None = None,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_round: Callable[[RoundInfo], Any] | None = None,
+    **settings: Any,
+) -> Result:
+    """Train one federation in this process and return its :class:`Result`.
+
+    ``model``: a function returning any ``nn.Module`` that maps a batch of records to
+    logits (called once, under the run's seed), or a built-in model's name; None: the
+    config's. ``sites``: one entry per site: a torch ``Dataset``, an ``(x, y)`` pair or a
+    flwr-datasets partition; None (or a number of sites): the config's dataset, split into
+    the config's sites.
+    ``test_sites``: each site's test records (default: ``test_fraction`` of its own).
+    ``settings``: any config key (``fedsgld config`` lists them), e.g. ``method="dpsgld",
+    epsilon=4.0, noise_placement="sites", rounds=200, sample_rate=0.05, clip=1.0``; over
+    ``config`` (a TOML file, a :class:`Config` or a dict). Privacy settings go to the
+    accountant exactly as in a config file: every step is checked against
+    ``epsilon`` at ``delta`` before its noise is drawn, and a plan that affords no step is a
+    ValueError before anything is written.
+
+    ``out_dir``: the run directory (default: a temporary one, removed with the result;
+    :meth:`Result.save` copies it); ``resume``: continue the run in ``out_dir``.
+    ``progress=False`` prints nothing. ``on_round(info)`` is called after every round.
+    Ctrl-C raises :class:`~fedsgld.run.stops.RunInterrupted` (a KeyboardInterrupt) after
+    checkpointing, in ``out_dir``, a run that released something (resume it with
+    ``resume=True``); without ``out_dir`` nothing is kept.
+
+    Privacy caveat: a simulation seeds every party's noise from ``seed``; it is private only
+    against parties who do not know the seed (see docs/privacy.md).
+    """
+    if isinstance(model, str):
+        settings = {**settings, "model": model}
+        model = None
+    elif model is not None and not callable(model):
+        raise ValueError("model: pass a function that returns an nn.Module (or a model's name)")
+    data = None
+    if isinstance(sites, int) and not isinstance(sites, bool):  # the config key: a count
+        settings, sites = {**settings, "sites": sites}, None
+    if sites is not None:
+        if isinstance(sites, (str, bytes)) or not isinstance(sites, Sequence):
+            raise ValueError("sites: a list with one entry per site")
+        settings = {**settings, "sites": len(sites)}
+    cfg = make_config(config, settings)  # every setting checked before any work
+    if sites is not None:
+        data = user_sites(
+            sites,
+            test_sites,
+            test_fraction=cfg.run.test_fraction,
+            num_classes=num_classes,
+            seed=max(cfg.run.seed, 0),
+        )
+    if model is not None and data is not None:
+        check_model(model, data[0].x_train, data[0].y_train, data[0].num_classes)
+    out, tmp = _run_dir(out_dir)
+    log = print if progress else (lambda _line: None)
+    built: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        # the per-record gradient path in use is part of the result (Result.grad_path)
+        warnings.filterwarnings("ignore", message="per-record gradients fall back")
+        try:
+            res = engine.run(
+                cfg, out_dir=out, resume=resume, progress=progress, log=log,
+                config_source="python", model_fn=model, site_data=data, on_round=on_round,
+                built=built,
+            )  # fmt: skip
+        except RunInterrupted as err:
+            if tmp is None:
+                raise
+            # a temporary directory goes with this call: nothing is kept to resume
+            raise RunInterrupted(err.rounds, None) from None
+    res.pop("_eval", None)
+    return _result(
+        res, built["federation"], built["server"], out, tmp,
+        user_model=model is not None, user_data=data is not None,
+    )  # fmt: skip
+
+
+def _result(res, fed, server, out: Path, tmp, *, user_model: bool, user_data: bool) -> Result:
+    """The :class:`Result`; results.json records where the model and records came from."""
+    res.pop("out_dir", None)
+    source = {
+        "model": type(fed.model).__name__ if user_model else "config",
+        "sites": "python" if user_data else "config",
+    }
+    res["python_api"] = source
+    write_json(out / "results.json", res)
+    theta = server.theta.detach().cpu().clone()
+    result = Result(
+        results=res,
+        directory=out,
+        model=_trained_model(fed, theta),
+        theta=theta,
+        samples=[t.detach().cpu().clone() for t in server.posterior.samples],
+        grad_path=fed.sites[0].fm.grad_path,
+        _flat=fed.sites[0].fm,
+        _keep=tmp,
+    )
+    if tmp is not None:
+        weakref.finalize(result, tmp.cleanup)
+    return result
+
+
+__all__ = ["make_config", "simulate"]
