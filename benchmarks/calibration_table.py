@@ -10,7 +10,8 @@ step sizes x two temperatures, the temperatures scaled with the epsilon so that 
 about the DP-SGD noise multiplier that spends the budget in ``rounds`` steps, and twice
 that temperature). Every point runs every seed; each row's point is chosen on the
 validation splits by mean NLL; ``+recal`` rows rerun the selected sgd/dpsgd/dpsgld points
-with a calibration split held out. Finished trials are read back, so an interrupted table
+with a calibration split of 0.15 taken out of the held-out records (the same training
+size as the other rows). Finished trials are read back, so an interrupted table
 resumes. Writes OUT/<dataset>/eps<e>/ (one sweep each), OUT/table.md (means: the README's
 table), OUT/table_full.md (with standard deviations and per-site results: docs/calibration.md)
 and OUT/table.json, and prints the table.
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilons", nargs="+", type=float, default=[0.5, 1.0, 4.0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--recal", type=float, default=0.2)
+    ap.add_argument("--recal", type=float, default=0.15)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
         "--report-only",

@@ -51,8 +51,12 @@ def _check_options(select: str, validation_fraction: float, recal: float, worker
             f"--validation-fraction must be in (0, 1): selection needs a validation split; "
             f"got {validation_fraction!r}"
         )
-    if not 0.0 <= recal < 1.0:
-        raise ValueError(f"--recal must be in [0, 1) (0: no +recal rows); got {recal!r}")
+    if not 0.0 <= recal < validation_fraction:
+        raise ValueError(
+            f"--recal must be in [0, --validation-fraction {validation_fraction:g}) (0: no "
+            "+recal rows; its calibration split comes out of the records held out for "
+            f"validation, so +recal trials train on as many records); got {recal!r}"
+        )
     if workers < 1:
         raise ValueError(f"--workers must be >= 1; got {workers}")
 

@@ -15,7 +15,9 @@ NLL) is chosen, and the row reports that point's TEST metrics, mean and standard
 over the seeds, pooled and per site. With ``--recal F`` the selected point of each
 non-variational method is run again with ``recal_fraction = F`` (a calibration split held
 out, private temperature scaling whose epsilon is reserved in the same budget), giving the
-``+recal`` rows.
+``+recal`` rows; F must be below the validation fraction V, and those trials hold out a
+validation split of (V - F) / (1 - F) instead, so that they train on as many records as
+the other rows.
 
 Tuning on private data has a privacy cost of its own: without ``--private-selection`` the
 reported epsilon is that of one trial, not of the choice among them, and the report says
