@@ -145,7 +145,10 @@ def test_tiny_sweep_on_ray_selects_on_validation_and_resumes(tmp_path):
         trained.setdefault(recal, set()).add(sum(s["n_train"] for s in r["sites"]))
         assert "validation" in r and r["validation"]["last"]["pooled"]["nll"] > 0
         assert r["config"]["threads"] == 1
-    assert trained[True] <= trained[False]  # the same training size
+    # the same training size, up to the rounding of each site's two splits
+    assert (
+        max(trained[True] | trained[False]) - min(trained[True] | trained[False]) <= 2 * 3
+    )  # 3 sites
     rows = set(res["table"])
     assert {"sgd", "sgd+avg", "dpsgld", "dpsgld+bma", "sgd+recal", "dpsgld+recal"} <= rows
     # each row's point is the one with the lowest mean validation NLL among its grid points
