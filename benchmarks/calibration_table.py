@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         help="only rebuild the tables from OUT's sweep.json files",
     )
     ap.add_argument(
+        "--docs",
+        default=None,
+        metavar="MD",
+        help="also write the tables into MD (docs/calibration.md) between its "
+        "<!-- calibration_table: full/means --> markers",
+    )
+    ap.add_argument(
         "--no-ray",
         action="store_true",
         help="run trials in this process (a finished table: read back)",
@@ -166,8 +173,27 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
     (out / "table.json").write_text(json.dumps(tables, indent=1, default=str))
+    if args.docs:
+        splice_docs(Path(args.docs), {"full": "\n".join(full), "means": text})
     print(text)
     return 0
+
+
+def splice_docs(path: Path, parts: dict[str, str]) -> None:
+    """Replace the text between ``<!-- calibration_table: NAME -->`` and
+    ``<!-- calibration_table: end NAME -->`` in ``path`` by ``parts[NAME]``."""
+    doc = path.read_text()
+    for name, body in parts.items():
+        begin, end = (
+            f"<!-- calibration_table: {name} -->",
+            f"<!-- calibration_table: end {name} -->",
+        )
+        if doc.count(begin) != 1 or doc.count(end) != 1:
+            raise SystemExit(f"{path}: needs exactly one {begin} and one {end}")
+        head, rest = doc.split(begin)
+        _, tail = rest.split(end)
+        doc = f"{head}{begin}\n\n{body.strip()}\n\n{end}{tail}"
+    path.write_text(doc)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,11 @@ def main(root: str) -> None:
         res = json.loads(sweep.read_text())
         for row, t in res["table"].items():
             p = t["pooled"]
+            eps = t["epsilon"]["mean"]
+            eps_text = "-" if eps is None or eps != eps else f"{eps:.2f}"
             print(
                 f"| {sweep.parent.name} | {row} | {t['point_label']} | {t['steps']['mean']:.0f} | "
-                f"{t['epsilon']['mean']:.2f} | {p['accuracy']['mean']:.3f} ± "
+                f"{eps_text} | {p['accuracy']['mean']:.3f} ± "
                 f"{p['accuracy']['std']:.3f} | {p['ece']['mean']:.4f} ± {p['ece']['std']:.4f} |"
             )
 
