@@ -23,3 +23,5 @@ run dpsgld_clip5 dpsgld --set clip=5 --grid lr=0.1 --grid temperature=30
 run dpsgld_const dpsgld --set decay_gamma=0 --grid lr=0.5 --grid temperature=6
 run dpsgld_thin dpsgld --set burn_in=200 --set thin=2 --set max_samples=50 \
   --grid lr=0.5 --grid temperature=6
+run dpsgd_clip5_lr0.25 dpsgd --set clip=5 --grid lr=0.25
+run dpsgd_clip5_recal dpsgd --set clip=5 --grid lr=0.05 --recal 0.15
