@@ -64,7 +64,8 @@ def main() -> None:
         conf, acc, ece = test_confidences(Path(d))
         m, s = floor(conf, args.draws)
         print(
-            f"{d}: n={conf.size} accuracy {acc:.3f} ECE {ece:.4f}; calibrated floor {m:.4f} ± {s:.4f}"
+            f"{d}: n={conf.size} accuracy {acc:.3f} mean confidence {conf.mean():.3f} ECE {ece:.4f}; "
+            f"calibrated floor {m:.4f} ± {s:.4f}"
         )
 
 
