@@ -10,7 +10,8 @@ step sizes x two temperatures, the temperatures scaled with the epsilon so that 
 about the DP-SGD noise multiplier that spends the budget in ``rounds`` steps, and twice
 that temperature). Every point runs every seed; each row's point is chosen on the
 validation splits by mean NLL; ``+recal`` rows rerun the selected sgd/dpsgd/dpsgld points
-with a calibration split held out. Finished trials are read back, so an interrupted table
+with a calibration split of 0.15 taken out of the held-out records (the same training
+size as the other rows). Finished trials are read back, so an interrupted table
 resumes. Writes OUT/<dataset>/eps<e>/ (one sweep each), OUT/table.md (means: the README's
 table), OUT/table_full.md (with standard deviations and per-site results: docs/calibration.md)
 and OUT/table.json, and prints the table.
@@ -80,12 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epsilons", nargs="+", type=float, default=[0.5, 1.0, 4.0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--recal", type=float, default=0.2)
+    ap.add_argument("--recal", type=float, default=0.15)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument(
         "--report-only",
         action="store_true",
         help="only rebuild the tables from OUT's sweep.json files",
+    )
+    ap.add_argument(
+        "--docs",
+        default=None,
+        metavar="MD",
+        help="also write the tables into MD (docs/calibration.md) between its "
+        "<!-- calibration_table: full/means --> markers",
     )
     ap.add_argument(
         "--no-ray",
@@ -165,8 +173,27 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
     (out / "table.json").write_text(json.dumps(tables, indent=1, default=str))
+    if args.docs:
+        splice_docs(Path(args.docs), {"full": "\n".join(full), "means": text})
     print(text)
     return 0
+
+
+def splice_docs(path: Path, parts: dict[str, str]) -> None:
+    """Replace the text between ``<!-- calibration_table: NAME -->`` and
+    ``<!-- calibration_table: end NAME -->`` in ``path`` by ``parts[NAME]``."""
+    doc = path.read_text()
+    for name, body in parts.items():
+        begin, end = (
+            f"<!-- calibration_table: {name} -->",
+            f"<!-- calibration_table: end {name} -->",
+        )
+        if doc.count(begin) != 1 or doc.count(end) != 1:
+            raise SystemExit(f"{path}: needs exactly one {begin} and one {end}")
+        head, rest = doc.split(begin)
+        _, tail = rest.split(end)
+        doc = f"{head}{begin}\n\n{body.strip()}\n\n{end}{tail}"
+    path.write_text(doc)
 
 
 if __name__ == "__main__":

@@ -9,30 +9,41 @@ the fit is a few noisy clipped-gradient steps on s = log T, run like the trainin
 Site k, step j (its own randomness, the calibration split's logits z_i at the final model):
 
     B_k = Poisson sample of the calibration split with rate q_r
-    g_i = d/ds NLL(softmax(z_i e^-s), y_i) = u_{i,y_i} - sum_c p_ic u_ic,   u_i = z_i e^-s,
-          p_i = softmax(u_i)                             (one number per record)
-    S_k = sum_{i in B_k} clip_C(g_i)                     (clip to |g_i| <= C_r)
+    g_i = 1[argmax z_i = y_i] - max_c softmax(z_i e^-s)_c    (hit minus top-label confidence,
+                                                              one number in [-1, 1] per record)
+    S_k = sum_{i in B_k} clip_C(g_i)                          (|g_i| <= 1: no clipping at C_r >= 1)
 
 Server (the same ledger as training, the step recorded BEFORE its noise is drawn):
 
     s <- s - eta (sum_k S_k + sigma_r C_r xi) / (q_r sum_k n_k),   xi ~ N(0, 1)
 
-where n_k is site k's calibration-split size (public, like the training sizes). The fitted
-log T is the mean of the last half of the iterates s_1 .. s_R (post-processing), which
-damps the noise of the last steps.
+where n_k is site k's calibration-split size (public, like the training sizes). The mean of
+g is accuracy minus mean confidence: positive for an under-confident model (s falls, T < 1
+sharpens), negative for an over-confident one; the top-label confidence falls as T grows,
+so the iteration has one root, where mean confidence equals accuracy. The fitted log T is
+the mean of the last half of the iterates s_1 .. s_R (post-processing), which damps the
+noise of the last steps.
 
-What to expect: the noise of one step's mean gradient is nu = sigma_r C_r / (q_r sum_k n_k).
-With the defaults (20 full-batch steps, sigma_r = 70, C_r = 1: epsilon about 0.21 at
-delta 1e-5 on its own, less once composed with training) a few hundred calibration
-records fit T well; below about 2 sigma_r / q_r records (nu > C_r / 2) the fit is
-dominated by noise and can make calibration worse (the run logs a warning). Clipping
-biases the fit towards T = 1 when C_r is small against the records' gradients (|g_i|
-grows with the logits' scale): about 0.3 in log T at C_r = 1 on a model four times
-over-confident, 0.06 at C_r = 2. Each step
-is a Poisson-subsampled Gaussian mechanism (q_r, sigma_r) on records that are also
-training records, so the guarantee composes in the run's one ledger: the run's epsilon
-is that of the training steps and the recalibration steps together, and the budget check
-reserves the recalibration steps before training starts.
+Why this statistic and not the gradient of the NLL with respect to log T
+(:func:`temperature_gradients`, fitted this way before): that gradient is unbounded, so it
+must be clipped, and clipping is one-sided. Misclassified records carry large negative
+gradients (they ask for a higher T) and are the ones clipped, so the clipped fit is pulled
+towards sharper predictions. On a DP-SGLD model of MNIST-5k at epsilon 1 (under-confident,
+ECE 0.064) the clipped gradient's root was T = 0.65 with no noise at all, where the NLL's
+root is T = 0.87: the temperature it fitted left ECE where it was (0.063), while the
+confidence gap's root gives 0.026 without noise and about 0.04 at the default noise
+(docs/calibration.md shows the commands). The gap needs no clipping (sensitivity 1 under
+adding or removing a record), so it has no such bias.
+
+What to expect: the noise of one step's mean statistic is nu = sigma_r C_r / (q_r sum_k n_k).
+With the defaults (20 full-batch steps, sigma_r = 70, C_r = 1: epsilon about 0.21 at delta
+1e-5 on its own, less once composed with training) a few hundred calibration records fit
+T to about 0.1 in log T; below about 2 sigma_r / q_r records (nu > C_r / 2) the fit is
+dominated by noise and can make calibration worse (the run logs a warning). Each step is a
+Poisson-subsampled Gaussian mechanism (q_r, sigma_r) on records that are also training
+records, so the guarantee composes in the run's one ledger: the run's epsilon is that of
+the training steps and the recalibration steps together, and the budget check reserves the
+recalibration steps before training starts.
 
 Zhang, Li, Sen, Roukos & Hashimoto (2022) fit an inverse temperature privately with
 DP-SGD on held-out logits; this is that idea across sites, on log T.
@@ -103,7 +114,8 @@ def temperature_nll(logits: torch.Tensor, labels: torch.Tensor, log_t: float) ->
 
 
 def temperature_gradients(logits: torch.Tensor, labels: torch.Tensor, log_t: float) -> torch.Tensor:
-    """Per-record d NLL_i / d log T = u_y - sum_c p_c u_c with u = z / T: an (N,) tensor."""
+    """Per-record d NLL_i / d log T = u_y - sum_c p_c u_c with u = z / T: an (N,) tensor
+    (diagnostics: unbounded, so a private fit on it must clip, which biases it)."""
     if logits.dim() != 2 or labels.shape != (logits.shape[0],):
         raise ValueError(
             f"logits must be (N, K) and labels (N,), got {tuple(logits.shape)} and "
@@ -112,6 +124,19 @@ def temperature_gradients(logits: torch.Tensor, labels: torch.Tensor, log_t: flo
     u = logits.double() * math.exp(-log_t)
     p = torch.softmax(u, dim=-1)
     return u[torch.arange(u.shape[0]), labels.long()] - (p * u).sum(dim=-1)
+
+
+def confidence_gaps(logits: torch.Tensor, labels: torch.Tensor, log_t: float) -> torch.Tensor:
+    """Per-record 1[argmax z = y] - max_c softmax(z / T)_c, T = exp(log_t): an (N,) tensor
+    in [-1, 1] whose mean is accuracy minus mean top-label confidence."""
+    if logits.dim() != 2 or labels.shape != (logits.shape[0],):
+        raise ValueError(
+            f"logits must be (N, K) and labels (N,), got {tuple(logits.shape)} and "
+            f"{tuple(labels.shape)}"
+        )
+    p = torch.softmax(logits.double() * math.exp(-log_t), dim=-1)
+    conf, pred = p.max(dim=-1)
+    return (pred == labels.long()).double() - conf
 
 
 def site_temperature_sum(
@@ -124,12 +149,13 @@ def site_temperature_sum(
     generator: torch.Generator,
 ) -> torch.Tensor:
     """One site's contribution to a recalibration step: sum over a Poisson sample (rate
-    ``sample_rate``, drawn from ``generator``) of the per-record gradients clipped to
-    ``clip`` (None: unclipped). A (1,) float64 tensor; the sample's size stays at the site."""
+    ``sample_rate``, drawn from ``generator``) of the per-record confidence gaps
+    (:func:`confidence_gaps`, in [-1, 1]) clipped to ``clip`` (None: unclipped). A (1,)
+    float64 tensor; the sample's size stays at the site."""
     idx = poisson_sample(logits.shape[0], sample_rate=sample_rate, generator=generator)
     if idx.numel() == 0:
         return torch.zeros(1, dtype=torch.float64)
-    g = temperature_gradients(logits[idx], labels[idx], log_t)
+    g = confidence_gaps(logits[idx], labels[idx], log_t)
     return clip_and_sum(g.unsqueeze(1), clip=clip)
 
 
@@ -189,6 +215,7 @@ __all__ = [
     "RecalPlan",
     "carve_calibration",
     "carve_split",
+    "confidence_gaps",
     "scaled_log_probs",
     "site_temperature_sum",
     "tail_average",

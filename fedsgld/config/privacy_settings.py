@@ -131,7 +131,8 @@ class PrivacySettings:
         "noise multiplier of each recalibration step (std recal_noise_multiplier * recal_clip), > 0",
     )
     recal_clip: float = setting(
-        1.0, "clip bound of each record's gradient with respect to log T, > 0"
+        1.0,
+        "clip bound of each record's confidence gap in recalibration (gaps lie in [-1, 1]), > 0",
     )
 
     def __post_init__(self) -> None:

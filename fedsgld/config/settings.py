@@ -153,7 +153,7 @@ class RunSettings:
         "private recalibration (+recal): share of each site's training split held out as its "
         "calibration split, in [0, 1); 0: off",
     )
-    recal_lr: float = setting(0.5, "step size on log T of private recalibration, > 0")
+    recal_lr: float = setting(1.0, "step size on log T of private recalibration, > 0")
     max_records: int = setting(
         0,
         "use a random subset of this many of the dataset's records (drawn with the seed, "

@@ -22,6 +22,7 @@ from fedsgld.config import METHODS, parse_overrides
 from fedsgld.files import write_json
 from fedsgld.run.layout import new_run_dir
 from fedsgld.studies.benchmark import load_benchmark
+from fedsgld.studies.sweep_accounting import SelectionSettings
 from fedsgld.studies.sweep_grid import (
     method_points,
     parse_grid,
@@ -30,6 +31,13 @@ from fedsgld.studies.sweep_grid import (
     trial_name,
 )
 from fedsgld.studies.sweep_options import SELECT, add_arguments
+from fedsgld.studies.sweep_private import (
+    check_ledgers,
+    choose,
+    draw_trials,
+    plan_selection,
+    selection_record,
+)
 from fedsgld.studies.sweep_report import plot_accuracy_ece, sweep_markdown
 from fedsgld.studies.sweep_selection import RECAL_METHODS, select_rows, verdict
 from fedsgld.studies.sweep_trials import _Pool
@@ -43,8 +51,12 @@ def _check_options(select: str, validation_fraction: float, recal: float, worker
             f"--validation-fraction must be in (0, 1): selection needs a validation split; "
             f"got {validation_fraction!r}"
         )
-    if not 0.0 <= recal < 1.0:
-        raise ValueError(f"--recal must be in [0, 1) (0: no +recal rows); got {recal!r}")
+    if not 0.0 <= recal < validation_fraction:
+        raise ValueError(
+            f"--recal must be in [0, --validation-fraction {validation_fraction:g}) (0: no "
+            "+recal rows; its calibration split comes out of the records held out for "
+            f"validation, so +recal trials train on as many records); got {recal!r}"
+        )
     if workers < 1:
         raise ValueError(f"--workers must be >= 1; got {workers}")
 
@@ -136,12 +148,20 @@ def run_sweep(
     address: str | None = None,
     workers: int = 2,
     progress: bool = True,
+    private: SelectionSettings | None = None,
+    selection_seed: int | None = None,
     log=print,
 ) -> dict[str, Any]:
-    _check_options(select, validation_fraction, recal, workers)
+    """Run a sweep (see :mod:`fedsgld.studies.sweep_options`); with ``private`` a selection
+    whose privacy is accounted (:mod:`fedsgld.studies.sweep_private`) instead of the table."""
+    _check_options(select if private is None else "nll", validation_fraction, recal, workers)
     base, bench = _settings(config_path, sets, methods, seeds)
     grid = parse_grid(grid_items, bench["methods"])
     root = Path(out) if out else new_run_dir(tag="sweep")
+    if private is not None:
+        return _run_private(base, bench, grid, root, private, validation_fraction, recal,
+                            selection_seed, dict(ray=use_ray, address=address, workers=workers,
+                                                 log=log), progress, log)  # fmt: skip
     (root / "trials").mkdir(parents=True, exist_ok=True)
     job = functools.partial(_job, base, bench, root, validation_fraction)
     jobs = [
@@ -197,19 +217,84 @@ def run_sweep(
     return result
 
 
+def _run_private(base, bench, grid, root, settings, validation_fraction, recal, seed, pool_kw,
+                 progress, log) -> dict[str, Any]:  # fmt: skip
+    """The accounted selection: plan (or refuse), draw, run the drawn trials, choose."""
+    job = functools.partial(_job, base, bench, root, validation_fraction)
+    cands = [(m, p, job(m, p, 0, "private", recal)[1])
+             for m in bench["methods"] for p in method_points(grid, m)]  # fmt: skip
+    plan = plan_selection(cands, settings)
+    root.mkdir(parents=True, exist_ok=True)
+    drawn = draw_trials(cands, settings, root / "selection_plan.json", seed)
+    log(f"sweep: private selection over {len(cands)} grid points, epsilon_total "
+        f"{plan['epsilon_total']:.4f} (one trial {plan['epsilon_trial']:.4f}) at delta "
+        f"{settings.delta:g}; running the drawn trials")  # fmt: skip
+    jobs = []
+    for i, (c, s) in enumerate(zip(drawn["picks"], drawn["seeds"], strict=True)):
+        m, p, _ = cands[c]
+        meta, flat, o = job(m, p, s, f"private{i}", recal)
+        jobs.append(({**meta, "index": i, "candidate": c}, flat, o))
+    trials: list[dict[str, Any]] = []
+    failed: dict[str, str] = {}
+    pool = _Pool(**pool_kw) if jobs else None
+    t0 = time.perf_counter()
+    try:
+        if pool is not None:
+            _execute(pool, jobs, trials, failed, progress=progress, log=log)
+    finally:
+        if pool is not None:
+            pool.close()
+    if failed:
+        raise RuntimeError(f"{len(failed)} trial(s) failed; rerun the same command to resume")
+    check_ledgers(trials, plan["curves"])
+    chosen = choose(trials, settings, drawn["score_entropy"])
+    record = selection_record(settings, plan, drawn, chosen, int(base["sites"]))
+    record["wall_time_s"] = time.perf_counter() - t0
+    write_json(root / "selection.json", record)
+    log(f"sweep: selection written to {root / 'selection.json'}")
+    return {**record, "out_dir": str(root), "verdict": _private_verdict(record), "failed": {}}
+
+
+def _private_verdict(record: dict[str, Any]) -> str:
+    c = record["chosen"]
+    head = (f"Private selection: epsilon_total {record['epsilon_total']:.4f} at delta "
+            f"{record['delta']:g} ({record['trials_run']} trials run)")  # fmt: skip
+    if c is None:
+        return head + "; no trial was drawn, nothing is selected."
+    t = c["test"]["pooled"]
+    return (f"{head}; chosen {c['row']} at {c['point_label']}: test accuracy "
+            f"{t['accuracy']:.3f}, ECE {t['ece']:.4f}.")  # fmt: skip
+
+
 def main(args: argparse.Namespace) -> int:
     try:
+        private = None
+        if args.private_selection:
+            if args.total_epsilon is None:
+                raise ValueError("--private-selection needs --total-epsilon (the whole budget)")
+            private = SelectionSettings(
+                total_epsilon=args.total_epsilon, delta=_delta(args), mean=args.selection_mean,
+                shape=args.selection_shape, score_noise=args.score_noise,
+                select=args.select or "accuracy",
+            )  # fmt: skip
         res = run_sweep(
             args.config, grid_items=args.grid, sets=args.set, methods=args.methods,
-            seeds=args.seeds, select=args.select, validation_fraction=args.validation_fraction,
+            seeds=args.seeds, select=args.select or "nll", validation_fraction=args.validation_fraction,
             recal=args.recal, out=args.out, use_ray=not args.no_ray, address=args.address,
-            workers=args.workers, progress=not args.no_progress,
+            workers=args.workers, progress=not args.no_progress, private=private,
+            selection_seed=args.selection_seed,
         )  # fmt: skip
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, RuntimeError) as err:
         print(f"fedsgld sweep: error: {err}", file=sys.stderr)
         return 2
     print(res["verdict"])
     return 1 if res["failed"] else 0
+
+
+def _delta(args: argparse.Namespace) -> float:
+    """The delta the selection is accounted at: the config's (after --set)."""
+    base, _ = _settings(args.config, args.set, None, None)
+    return float(base["delta"])
 
 
 __all__ = [

@@ -75,13 +75,18 @@ def trial_config(
     *, validation_fraction: float, recal_fraction: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """A trial's flat run settings: the benchmark's for this method, the grid point, the
-    seed, the validation split, one thread (trials run side by side) unless set, and for
+    seed, the validation split (with recalibration: a calibration split of
+    ``recal_fraction`` and a smaller validation split, so that the trial trains on as many
+    records as the others), one thread (trials run side by side) unless set, and for
     DP-SGD with ``calibrate_dpsgd`` the noise multiplier that spends the budget in
     ``rounds`` steps (recalibration steps included)."""
     flat = {**base, **method_settings(method, bench, None), **point, "seed": seed}
     flat["validation_fraction"] = validation_fraction
     if recal_fraction:
+        # as many records held out of training as the other trials: a calibration split of
+        # recal_fraction and a validation split of v' with v' + recal_fraction (1 - v') = v
         flat["recal_fraction"] = recal_fraction
+        flat["validation_fraction"] = (validation_fraction - recal_fraction) / (1 - recal_fraction)
     if not base.get("threads"):
         flat["threads"] = 1
     if method == "dpsgd" and bench.get("calibrate_dpsgd", True) and "noise_multiplier" not in point:

@@ -15,11 +15,18 @@ NLL) is chosen, and the row reports that point's TEST metrics, mean and standard
 over the seeds, pooled and per site. With ``--recal F`` the selected point of each
 non-variational method is run again with ``recal_fraction = F`` (a calibration split held
 out, private temperature scaling whose epsilon is reserved in the same budget), giving the
-``+recal`` rows.
+``+recal`` rows; F must be below the validation fraction V, and those trials hold out a
+validation split of (V - F) / (1 - F) instead, so that they train on as many records as
+the other rows.
 
-Tuning on private data has a privacy cost of its own: the reported epsilon is that of one
-trial, not of the choice among them (Papernot & Steinke 2022). The sweep is for benchmarks
-on data that may be used for tuning, or to fix settings before a private run.
+Tuning on private data has a privacy cost of its own: without ``--private-selection`` the
+reported epsilon is that of one trial, not of the choice among them, and the report says
+so. With ``--private-selection --total-epsilon E`` the sweep instead runs a random number
+of trials (Papernot & Steinke 2022; ``--selection-mean``, ``--selection-shape``), each at a
+grid point and seed drawn at random, releases a noisy validation score per model
+(``--score-noise``) and keeps the best; the whole procedure's epsilon (training,
+recalibration, scores, selection) is accounted, charged to every site and written to
+OUT/selection.json, and the sweep refuses before any trial when it exceeds E.
 
 Written: OUT/sweep.json (every trial, the selection, the table), OUT/sweep.md (the table,
 per-site results and a sentence on which private model is best calibrated at which
@@ -54,8 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--seeds", nargs="+", type=int, help="seeds of every point (default: the config's)"
     )
     p.add_argument(
-        "--select", default="nll", choices=sorted(SELECT),
-        help="validation metric that picks each row's point (default: nll)",
+        "--select", default=None, choices=sorted(SELECT),
+        help="validation metric that picks each row's point (default: nll; with "
+        "--private-selection accuracy, nll or brier, default accuracy)",
     )  # fmt: skip
     p.add_argument(
         "--validation-fraction", type=float, default=0.2,
@@ -65,6 +73,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--recal", type=float, default=0.0, metavar="F",
         help="also run each selected sgd/dpsgd/dpsgld point with recal_fraction F (+recal rows)",
     )  # fmt: skip
+    g = p.add_argument_group("accounted selection (Papernot & Steinke 2022)")
+    g.add_argument(
+        "--private-selection", action="store_true",
+        help="run a random number of randomly drawn trials and release the best one, with the "
+        "whole procedure's epsilon accounted (OUT/selection.json)",
+    )  # fmt: skip
+    g.add_argument("--total-epsilon", type=float, default=None,
+                   help="budget of the whole procedure at the config's delta (required)")  # fmt: skip
+    g.add_argument("--selection-mean", type=float, default=10.0,
+                   help="expected number of trials, >= 1 (default 10)")  # fmt: skip
+    g.add_argument(
+        "--selection-shape", type=float, default=float("inf"),
+        help="distribution of the number of trials: 0 logarithmic, 1 geometric, (0, inf) "
+        "truncated negative binomial, inf Poisson (default inf)",
+    )  # fmt: skip
+    g.add_argument("--score-noise", type=float, default=20.0,
+                   help="noise multiplier of each released validation score (default 20)")  # fmt: skip
+    g.add_argument("--selection-seed", type=int, default=None,
+                   help="seed the draws (simulations only; default: the operating system)")  # fmt: skip
     p.add_argument("--address", default=None, help="an existing Ray cluster (default: local Ray)")
     p.add_argument(
         "--workers", type=int, default=2, help="CPUs of the local Ray instance (default 2)"

@@ -9,6 +9,13 @@ from typing import Any
 
 from fedsgld.studies.sweep_selection import COLUMNS, verdict
 
+#: the one line a sweep's report carries when its selection was not accounted
+NOT_ACCOUNTED = (
+    "The selection is not accounted: each epsilon is one trial's, and choosing among the "
+    "trials on private validation data spends privacy it does not include "
+    "(`--private-selection` accounts it)."
+)
+
 
 def sweep_markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
@@ -22,6 +29,8 @@ def sweep_markdown(result: dict[str, Any]) -> str:
         f"on the validation splits ({result['validation_fraction']:g} of each site's "
         f"training split) by mean {result['select']} over seeds; the metrics are on the test "
         "split (mean ± std over seeds).",
+        "",
+        NOT_ACCOUNTED,
         "",
         "Grid: "
         + "; ".join(

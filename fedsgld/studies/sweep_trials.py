@@ -32,6 +32,8 @@ def summarize_trial(res: dict[str, Any]) -> dict[str, Any]:
         "out_dir": res.get("out_dir"),
         "recal_temperature": (m.get("recal") or {}).get("temperature"),
         "posterior_suffix": (m.get("posterior") or {}).get("suffix"),
+        "ledger": p.get("ledger", []),
+        "n_validation": sum(int(s.get("n_validation", 0)) for s in res.get("sites", [])),
     }
 
 

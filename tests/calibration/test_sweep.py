@@ -117,6 +117,7 @@ def test_sweep_arguments_are_checked(tmp_path):
         ({"select": "auc"}, "--select"),
         ({"validation_fraction": 0.0}, "--validation-fraction"),
         ({"recal": 1.0}, "--recal"),
+        ({"recal": 0.2}, r"--recal must be in \[0, --validation-fraction 0.2\)"),
         ({"sets": ["recal_fraction=0.2"]}, "--recal F"),
     ]:
         with pytest.raises(ValueError, match=words):
@@ -128,17 +129,26 @@ def test_tiny_sweep_on_ray_selects_on_validation_and_resumes(tmp_path):
     out = tmp_path / "sweep"
     kw = dict(
         grid_items=["lr=0.02,0.2"], sets=SMALL, methods=["sgd", "dpsgld"], seeds=[0],
-        recal=0.2, out=out, workers=2, progress=False, log=lambda s: None,
+        recal=0.1, out=out, workers=2, progress=False, log=lambda s: None,
     )  # fmt: skip
     res = run_sweep(CONFIG, use_ray=True, **kw)
     assert not res["failed"]
     trials = sorted(p.name for p in (out / "trials").iterdir())
     assert len(trials) == 2 + 2 + 2  # 2 points x 2 methods, then 2 recalibration trials
+    trained = {}
     for name in trials:
         r = json.loads((out / "trials" / name / "results.json").read_text())
-        assert r["config"]["validation_fraction"] == 0.2
+        recal = "__recal__" in name
+        # +recal trials hold out as many records: a calibration split and less validation
+        want = (0.2 - 0.1) / (1 - 0.1) if recal else 0.2
+        assert r["config"]["validation_fraction"] == pytest.approx(want)
+        trained.setdefault(recal, set()).add(sum(s["n_train"] for s in r["sites"]))
         assert "validation" in r and r["validation"]["last"]["pooled"]["nll"] > 0
         assert r["config"]["threads"] == 1
+    # the same training size, up to the rounding of each site's two splits
+    assert (
+        max(trained[True] | trained[False]) - min(trained[True] | trained[False]) <= 2 * 3
+    )  # 3 sites
     rows = set(res["table"])
     assert {"sgd", "sgd+avg", "dpsgld", "dpsgld+bma", "sgd+recal", "dpsgld+recal"} <= rows
     # each row's point is the one with the lowest mean validation NLL among its grid points
