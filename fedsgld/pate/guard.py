@@ -24,7 +24,7 @@ from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import noisy_votes, vote_sensitivity
 from fedsgld.flower import release
 from fedsgld.flower.guard import Door, checked_array, evaluation_admission, request_record
-from fedsgld.flower.sites import read_node_policy
+from fedsgld.flower.site_files import read_node_policy
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.flower import EVALUATE, QUERY, TRAIN, pate_config_from_run_config, site_records
 from fedsgld.pate.teachers import new_model
