@@ -35,7 +35,7 @@ ATTACK = {
     "dataset": "synthetic",
     "model": "logreg",
     "sites": 4,
-    "sample_rate": 0.1,
+    "sample_rate": 0.2,
     "epsilon": 50.0,
     "randomness": "os",
     "seed": 1,
@@ -194,4 +194,4 @@ def test_a_server_with_its_own_serverapp_cannot_take_what_the_sites_policy_keeps
     # the trusting site: answered, each round charged as the server's promise
     assert seen["site3"] == ["answered"] * 3, seen["site3"]
     led = json.loads((root / "site3" / "fedsgld-site-3.json").read_text())["ledger"]
-    assert led["ledger"] == [[0.1, 1.0, 3]]
+    assert led["ledger"] == [[0.2, 1.0, 3]]
