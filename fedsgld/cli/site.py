@@ -16,6 +16,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="site_command", required=True, metavar="SUBCOMMAND")
     _add_init(sub)
     _add_ledger(sub)
+    _add_new_key(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",
@@ -137,6 +138,47 @@ def run_ledger(args: argparse.Namespace) -> int:
             print(f"  run {key}: answered up to round {rnd} of epoch {epoch}")
         for key, n in state.get("evaluations", {}).items():
             print(f"  run {key}: {n} evaluations")
+    return 0
+
+
+def _add_new_key(sub) -> None:
+    kp = sub.add_parser(
+        "new-key",
+        help="rotate a site's signing key: a new key where its policy's signing_key points",
+        description="Write a new Ed25519 signing key over the one the policy's signing_key "
+        "names (the policy, its ledger and approvals are kept) and print the new public key "
+        "line for the consortium's peers lists (docs/site-operators.md, section 4).",
+    )
+    kp.add_argument("policy", metavar="POLICY", help="the site's policy file")
+    kp.set_defaults(func=run_new_key)
+
+
+def run_new_key(args: argparse.Namespace) -> int:
+    from fedsgld.clients.policy import SitePolicy
+    from fedsgld.secagg import identity
+
+    policy = SitePolicy.from_file(args.policy)
+    if policy.signing_key is None:
+        raise ValueError(
+            f"POLICY {args.policy!r} names no signing_key (fedsgld site init writes one)"
+        )
+    key = Path(policy.signing_key)
+    public = identity.generate(key, overwrite=True)
+    pub = key.with_name("site.pub")
+    old = pub.read_text().split("=", 1)[0].strip() if pub.is_file() else ""
+    line = f'{old} = "{public}"' if "=" in (pub.read_text() if pub.is_file() else "") else public
+    pub.write_text(line + "\n")
+    peers = Path(getattr(policy.peers, "source", "") or "")
+    if old and peers.suffix == ".toml" and peers.is_file():  # this site's own line, replaced
+        rows = peers.read_text().splitlines()
+        mine = [i for i, r in enumerate(rows) if r.split("=", 1)[0].strip() == old]
+        for i in mine:
+            rows[i] = line
+        peers.write_text("\n".join(rows) + "\n")
+    print(
+        f"new signing key {key}; its public key line (send it to the consortium; every site "
+        f"replaces this site's line in its peers list before the next round):\n{line}"
+    )
     return 0
 
 

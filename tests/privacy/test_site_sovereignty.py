@@ -258,3 +258,25 @@ def test_policy_placements_are_checked_by_name():
             SitePolicy(epsilon=1.0, placements=bad)
     with pytest.raises(ValueError, match="policy min_expected_batch"):
         SitePolicy(epsilon=1.0, min_expected_batch=-1)
+
+
+def test_site_commands_write_a_policy_rotate_its_key_and_print_its_ledger(tmp_path, capsys):
+    from fedsgld.cli import main
+
+    pol = tmp_path / "site" / "policy.toml"
+    assert main(["site", "init", "--epsilon", "3", "--site-id", "5", "--out", str(pol)]) == 0
+    first = (tmp_path / "site" / "site.pub").read_text()
+    assert main(["site", "ledger", str(pol)]) == 0
+    assert "has answered nothing yet" in capsys.readouterr().out
+    # a round charged to its ledger, then printed
+    node = Node({"site-id": 0, "privacy-policy": policy_file(tmp_path, "charged")})
+    answered(node.send("train", plan=plan(LOCAL)))
+    assert main(["site", "ledger", str(tmp_path / "charged" / "policy.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "site 0" in out and "2 releases" in out and "spent of its budget 50" in out
+    # a new key: the policy kept, its own line replaced in its key list
+    assert main(["site", "new-key", str(pol)]) == 0
+    second = (tmp_path / "site" / "site.pub").read_text()
+    assert second != first and second.startswith("5 = ")
+    assert (tmp_path / "site" / "peers.toml").read_text() == second
+    assert SitePolicy.from_file(pol).epsilon == 3.0
