@@ -13,6 +13,7 @@ fedsgld deploy export-sites [CONFIG] [--set key=value ...] --out DIR
 fedsgld supernode|superlink ...
 fedsgld site init --epsilon E --out FILE [--site-id K] [--placements P,...]
 fedsgld site ledger FILE
+fedsgld site new-key POLICY
 fedsgld site approve BUNDLE_OR_DIR [--policy FILE]
 
 Help (-h) and --version import neither torch nor the accountants: :data:`SUBCOMMANDS`
