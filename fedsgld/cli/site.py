@@ -165,8 +165,9 @@ def run_new_key(args: argparse.Namespace) -> int:
     key = Path(policy.signing_key)
     public = identity.generate(key, overwrite=True)
     pub = key.with_name("site.pub")
-    old = pub.read_text().split("=", 1)[0].strip() if pub.is_file() else ""
-    line = f'{old} = "{public}"' if "=" in (pub.read_text() if pub.is_file() else "") else public
+    before = pub.read_text() if pub.is_file() else ""
+    old = before.split("=", 1)[0].strip() if "=" in before else ""  # this site's id, if known
+    line = f'{old} = "{public}"' if old else public
     pub.write_text(line + "\n")
     peers = Path(getattr(policy.peers, "source", "") or "")
     if old and peers.suffix == ".toml" and peers.is_file():  # this site's own line, replaced
