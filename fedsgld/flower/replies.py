@@ -21,9 +21,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedsgld.calibration.pooling import check_stats
+from fedsgld.core.plan import RoundPlan
 from fedsgld.flower.protocol import unpack_vector
 from fedsgld.secagg.wire import unflatten
-from fedsgld.strategies.server import RoundPlan
 
 NORM_SLACK = 1e-3  # relative float slack on the bound ||S_k|| <= N_k C
 

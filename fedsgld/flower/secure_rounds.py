@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from flwr.app import Message, RecordDict
 
+from fedsgld.core.plan import RoundPlan
 from fedsgld.flower.protocol import (
     SECAGG,
     SECAGG_PREFIX,
@@ -44,7 +45,6 @@ from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
 from fedsgld.secagg.wire import flatten
-from fedsgld.strategies.server import RoundPlan
 
 Send = Callable[[list[Message]], list[Message]]
 

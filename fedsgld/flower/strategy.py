@@ -44,6 +44,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
+from fedsgld.core.plan import RoundPlan
 from fedsgld.flower.protocol import EVALUATE, TRAIN, pack_vector, plan_record
 from fedsgld.flower.replies import (
     ReplyRejected,
@@ -53,7 +54,7 @@ from fedsgld.flower.replies import (
     decode_array,
     source_node,
 )
-from fedsgld.strategies.server import LangevinServer, RoundPlan
+from fedsgld.strategies.server import LangevinServer
 
 
 class TooFewSites(RuntimeError):

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
+from fedsgld.core.plan import RoundPlan
 from fedsgld.privacy.ddg_ledger import ACCOUNTING
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg
 from fedsgld.privacy.events import Composed, DistributedDiscreteGaussianStep, DpEvent, Repeated
 from fedsgld.secagg import SecAggPlan
-from fedsgld.strategies.server import LangevinServer, RoundPlan
+from fedsgld.strategies.server import LangevinServer
 
 MECHANISM = "distributed discrete Gaussian"
 

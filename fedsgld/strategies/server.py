@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from fedsgld.config import PrivacySettings
 from fedsgld.core import streams
 from fedsgld.core.mechanism import langevin_update
 from fedsgld.core.noise import Randomness
+from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged, charge
 from fedsgld.core.streams import SERVER_STREAM  # noqa: F401 - the server's key part, re-exported
 from fedsgld.posteriors.swag import SwagMoments
@@ -38,25 +38,6 @@ from fedsgld.vi import Adam, kl_gradient
 def _no_draws() -> torch.Generator:
     """A generator for ``langevin_update`` calls whose noise was drawn beforehand (std 0)."""
     return torch.Generator()
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What every site needs for round ``round`` (all public)."""
-
-    round: int
-    step_size: float
-    sigma: float
-    sample_rate: float
-    clip: float | None
-    prenoise: float
-    local_steps: int = (
-        1  # noise_placement "sites": local steps first_step .. first_step + local_steps - 1
-    )
-    first_step: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class PosteriorSamples:
