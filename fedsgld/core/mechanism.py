@@ -45,7 +45,6 @@ from torch.func import functional_call, grad, vmap
 
 from fedsgld.core.clipping import clip_and_sum
 from fedsgld.core.device import check_generator, resolve_device
-from fedsgld.core.noise import gaussian_noise
 from fedsgld.core.per_record import (
     LayerGrads,
     UnsupportedModel,
@@ -405,16 +404,15 @@ def langevin_update(
     summed: torch.Tensor,
     *,
     step_size: float,
-    noise_std: float,
     expected_batch: float,
     weight_decay: float,
-    generator: torch.Generator,
 ) -> torch.Tensor:
-    """theta - alpha * ((summed + N(0, noise_std^2 I)) / L + lambda * theta).
+    """theta - alpha * (noisy / L + lambda * theta): post-processing of a release.
 
-    ``noise_std`` is sigma_t * C (the Gaussian mechanism on the clipped sum);
-    ``expected_batch`` is L = q * sum_k N_k. ``theta``, ``summed`` and ``generator`` must be
-    on one device.
+    ``summed`` is the already noised sum sum_k S_k + sigma_t C xi (the noise is drawn
+    through a receipt of the ledger that accounts for it, :mod:`fedsgld.core.release`;
+    this function draws nothing); ``expected_batch`` is L = q * sum_k N_k. ``theta`` and
+    ``summed`` must be on one device.
     """
     if not expected_batch > 0:
         raise ValueError(f"expected batch size must be > 0, got {expected_batch!r}")
@@ -423,13 +421,9 @@ def langevin_update(
     if theta.device != summed.device:
         raise ValueError(
             f"theta is on {theta.device} but the summed gradient on {summed.device}; "
-            "move both to the device of the generator"
+            "move both to one device"
         )
-    check_generator(generator, summed.device, "langevin_update")
-    noisy = summed + gaussian_noise(
-        summed.shape, std=noise_std, generator=generator, dtype=summed.dtype
-    )
-    g = noisy / expected_batch
+    g = summed / expected_batch
     if weight_decay:
         g = g + weight_decay * theta
     return theta - step_size * g

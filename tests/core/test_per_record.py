@@ -466,9 +466,8 @@ def test_site_step_and_update_run_on_the_gpu_with_a_gpu_generator():
     gen = seeded_generator(0, 1, 2, device="cuda")
     s = site_step(fm, theta, x, y, sample_rate=0.5, clip=1.0, prenoise=0.01, generator=gen)
     assert s.device.type == "cuda" and torch.isfinite(s).all()
-    new = langevin_update(
-        theta, s, step_size=0.1, noise_std=1.0, expected_batch=20.0, weight_decay=0.0, generator=gen
-    )
+    noisy = s + gaussian_noise(s.shape, std=1.0, generator=gen)
+    new = langevin_update(theta, noisy, step_size=0.1, expected_batch=20.0, weight_decay=0.0)
     assert new.device.type == "cuda"
     probs = fm.predict_proba(new, x)
     assert probs.device == x.device and torch.allclose(probs.sum(1), torch.ones(40))
