@@ -37,7 +37,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedsgld.core import mechanism
+from fedsgld.core import per_record
 from fedsgld.core.device import resolve_device
 from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum, langevin_update
 from fedsgld.core.noise import gaussian_noise, seeded_generator
@@ -86,14 +86,14 @@ def make_dpsgld(model, batch, device, *, prenoise, grad_path="auto", chunk_size=
 
 def serial_prenoise(step):
     """The step with its pre-noise drawn on the calling thread, not beside the gradients."""
-    background = mechanism.draw_in_background
+    background = per_record.draw_in_background
 
     def serial(x, y):
-        mechanism.draw_in_background = lambda generator: False
+        per_record.draw_in_background = lambda generator: False
         try:
             step(x, y)
         finally:
-            mechanism.draw_in_background = background
+            per_record.draw_in_background = background
 
     return serial
 

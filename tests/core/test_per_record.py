@@ -167,7 +167,7 @@ def test_layer_path_branches_match_the_loop():
     assert "frozen.weight" not in fm.names
     x, y = torch.randn(5, 2, 9, 8), torch.randint(0, 3, (5,))
     theta = fm.flatten()
-    terms = fm._layers.terms(fm._leaf_forward(theta), x, y)
+    terms = fm.grads.layers.terms(fm.grads.leaf_forward(theta), x, y)
     branches = {(t.positions > 1, t.ghost_is_cheaper()) for t in terms}
     assert branches == {(True, True), (True, False), (False, True)}
     ref = loop_grads(fm, theta, x, y)
