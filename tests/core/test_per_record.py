@@ -515,3 +515,31 @@ def test_backbone_features_run_on_the_backbone_device(device):
     feats = extract_features(copy.deepcopy(backbone).to(device), x, image_size=16, batch=2)
     assert feats.device == x.device and feats.shape == (5, 4)
     torch.testing.assert_close(feats, ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+class ScaledLinear(nn.Linear):
+    """A Linear layer of its own type: the registry looks layers up by their exact type."""
+
+
+def test_a_registered_layer_type_takes_the_layer_path_and_matches_the_loop():
+    from fedsgld.core import grad_samplers
+
+    torch.manual_seed(4)
+    module = nn.Sequential(ScaledLinear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    assert FlatModel(module).grad_path == "func"  # not registered: torch.func
+    linear = grad_samplers.GRAD_SAMPLERS[nn.Linear]
+    grad_samplers.register_grad_sampler(ScaledLinear, check=linear.check)(linear.terms)
+    try:
+        fm = FlatModel(module)
+        assert fm.grad_path == "layers"
+        x, y = torch.randn(7, 6), torch.randint(0, 3, (7,))
+        theta = fm.flatten()
+        ref = loop_grads(fm, theta, x, y)
+        torch.testing.assert_close(fm.per_record_grads(theta, x, y), ref, rtol=1e-4, atol=1e-6)
+        assert fm.layers_checked
+        clip = float(ref.norm(dim=1).median())
+        got = clipped_gradient_sum(fm, theta, x, y, clip=clip)
+        expected = (ref * (clip / ref.norm(dim=1, keepdim=True)).clamp(max=1.0)).sum(0)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    finally:
+        del grad_samplers.GRAD_SAMPLERS[ScaledLinear]
