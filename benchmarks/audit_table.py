@@ -102,16 +102,16 @@ def ideal_games(m: int, epsilon: float, *, seeds: int = 3) -> None:
 @contextmanager
 def broken(name: str):
     """The mechanism broken by ``name`` for the duration (module docstring)."""
+    import fedsgld.core.clipping as clipping
     import fedsgld.core.mechanism as mechanism
-    import fedsgld.core.per_record as per_record
     from fedsgld.core.noise import Randomness
     from fedsgld.core.streams import SERVER_STREAM
 
     if name == "none":
         yield
     elif name == "clip4":
-        factors = per_record.clip_factors
-        with patch.object(per_record, "clip_factors", lambda sq, c: factors(sq, 4 * c)):
+        factors = clipping.clip_factors
+        with patch.object(clipping, "clip_factors", lambda sq, c: factors(sq, 4 * c)):
             yield
     elif name == "rate4":
         sample = mechanism.poisson_sample

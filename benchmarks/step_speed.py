@@ -37,10 +37,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fedsgld.core import mechanism
+from fedsgld.core import per_record
 from fedsgld.core.device import resolve_device
 from fedsgld.core.mechanism import FlatModel, clipped_gradient_sum, langevin_update
-from fedsgld.core.noise import seeded_generator
+from fedsgld.core.noise import gaussian_noise, seeded_generator
 from fedsgld.models import PaperCNN, build_model
 
 PRENOISE = 0.01  # the paper's rho (simulations/*.toml)
@@ -75,14 +75,9 @@ def make_dpsgld(model, batch, device, *, prenoise, grad_path="auto", chunk_size=
             generator=gen,
             chunk_size=chunk_size,
         )
+        noisy = s + gaussian_noise(s.shape, std=1.0, generator=gen)
         state["theta"] = langevin_update(
-            state["theta"],
-            s,
-            step_size=0.1,
-            noise_std=1.0,
-            expected_batch=float(batch),
-            weight_decay=0.0,
-            generator=gen,
+            state["theta"], noisy, step_size=0.1, expected_batch=float(batch), weight_decay=0.0
         )
 
     step.fm = fm
@@ -91,14 +86,14 @@ def make_dpsgld(model, batch, device, *, prenoise, grad_path="auto", chunk_size=
 
 def serial_prenoise(step):
     """The step with its pre-noise drawn on the calling thread, not beside the gradients."""
-    background = mechanism.draw_in_background
+    background = per_record.draw_in_background
 
     def serial(x, y):
-        mechanism.draw_in_background = lambda generator: False
+        per_record.draw_in_background = lambda generator: False
         try:
             step(x, y)
         finally:
-            mechanism.draw_in_background = background
+            per_record.draw_in_background = background
 
     return serial
 

@@ -7,7 +7,7 @@ compute them (:class:`fedsgld.core.mechanism.FlatModel`):
   ``nn.Conv2d`` (groups 1, zero padding), each layer called once per forward pass; any
   parameter-free layer (activations, pooling, flatten, reshapes) and any frozen
   (``requires_grad=False``) parameter may sit between them
-  (:mod:`fedsgld.core.per_record`).
+  (:mod:`fedsgld.core.grad_samplers`).
 * ``func``: anything else that ``torch.func.vmap(torch.func.grad(...))`` can run on one
   record at a time (LayerNorm, GroupNorm, Embedding, Conv1d, attention, ...), slower.
 

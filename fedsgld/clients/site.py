@@ -183,10 +183,8 @@ class Site:
                 theta,
                 noisy,
                 step_size=privacy.step_size(t),
-                noise_std=0.0,
                 expected_batch=expected,
                 weight_decay=weight_decay,
-                generator=torch.Generator(device=dev),  # the noise is already in ``noisy``
             )
         return theta.cpu()
 

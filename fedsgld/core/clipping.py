@@ -1,22 +1,58 @@
-"""Per-record pre-noise and L2 clipping (DP-SGLD's site-side transform).
+"""The one per-record clip (DP-SGLD's and DP-SGD's site-side transform).
 
-For per-record gradients g_i (rows of a (B, P) matrix):
+For per-record vectors v_i (each record's gradient, pre-noised or not):
 
-    g_i'  = g_i + rho * z_i,        z_i ~ N(0, I)        (pre-noise, optional)
-    g_i'' = g_i' * min(1, C / ||g_i'||_2)                  (clip to L2 norm <= C)
-    S     = sum_i g_i''
+    c_i = min(1, C / ||v_i||_2)            (:func:`clip_factors`, the one place it is computed)
+    S   = sum_i c_i v_i                      (:func:`clip_blocks_and_sum`)
 
-Each record then changes S by at most C in L2 norm (add/remove adjacency), which is the
-sensitivity the server's Gaussian noise sigma * C is calibrated to. Pre-noise is part of
-the DP-SGLD algorithm but earns no credit in the privacy accounting.
+so that each record changes S by at most C in L2 norm (add/remove adjacency), the
+sensitivity the server's Gaussian noise sigma * C is calibrated to. Every clipping path
+takes its factors from :func:`clip_factors`: the rows of a matrix (:func:`clip_and_sum`),
+rows laid out parameter by parameter (:func:`clip_blocks_and_sum`, the per-record path and
+the audit's canaries) and the norm-first sum of
+:meth:`fedsgld.core.grad_samplers.LayerGrads.clipped_sum_norm_first`. With pre-noise,
+v_i = g_i + rho z_i: pre-noise is part of DP-SGLD but earns no credit in the accounting.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fedsgld.core import per_record as layerwise
 from fedsgld.core.noise import gaussian_noise
+
+
+def clip_factors(squared_norms: torch.Tensor, clip: float) -> torch.Tensor:
+    """c_i = min(1, C / ||v_i||) from the squared norms ||v_i||^2: the one place every
+    per-record clipping path (and the audit's canaries, :func:`fedsgld.core.mechanism.site_step`)
+    takes its factors from, so that each record's clipped vector has norm <= C."""
+    return (clip / (squared_norms.sqrt() + 1e-12)).clamp_(max=1.0)
+
+
+def param_blocks(flat: torch.Tensor, rows: int, numels: list[int]) -> list[torch.Tensor]:
+    """View a flat buffer of ``rows * sum(numels)`` numbers as one contiguous (rows, numel_j)
+    block per parameter, in order (parameter-major: block j holds every record's
+    values of parameter j). Row i of ``torch.cat(blocks, 1)`` is record i's flat vector."""
+    if flat.numel() != rows * sum(numels):
+        raise ValueError(f"buffer of {flat.numel()} numbers is not {rows} x {sum(numels)}")
+    out, pos = [], 0
+    for k in numels:
+        out.append(flat[pos : pos + rows * k].view(rows, k))
+        pos += rows * k
+    return out
+
+
+def clip_blocks_and_sum(blocks: list[torch.Tensor], clip: float | None) -> torch.Tensor:
+    """sum_i min(1, C / ||v_i||) v_i for the records' vectors v_i = row i of cat(blocks, 1),
+    without forming that matrix (any pre-noise is already in the blocks). ``clip=None``:
+    the plain sum (non-private SGD)."""
+    if clip is None:
+        return torch.cat([blk.sum(0) for blk in blocks])
+    sq = None
+    for blk in blocks:
+        n = torch.linalg.vector_norm(blk, dim=1).square()
+        sq = n if sq is None else sq.add_(n)
+    c = clip_factors(sq, clip)
+    return torch.cat([c @ blk for blk in blocks])
 
 
 def clip_and_sum(
@@ -26,7 +62,8 @@ def clip_and_sum(
     prenoise: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Pre-noise, clip each row to L2 norm <= ``clip`` and return the sum over rows.
+    """Pre-noise, clip each row of a (records, params) matrix to L2 norm <= ``clip`` and
+    return the sum over rows (:func:`clip_blocks_and_sum` with one block).
 
     ``clip=None`` means no clipping (non-private SGD). ``prenoise > 0`` needs a generator.
     """
@@ -39,6 +76,4 @@ def clip_and_sum(
         if generator is None:
             raise ValueError("prenoise > 0 needs an explicit torch.Generator")
         g = gaussian_noise(g.shape, std=prenoise, generator=generator, dtype=g.dtype).add_(g)
-    if clip is None:
-        return g.sum(dim=0)
-    return layerwise.clip_factors(torch.linalg.vector_norm(g, dim=1).square(), clip) @ g
+    return clip_blocks_and_sum([g], clip)

@@ -21,11 +21,14 @@ noise multiplier sigma_t on sensitivity C, composed over steps by the accountant
 only if every record's contribution is clipped (``clip`` is not None), the sampling is
 truly Poisson with rate q, and the noise is drawn by the party that is trusted.
 
-Per-record gradients come from one of two paths, chosen per model (``FlatModel.grad_path``):
-``layers`` (every trainable parameter in a Linear or Conv2d layer: per-record gradients from
-activations and backpropagated errors, see :mod:`fedsgld.core.per_record`) or ``func``
-(anything else: ``torch.func.vmap`` of the one-record gradient). Both give the gradients of
-a loop over records to float rounding; the pre-noise rows are drawn the same way for both.
+A site step here draws the Poisson sample and hands the sampled records to the per-record
+path once (:func:`fedsgld.core.per_record.clipped_sum`: pre-noise, per-record gradients,
+the one clip, the sum). Per-record gradients come from one of two paths, chosen per model
+(``FlatModel.grad_path``): ``layers`` (every trainable parameter in a layer of the
+registry of :mod:`fedsgld.core.grad_samplers`: gradients from activations and
+backpropagated errors) or ``func`` (anything else: ``torch.func.vmap`` of the one-record
+gradient). Both give the gradients of a loop over records to float rounding; the pre-noise
+rows are drawn the same way for both.
 
 Device: a :class:`FlatModel` lives on one device (``cpu`` or a CUDA GPU); the functions
 below move records to it, compute there and return tensors there. Every draw uses the
@@ -35,25 +38,13 @@ caller's generator, which must be on that device (see :mod:`fedsgld.core.device`
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
 
-from fedsgld.core.clipping import clip_and_sum
+from fedsgld.core import per_record
 from fedsgld.core.device import check_generator, resolve_device
-from fedsgld.core.noise import gaussian_noise
-from fedsgld.core.per_record import (
-    LayerGrads,
-    UnsupportedModel,
-    clip_blocks_and_sum,
-    clipped_rows_sum,
-    param_blocks,
-)
-from fedsgld.core.prenoise import PrenoiseRows, draw_in_background, sharing_threads
+from fedsgld.core.per_record import RecordGradients
 
 GRAD_PATHS = ("auto", "layers", "func")
 
@@ -63,7 +54,10 @@ class FlatModel:
 
     ``device`` moves the module there (None: leave it where it is). ``grad_path`` picks how
     per-record gradients are formed: ``auto`` (``layers`` when the module allows it, else
-    ``func``), ``layers`` (ValueError if the module does not allow it) or ``func``.
+    ``func``), ``layers`` (ValueError if the module does not allow it) or ``func``. The
+    gradients and the per-record path live in :class:`fedsgld.core.per_record.RecordGradients`
+    (``self.grads``); a subclass that overrides ``per_record_grads`` and ``summed_grad``
+    (variational models) has them used there instead.
     """
 
     def __init__(
@@ -86,73 +80,37 @@ class FlatModel:
         self.size = self.theta_size  # what the optimiser moves (2x for variational models)
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self.buffers = {n: b.detach() for n, b in module.named_buffers()}
-        self._per_record = vmap(grad(self._loss_one), in_dims=(None, 0, 0))
-        self._layers: LayerGrads | None = None
-        self._layers_checked = False
         # a subclass with its own per-record gradients (variational models) keeps them
         own_grads = type(self).per_record_grads is not FlatModel.per_record_grads
         if grad_path == "layers" and own_grads:
             raise ValueError(f"grad_path='layers' is not available for {type(self).__name__}")
-        if grad_path != "func" and not own_grads:
-            try:
-                self._layers = LayerGrads(module, self.names, self.numels)
-            except UnsupportedModel as err:
-                if grad_path == "layers":
-                    raise ValueError(f"grad_path='layers' does not fit this module: {err}") from err
+        self.grads = RecordGradients(
+            module,
+            self.names,
+            self.shapes,
+            device=self.device,
+            use_layers=grad_path != "func" and not own_grads,
+            require_layers=grad_path == "layers",
+            custom=self if own_grads else None,
+        )
+        self.buffers = self.grads.buffers
 
     @property
     def grad_path(self) -> str:
         """``layers`` or ``func``: how this model's per-record gradients are formed."""
-        return "layers" if self._layers is not None else "func"
-
-    def _layers_ready(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
-        """Whether the layer path may be used; checked once against ``torch.func``.
-
-        The layer path assumes what the module's code could break unseen: every layer
-        sees its records along the first axis, and records meet only in the summed loss.
-        So the first time two or more records come, their per-record gradients by both
-        paths are compared, and a mismatch turns the layer path off for this model."""
-        if self._layers is None:
-            return False
-        if self._layers_checked or x.shape[0] < 2:
-            return True
-        xs, ys = x[:2], y[:2]
-        try:
-            got = self._layers.per_record(self._leaf_forward(theta), xs, ys)
-            ref = self._per_record(theta.detach(), xs, ys)
-        except UnsupportedModel as err:
-            self._drop_layers(err)
-            return False
-        # what the check catches (records mixed) differs at order one; on a GPU, TF32
-        # convolutions (cuDNN's default) leave differences near 1e-3 between the paths
-        tol = 1e-3 if self.device.type == "cpu" else 2e-2
-        scale = ref.norm(dim=1, keepdim=True)
-        if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
-            self._drop_layers(
-                UnsupportedModel("its per-record gradients differ from torch.func's on this module")
-            )
-            return False
-        self._layers_checked = True
-        return True
+        return "layers" if self.grads.layers is not None else "func"
 
     @property
     def layers_checked(self) -> bool:
         """Whether the layer path is in use and has passed its check against ``torch.func``."""
-        return self._layers is not None and self._layers_checked
+        return self.grads.layers is not None and self.grads.checked
 
     def accept_layers_check(self) -> None:
         """Skip the layer path's check: the same module code and architecture passed it
         earlier in this run, in another process (a deployed site runs each round in a new
         process, and the check is a sixth of a small model's round there)."""
-        if self._layers is not None:
-            self._layers_checked = True
-
-    def _drop_layers(self, err: UnsupportedModel) -> None:
-        warnings.warn(
-            f"per-record gradients fall back from layers to torch.func: {err}", stacklevel=3
-        )
-        self._layers = None
+        if self.grads.layers is not None:
+            self.grads.checked = True
 
     def flatten(self) -> torch.Tensor:
         """The module's current parameters as a flat float32 vector (a copy, on its device)."""
@@ -160,92 +118,26 @@ class FlatModel:
         return torch.cat([params[n].detach().reshape(-1) for n in self.names]).float().clone()
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        if theta.shape != (self.theta_size,):
-            raise ValueError(
-                f"theta must have shape ({self.theta_size},), got {tuple(theta.shape)}"
-            )
-        out = {}
-        for name, chunk, shape in zip(
-            self.names, theta.split(self.numels), self.shapes, strict=False
-        ):
-            out[name] = chunk.view(shape)
-        return out
+        return self.grads.unflatten(theta)
 
     def logits(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.module, (self.unflatten(theta), self.buffers), (x,))
+        return self.grads.logits(theta, x)
 
     def _loss_one(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = self.logits(theta, x.unsqueeze(0))
-        return F.cross_entropy(out, y.unsqueeze(0))
-
-    def _leaf_forward(self, theta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """x -> logits, with the parameters views of a leaf theta that requires grad."""
-        t = theta.detach().requires_grad_(True)
-        params = self.unflatten(t)
-        return lambda x: functional_call(self.module, (params, self.buffers), (x,))
+        return self.grads.loss_one(theta, x, y)
 
     def _on_device(self, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(t.to(self.device, non_blocking=True) for t in ts)
+        return self.grads.on_device(*ts)
 
     def per_record_grads(
         self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
         """(B, P) matrix of per-record loss gradients (rows in the flat parameter order)."""
-        theta, x, y = self._on_device(theta, x, y)
-        if self._layers_ready(theta, x, y):
-            try:
-                return self._layers.per_record(self._leaf_forward(theta), x, y)
-            except UnsupportedModel as err:
-                self._drop_layers(err)
-        return self._per_record(theta.detach(), x, y)
+        return self.grads.per_record(theta, x, y)
 
     def summed_grad(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Gradient of the summed loss (= sum of per-record gradients), by ordinary autograd."""
-        theta, x, y = self._on_device(theta, x, y)
-        t = theta.detach().requires_grad_(True)
-        loss = F.cross_entropy(self.logits(t, x), y, reduction="sum")
-        (g,) = torch.autograd.grad(loss, t)
-        return g
-
-    def clipped_chunk_sum(
-        self,
-        theta: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        clip: float | None,
-        noise: PrenoiseRows | None,
-    ) -> torch.Tensor:
-        """sum_i clip_C(g_i + row_i) over one chunk of records (on this model's device).
-
-        ``noise`` holds the pre-noise rows rho z_i of the chunk (None: no pre-noise, and then
-        ``clip`` must be set). Each record's row gets its own gradient added before the
-        record is clipped.
-        """
-        if noise is None and clip is None:
-            raise ValueError("clipped_chunk_sum needs clip or pre-noise")
-        b = x.shape[0]
-        if self._layers_ready(theta, x, y):
-            try:
-                with sharing_threads(noise):
-                    terms = self._layers.terms(self._leaf_forward(theta), x, y)
-            except UnsupportedModel as err:
-                self._drop_layers(err)
-            else:
-                if noise is None:
-                    return self._layers.clipped_sum_norm_first(terms, clip, b)
-                blocks = param_blocks(noise.result(), b, self.numels)
-                return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
-        with sharing_threads(noise):
-            g = self.per_record_grads(theta, x, y)
-        if noise is None:
-            return clip_and_sum(g, clip=clip)
-        blocks = param_blocks(noise.result(), b, self._block_sizes())
-        pos = 0
-        for blk in blocks:
-            blk += g[:, pos : pos + blk.shape[1]]
-            pos += blk.shape[1]
-        return clip_blocks_and_sum(blocks, clip)
+        return self.grads.summed(theta, x, y)
 
     def _block_sizes(self) -> list[int]:
         """Lengths of the flat vector's parameter blocks (the whole vector for subclasses
@@ -266,11 +158,6 @@ class FlatModel:
         )
 
 
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
 def clipped_gradient_sum(
     fm: FlatModel,
     theta: torch.Tensor,
@@ -282,57 +169,21 @@ def clipped_gradient_sum(
     generator: torch.Generator | None = None,
     chunk_size: int = 256,
 ) -> torch.Tensor:
-    """sum_i clip_C(grad l_i + rho z_i) over the given records, in chunks of ``chunk_size``.
-
-    z_i ~ N(0, I_P) is drawn from ``generator`` for every record and added to record i's
-    gradient before record i is clipped: one draw of chunk x P normals per chunk, in chunk
-    order, laid out parameter by parameter (``fedsgld.core.per_record.param_blocks``). On
-    the CPU with more than one torch thread, each chunk's draw runs on a second thread
-    beside that chunk's gradients (``fedsgld.core.prenoise``); the numbers are the same.
-    Memory is O(chunk_size * P) whatever the number of records. With ``clip=None`` and no
-    pre-noise this is the plain summed gradient, computed by ordinary autograd. The result
-    is on ``fm.device``; records may live elsewhere (each chunk is moved there).
-    """
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    prenoise = float(prenoise)
-    if not (prenoise >= 0.0 and math.isfinite(prenoise)):
-        raise ValueError(f"prenoise must be finite and >= 0, got {prenoise!r}")
-    if prenoise > 0.0:
-        if generator is None:
-            raise ValueError("prenoise > 0 needs an explicit torch.Generator")
-        check_generator(generator, fm.device, "pre-noise")
-    theta = theta.to(fm.device)
-    total = torch.zeros(fm.size, dtype=torch.float32, device=fm.device)
-    chunks = list(_chunks(x.shape[0], chunk_size))
-    if clip is None and prenoise == 0.0:
-        for sl in chunks:
-            total += fm.summed_grad(theta, *fm._on_device(x[sl], y[sl]))
-        return total
-    noise: list[PrenoiseRows | None] = [None] * len(chunks)
-    ahead = prenoise > 0.0 and draw_in_background(generator)
-
-    def draw(k: int) -> None:
-        # in the background, taking chunk k's pre-noise starts chunk k + 1's (two chunks of
-        # noise in memory at most); on the calling thread each chunk draws its own when due
-        rows = chunks[k].stop - chunks[k].start
-        nxt = (lambda: draw(k + 1)) if ahead and k + 1 < len(chunks) else None
-        noise[k] = PrenoiseRows(
-            rows, fm.size, std=prenoise, generator=generator, background=ahead, then=nxt
-        )
-
-    try:
-        for k, sl in enumerate(chunks):
-            if prenoise > 0.0 and noise[k] is None:
-                draw(k)
-            xb, yb = fm._on_device(x[sl], y[sl])
-            total += fm.clipped_chunk_sum(theta, xb, yb, clip=clip, noise=noise[k])
-            noise[k] = None
-    finally:
-        for n in noise:
-            if n is not None:
-                n.wait()  # the generator is never left in use by another thread
-    return total
+    """sum_i clip_C(grad l_i + rho z_i) over the given records, in chunks of ``chunk_size``
+    (:func:`fedsgld.core.per_record.clipped_sum`: z_i ~ N(0, I_P) drawn from ``generator``
+    per record, in chunk order, laid out parameter by parameter). With ``clip=None`` and no
+    pre-noise this is the plain summed gradient. The result is on ``fm.device``."""
+    return per_record.clipped_sum(
+        fm.grads,
+        theta,
+        x,
+        y,
+        sizes=fm._block_sizes(),
+        clip=clip,
+        prenoise=prenoise,
+        generator=generator,
+        chunk_size=chunk_size,
+    )
 
 
 def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
@@ -377,27 +228,19 @@ def site_step(
     idx = poisson_sample(n + count, sample_rate=sample_rate, generator=generator)
     taken = idx[idx >= n] - n
     idx = idx[idx < n].to(x.device)
-    total = clipped_gradient_sum(
-        fm,
+    rows = extra.gradients(taken.cpu(), clip) if count and taken.numel() else None
+    return per_record.clipped_sum(
+        fm.grads,
         theta,
         x[idx],
         y[idx],
+        sizes=fm._block_sizes(),
         clip=clip,
         prenoise=prenoise,
         generator=generator,
         chunk_size=chunk_size,
+        rows=rows,
     )
-    if count and taken.numel():
-        rows = extra.gradients(taken.cpu(), clip)
-        total += clipped_rows_sum(
-            rows.to(fm.device, torch.float32),
-            fm._block_sizes(),
-            clip=clip,
-            prenoise=prenoise,
-            generator=generator,
-            chunk_size=chunk_size,
-        )
-    return total
 
 
 def langevin_update(
@@ -405,16 +248,15 @@ def langevin_update(
     summed: torch.Tensor,
     *,
     step_size: float,
-    noise_std: float,
     expected_batch: float,
     weight_decay: float,
-    generator: torch.Generator,
 ) -> torch.Tensor:
-    """theta - alpha * ((summed + N(0, noise_std^2 I)) / L + lambda * theta).
+    """theta - alpha * (noisy / L + lambda * theta): post-processing of a release.
 
-    ``noise_std`` is sigma_t * C (the Gaussian mechanism on the clipped sum);
-    ``expected_batch`` is L = q * sum_k N_k. ``theta``, ``summed`` and ``generator`` must be
-    on one device.
+    ``summed`` is the already noised sum sum_k S_k + sigma_t C xi (the noise is drawn
+    through a receipt of the ledger that accounts for it, :mod:`fedsgld.core.release`;
+    this function draws nothing); ``expected_batch`` is L = q * sum_k N_k. ``theta`` and
+    ``summed`` must be on one device.
     """
     if not expected_batch > 0:
         raise ValueError(f"expected batch size must be > 0, got {expected_batch!r}")
@@ -423,13 +265,9 @@ def langevin_update(
     if theta.device != summed.device:
         raise ValueError(
             f"theta is on {theta.device} but the summed gradient on {summed.device}; "
-            "move both to the device of the generator"
+            "move both to one device"
         )
-    check_generator(generator, summed.device, "langevin_update")
-    noisy = summed + gaussian_noise(
-        summed.shape, std=noise_std, generator=generator, dtype=summed.dtype
-    )
-    g = noisy / expected_batch
+    g = summed / expected_batch
     if weight_decay:
         g = g + weight_decay * theta
     return theta - step_size * g

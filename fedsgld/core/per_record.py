@@ -1,367 +1,308 @@
-"""Per-record gradients of Linear and Conv2d layers from activations and backpropagated errors.
+"""The per-record path of a site step: sum_i clip_C(grad l_i + rho z_i), in chunks.
 
-For a layer o = W a + b (a dense layer; a convolution is the same on unfolded input
-patches), with L = sum_i l_i the summed loss and e_i = dL/do_i the error that ordinary
-backpropagation delivers at record i's output (records do not interact: no BatchNorm),
-record i's gradient is
+For the records of one Poisson sample, in chunks of ``chunk_size``:
 
-    grad_W l_i = sum_t e_{i,t} a_{i,t}^T,    grad_b l_i = sum_t e_{i,t}
+    S = sum_i c_i (g_i + rho z_i),   c_i = min(1, C / ||g_i + rho z_i||),   z_i ~ N(0, I_P)
 
-where t runs over positions (one for a dense layer on vectors, the output pixels of a
-convolution). One forward pass with hooks keeps each layer's input a and output o; one
-backward pass asks autograd for dL/do only (no weight gradients are formed); batched
-matrix products then give the per-record gradients. They are used three ways:
+:func:`clipped_sum` is the one entry: per chunk it draws the pre-noise rows
+(:mod:`fedsgld.core.prenoise`, on a second thread beside the gradients where that helps),
+forms the per-record gradients in the noise's memory (the layer registry of
+:mod:`fedsgld.core.grad_samplers`, or ``torch.func.vmap`` of the one-record gradient for any
+other module) and clips and sums with the one clip (:mod:`fedsgld.core.clipping`); then the
+records given by their gradients (an audit's canaries) the same way. Memory is
+O(chunk_size * P) whatever the number of records.
 
-* ``per_record``: the (B, P) matrix of per-record gradients (reference API, tests).
-* ``add_into`` then ``clip_blocks_and_sum``, with pre-noise: the buffer already holding
-  rho z_i, laid out parameter by parameter (one contiguous (B, numel_j) block per
-  parameter, :func:`param_blocks`), receives each layer's sum_t e_{i,t} a_{i,t}^T in place
-  (one ``baddbmm_``, or a broadcast ``addcmul_`` for a dense layer on vectors), so each
-  record's g_i + rho z_i is formed once, in the noise's memory; then one pass for the norms
-  and one matrix-vector product per block for sum_i c_i (g_i + rho z_i),
-  c_i = min(1, C / ||g_i + rho z_i||).
-* ``clipped_sum_norm_first``, without pre-noise ("ghost" norms): for a dense layer on
-  vectors ||grad_W l_i||^2 = ||e_i||^2 ||a_i||^2, and with T positions
-  ||grad_W l_i||^2 = sum_{t,s} (a_t . a_s)(e_t . e_s) where that saves work
-  (T^2 (d + p) < 2 d p for d inputs and p outputs; else the layer's per-record gradients are
-  formed, and dropped after the sum). The clipped sum sum_i c_i grad l_i =
-  sum_{i,t} c_i e_{i,t} a_{i,t}^T is then one matrix product of the same activations and
-  errors: no second backward pass.
+:class:`RecordGradients` is a module seen as a function of a flat parameter vector theta
+with its per-record gradients: the ``layers`` path where the module allows it (checked once
+against ``torch.func`` on the first two records, and dropped with a warning on a mismatch)
+or the ``func`` path. Both give the gradients of a loop over records to float rounding;
+the pre-noise rows are drawn the same way for both.
 
-All three are exact (the same numbers as autograd on one record at a time, up to float
-rounding); ``tests/core`` checks them against that loop.
+Privacy caveat: each record's sensitivity is C only if ``clip`` is set; pre-noise earns no
+credit in the accounting.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, grad, vmap
 
+from fedsgld.core.clipping import clip_blocks_and_sum, param_blocks
+from fedsgld.core.device import check_generator
+from fedsgld.core.grad_samplers import LayerGrads, UnsupportedModel, unfold_patches
 from fedsgld.core.noise import gaussian_noise
+from fedsgld.core.prenoise import PrenoiseRows, draw_in_background, sharing_threads
+
+__all__ = [
+    "LayerGrads",
+    "RecordGradients",
+    "UnsupportedModel",
+    "clipped_rows_sum",
+    "clipped_sum",
+    "unfold_patches",
+]
 
 
-class UnsupportedModel(Exception):
-    """The module cannot use layer-wise per-record gradients (the reason is the message)."""
+class CustomGradients(Protocol):
+    """A model with its own per-record and summed gradients (variational models)."""
+
+    def per_record_grads(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor): ...
+    def summed_grad(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor): ...
 
 
-@dataclass
-class _Param:
-    index: int  # position in the list of trainable parameters
-    offset: int  # position in the flat parameter vector
-    numel: int
+class RecordGradients:
+    """Per-record gradients of ``module`` as a function of a flat theta (the trainable
+    parameters ``names`` of ``shapes`` in order, on ``device``).
 
-
-@dataclass
-class _Layer:
-    module: nn.Module
-    weight: _Param | None  # None: the weight is frozen
-    bias: _Param | None
-
-
-class _Terms:
-    """One layer's activations A (B, T, d) and errors E (B, T, p) of a batch.
-
-    A convolution's A (its unfolded input patches, a copy d / C_in times the size of its
-    input) is formed on first use, not in the forward pass: with pre-noise that is after the
-    noise has been drawn, when the copy can use every thread."""
+    ``use_layers``: try the layer registry (``require_layers``: ValueError if the module
+    does not allow it). ``custom``: a model whose own gradients replace these."""
 
     def __init__(
         self,
-        layer: _Layer,
-        E: torch.Tensor,
-        A: torch.Tensor | None = None,
+        module: nn.Module,
+        names: list[str],
+        shapes: list[tuple[int, ...]],
         *,
-        conv_input: torch.Tensor | None = None,
+        device: torch.device,
+        use_layers: bool = True,
+        require_layers: bool = False,
+        custom: CustomGradients | None = None,
     ) -> None:
-        if (A is None) == (conv_input is None):
-            raise ValueError("_Terms needs A or a convolution's input")
-        self.layer = layer
-        self.E = E
-        self._A = A
-        self._conv_input = conv_input
+        self.module = module
+        self.names = names
+        self.shapes = shapes
+        self.numels = [math.prod(s) for s in shapes]
+        self.size = int(sum(self.numels))
+        self.device = device
+        self.buffers = {n: b.detach() for n, b in module.named_buffers()}
+        self.custom = custom
+        self._func = vmap(grad(self.loss_one), in_dims=(None, 0, 0))
+        self.layers: LayerGrads | None = None
+        self.checked = False
+        if use_layers:
+            try:
+                self.layers = LayerGrads(module, names, self.numels)
+            except UnsupportedModel as err:
+                if require_layers:
+                    raise ValueError(f"grad_path='layers' does not fit this module: {err}") from err
 
-    @property
-    def A(self) -> torch.Tensor:
-        if self._A is None:
-            conv = self.layer.module
-            assert isinstance(conv, nn.Conv2d) and self._conv_input is not None
-            self._A = unfold_patches(self._conv_input, conv).transpose(1, 2)  # (B, L, d)
-            self._conv_input = None
-        return self._A
+    # -- the module as a function of theta ------------------------------------------------
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        if theta.shape != (self.size,):
+            raise ValueError(f"theta must have shape ({self.size},), got {tuple(theta.shape)}")
+        return {
+            name: chunk.view(shape)
+            for name, chunk, shape in zip(self.names, theta.split(self.numels), self.shapes)
+        }
 
-    @property
-    def positions(self) -> int:
-        return self.E.shape[1]
+    def logits(self, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.module, (self.unflatten(theta), self.buffers), (x,))
 
-    @property
-    def inputs(self) -> int:
-        """d: the length of one position's input (a convolution's patch)."""
-        if self._A is not None:
-            return self._A.shape[2]
-        conv = self.layer.module
-        kh, kw = conv.kernel_size
-        return conv.in_channels * kh * kw
+    def loss_one(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(theta, x.unsqueeze(0)), y.unsqueeze(0))
 
-    def weight_grads(self) -> torch.Tensor:
-        """(B, p, d) per-record weight gradients sum_t e_t a_t^T."""
-        return torch.bmm(self.E.transpose(1, 2), self.A)
+    def leaf_forward(self, theta: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> logits, with the parameters views of a leaf theta that requires grad."""
+        params = self.unflatten(theta.detach().requires_grad_(True))
+        return lambda x: functional_call(self.module, (params, self.buffers), (x,))
 
-    def ghost_is_cheaper(self) -> bool:
-        """Norm first (Gram matrices, then one weighted product) versus forming the
-        per-record gradients (one batched product, then two passes over them).
+    def on_device(self, *ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(self.device, non_blocking=True) for t in ts)
 
-        Per record: T^2 (d + p) + T d p multiply-adds against T d p + 2 d p."""
-        T, d, p = self.positions, self.inputs, self.E.shape[2]
-        return T == 1 or T * T * (d + p) < 2 * d * p
+    # -- the layer path and its check -----------------------------------------------------
+    def ready(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether the layer path may be used; checked once against ``torch.func``.
 
-
-def _conv_padding(conv: nn.Conv2d) -> tuple[int, int]:
-    if isinstance(conv.padding, str):
-        if conv.padding == "valid":
-            return (0, 0)
-        raise UnsupportedModel(f"Conv2d padding={conv.padding!r}")
-    return (int(conv.padding[0]), int(conv.padding[1]))
-
-
-def unfold_patches(a: torch.Tensor, conv: nn.Conv2d) -> torch.Tensor:
-    """(B, C * kh * kw, L) input patches of ``conv`` (the columns of its im2col matrix).
-
-    Same layout as ``torch.nn.functional.unfold`` (channel-major, then kernel rows and
-    columns), built from one strided view and one copy, which is several times faster than
-    ``F.unfold`` on the CPU.
-    """
-    kh, kw = conv.kernel_size
-    sh, sw = conv.stride
-    dh, dw = conv.dilation
-    ph, pw = _conv_padding(conv)
-    if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
-    a = a.contiguous()
-    b, c, h, w = a.shape
-    oh = (h - dh * (kh - 1) - 1) // sh + 1
-    ow = (w - dw * (kw - 1) - 1) // sw + 1
-    s0, s1, s2, s3 = a.stride()
-    patches = a.as_strided((b, c, kh, kw, oh, ow), (s0, s1, s2 * dh, s3 * dw, s2 * sh, s3 * sw))
-    return patches.reshape(b, c * kh * kw, oh * ow)
-
-
-def _has_batch_coupling(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
-
-
-class LayerGrads:
-    """Per-record gradients of a module whose trainable parameters all sit in Linear or
-    Conv2d layers (groups 1, zero padding), each layer called once per forward pass.
-
-    ``names`` and ``numels`` are the flat parameter order of :class:`FlatModel`. Raises
-    :class:`UnsupportedModel` for anything else (the caller then uses ``torch.func``).
-    """
-
-    SUPPORTED = (nn.Linear, nn.Conv2d)
-
-    def __init__(self, module: nn.Module, names: list[str], numels: list[int]) -> None:
-        if _has_batch_coupling(module):
-            raise UnsupportedModel("BatchNorm couples the records of a batch")
-        offsets = {}
-        pos = 0
-        for i, (n, k) in enumerate(zip(names, numels, strict=True)):
-            offsets[n] = _Param(i, pos, k)
-            pos += k
-        owner: dict[str, _Layer] = {}
-        layers: list[_Layer] = []
-        claimed: set[int] = set()
-        for prefix, m in module.named_modules():
-            own = list(m.named_parameters(recurse=False))
-            if not own:
-                continue
-            if type(m) not in self.SUPPORTED:
-                if any(p.requires_grad for _, p in own):
-                    raise UnsupportedModel(f"trainable parameters in {type(m).__name__}")
-                continue
-            if isinstance(m, nn.Conv2d):
-                if m.groups != 1:
-                    raise UnsupportedModel("Conv2d with groups > 1")
-                if m.padding_mode != "zeros":
-                    raise UnsupportedModel(f"Conv2d padding_mode={m.padding_mode!r}")
-                _conv_padding(m)
-            entry = _Layer(m, None, None)
-            for pname, p in own:
-                full = f"{prefix}.{pname}" if prefix else pname
-                if full in offsets:
-                    if id(p) in claimed:
-                        raise UnsupportedModel(f"parameter {full} is shared between layers")
-                    claimed.add(id(p))
-                    setattr(entry, pname, offsets[full])
-                    owner[full] = entry
-            if entry.weight is not None or entry.bias is not None:
-                layers.append(entry)
-        missing = [n for n in names if n not in owner]
-        if missing:
-            raise UnsupportedModel(f"parameters outside Linear/Conv2d layers: {missing[:3]}")
-        self.layers = layers
-        self.size = pos
-        self.numels = list(numels)
-
-    # -- one forward and one backward pass --------------------------------------------------
-    def terms(
-        self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor
-    ) -> list[_Terms]:
-        """Activations and errors of every layer for the records (x, y).
-
-        ``forward(x)`` must build the autograd graph with the layer parameters requiring
-        grad (the caller passes views of a leaf theta).
-        """
-        seen: dict[nn.Module, list] = {}
-
-        def keep(mod, inputs, output):
-            seen.setdefault(mod, []).append(
-                (inputs[0], output, inputs[0]._version, output._version)
-            )
-
-        handles = [entry.module.register_forward_hook(keep) for entry in self.layers]
+        The layer path assumes what the module's code could break unseen: every layer
+        sees its records along the first axis, and records meet only in the summed loss.
+        So the first time two or more records come, their per-record gradients by both
+        paths are compared, and a mismatch turns the layer path off for this model."""
+        if self.layers is None:
+            return False
+        if self.checked or x.shape[0] < 2:
+            return True
+        xs, ys = x[:2], y[:2]
         try:
-            logits = forward(x)
-        finally:
-            for h in handles:
-                h.remove()
-        called = []
-        for entry in self.layers:
-            calls = seen.get(entry.module, [])
-            if len(calls) > 1:
-                raise UnsupportedModel(f"{type(entry.module).__name__} called twice per forward")
-            if calls:
-                a, o, a_version, o_version = calls[0]
-                if a._version != a_version or o._version != o_version:
-                    raise UnsupportedModel("a layer input or output was modified in place")
-                if not o.requires_grad:
-                    raise UnsupportedModel("a layer ran without autograd")
-                called.append((entry, a, o))
-        if not called:
-            return []
-        loss = F.cross_entropy(logits, y, reduction="sum")
-        errs = torch.autograd.grad(loss, [o for _, _, o in called], allow_unused=True)
-        b = x.shape[0]
-        out = []
-        for (entry, a, _o), e in zip(called, errs, strict=True):
-            if e is None:
-                continue  # the layer does not reach the loss: zero gradient
-            m = entry.module
-            if isinstance(m, nn.Conv2d):  # A: unfolded when first used
-                E = e.reshape(b, e.shape[1], -1).transpose(1, 2)
-                out.append(_Terms(entry, E, conv_input=a.detach()))
-            else:
-                A = a.detach().reshape(b, -1, a.shape[-1])
-                out.append(_Terms(entry, e.reshape(b, -1, e.shape[-1]), A))
-        return out
+            got = self.layers.per_record(self.leaf_forward(theta), xs, ys)
+            ref = self._func(theta.detach(), xs, ys)
+        except UnsupportedModel as err:
+            self.drop_layers(err)
+            return False
+        # what the check catches (records mixed) differs at order one; on a GPU, TF32
+        # convolutions (cuDNN's default) leave differences near 1e-3 between the paths
+        tol = 1e-3 if self.device.type == "cpu" else 2e-2
+        scale = ref.norm(dim=1, keepdim=True)
+        if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
+            self.drop_layers(
+                UnsupportedModel("its per-record gradients differ from torch.func's on this module")
+            )
+            return False
+        self.checked = True
+        return True
 
-    # -- the three uses -------------------------------------------------------------------
-    @staticmethod
-    def add_into(blocks: list[torch.Tensor], terms: list[_Terms]) -> list[torch.Tensor]:
-        """blocks[j][i] += record i's gradient of parameter j, in place.
+    def drop_layers(self, err: UnsupportedModel) -> None:
+        warnings.warn(
+            f"per-record gradients fall back from layers to torch.func: {err}", stacklevel=3
+        )
+        self.layers = None
 
-        ``blocks`` holds one contiguous (B, numel_j) tensor per trainable parameter (the
-        parameter-major layout of :func:`param_blocks`), so every layer's per-record
-        gradients are written by one batched product straight into their block."""
-        for t in terms:
-            w, bias = t.layer.weight, t.layer.bias
-            if w is not None:
-                block = blocks[w.index]
-                b, p, d = block.shape[0], t.E.shape[2], t.A.shape[2]
-                if t.positions == 1:  # outer products e_i a_i^T: a broadcast multiply-add
-                    block.view(b, p, d).addcmul_(t.E.transpose(1, 2), t.A)
-                else:
-                    block.view(b, p, d).baddbmm_(t.E.transpose(1, 2), t.A)
-            if bias is not None:
-                blocks[bias.index] += t.E.sum(1)
-        return blocks
+    # -- gradients ------------------------------------------------------------------------
+    def per_record(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(B, P) matrix of per-record loss gradients (rows in the flat parameter order)."""
+        if self.custom is not None:
+            return self.custom.per_record_grads(theta, x, y)
+        theta, x, y = self.on_device(theta, x, y)
+        if self.ready(theta, x, y):
+            try:
+                return self.layers.per_record(self.leaf_forward(theta), x, y)
+            except UnsupportedModel as err:
+                self.drop_layers(err)
+        return self._func(theta.detach(), x, y)
 
-    def per_record(
-        self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor
+    def summed(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Gradient of the summed loss (= sum of per-record gradients), by ordinary autograd."""
+        if self.custom is not None:
+            return self.custom.summed_grad(theta, x, y)
+        theta, x, y = self.on_device(theta, x, y)
+        t = theta.detach().requires_grad_(True)
+        loss = F.cross_entropy(self.logits(t, x), y, reduction="sum")
+        (g,) = torch.autograd.grad(loss, t)
+        return g
+
+    def chunk_sum(
+        self,
+        theta: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        sizes: list[int],
+        clip: float | None,
+        noise: PrenoiseRows | None,
     ) -> torch.Tensor:
-        """(B, P) matrix of per-record gradients, rows in the flat parameter order."""
+        """sum_i clip_C(g_i + row_i) over one chunk of records (on this model's device).
+
+        ``noise`` holds the chunk's pre-noise rows rho z_i, laid out in parameter blocks of
+        ``sizes`` (None: no pre-noise, and then ``clip`` must be set)."""
+        if noise is None and clip is None:
+            raise ValueError("chunk_sum needs clip or pre-noise")
         b = x.shape[0]
-        flat = torch.zeros(b * self.size, dtype=torch.float32, device=x.device)
-        blocks = param_blocks(flat, b, self.numels)
-        self.add_into(blocks, self.terms(forward, x, y))
-        return torch.cat(blocks, dim=1)
-
-    def clipped_sum_norm_first(self, terms: list[_Terms], clip: float, b: int) -> torch.Tensor:
-        """sum_i min(1, C / ||g_i||) g_i from activations and errors (no pre-noise)."""
-        device = terms[0].E.device if terms else None
-        total = torch.zeros(self.size, dtype=torch.float32, device=device)
-        if not terms:
-            return total
-        sq = torch.zeros(b, dtype=torch.float32, device=device)
-        kept: list[tuple[_Terms, torch.Tensor | None, torch.Tensor | None]] = []
-        for t in terms:
-            G = bg = None
-            if t.layer.weight is not None:
-                if t.positions == 1:
-                    sq += t.E.square().sum((1, 2)) * t.A.square().sum((1, 2))
-                elif t.ghost_is_cheaper():
-                    gram_a = torch.bmm(t.A, t.A.transpose(1, 2))
-                    gram_e = torch.bmm(t.E, t.E.transpose(1, 2))
-                    sq += (gram_a * gram_e).sum((1, 2))
-                else:
-                    G = t.weight_grads()
-                    sq += G.square().sum((1, 2))
-            if t.layer.bias is not None:
-                bg = t.E.sum(1)
-                sq += bg.square().sum(1)
-            kept.append((t, G, bg))
-        c = clip_factors(sq, clip)
-        for t, G, bg in kept:
-            w, bias = t.layer.weight, t.layer.bias
-            if w is not None:
-                if G is not None:
-                    part = c @ G.reshape(b, -1)
-                else:
-                    p, d = t.E.shape[2], t.A.shape[2]
-                    ce = (t.E * c.view(b, 1, 1)).reshape(-1, p)
-                    part = (ce.T @ t.A.reshape(-1, d)).reshape(-1)
-                total[w.offset : w.offset + w.numel] = part
-            if bias is not None:
-                total[bias.offset : bias.offset + bias.numel] = c @ bg
-        return total
+        if self.custom is None and self.ready(theta, x, y):
+            try:
+                with sharing_threads(noise):
+                    terms = self.layers.terms(self.leaf_forward(theta), x, y)
+            except UnsupportedModel as err:
+                self.drop_layers(err)
+            else:
+                if noise is None:
+                    return self.layers.clipped_sum_norm_first(terms, clip, b)
+                blocks = param_blocks(noise.result(), b, self.numels)
+                return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
+        with sharing_threads(noise):
+            g = self.per_record(theta, x, y)
+        if noise is None:
+            return clip_blocks_and_sum([g], clip)
+        blocks = param_blocks(noise.result(), b, sizes)
+        pos = 0
+        for blk in blocks:
+            blk += g[:, pos : pos + blk.shape[1]]
+            pos += blk.shape[1]
+        return clip_blocks_and_sum(blocks, clip)
 
 
-def param_blocks(flat: torch.Tensor, rows: int, numels: list[int]) -> list[torch.Tensor]:
-    """View a flat buffer of ``rows * sum(numels)`` numbers as one contiguous (rows, numel_j)
-    block per parameter, in order (parameter-major: block j holds every record's
-    values of parameter j). Row i of ``torch.cat(blocks, 1)`` is record i's flat vector."""
-    if flat.numel() != rows * sum(numels):
-        raise ValueError(f"buffer of {flat.numel()} numbers is not {rows} x {sum(numels)}")
-    out, pos = [], 0
-    for k in numels:
-        out.append(flat[pos : pos + rows * k].view(rows, k))
-        pos += rows * k
-    return out
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
 
 
-def clip_blocks_and_sum(blocks: list[torch.Tensor], clip: float | None) -> torch.Tensor:
-    """sum_i min(1, C / ||v_i||) v_i for the records' vectors v_i = row i of cat(blocks, 1).
+def clipped_sum(
+    grads: RecordGradients,
+    theta: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    sizes: list[int],
+    clip: float | None,
+    prenoise: float = 0.0,
+    generator: torch.Generator | None = None,
+    chunk_size: int = 256,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sum_i clip_C(grad l_i + rho z_i) over the records (x, y), then over the records given
+    by their gradients ``rows`` (k, P), in chunks of ``chunk_size``.
 
-    The same as ``fedsgld.core.clipping.clip_and_sum`` on the concatenated matrix (with
-    no pre-noise: any is already in the blocks), without forming it. ``clip=None``: the
-    plain sum."""
-    if clip is None:
-        return torch.cat([blk.sum(0) for blk in blocks])
-    sq = None
-    for blk in blocks:
-        n = torch.linalg.vector_norm(blk, dim=1).square()
-        sq = n if sq is None else sq.add_(n)
-    return torch.cat([clip_factors(sq, clip) @ blk for blk in blocks])
+    z_i ~ N(0, I_P) is drawn from ``generator`` for every record and added to record i's
+    gradient before record i is clipped: one draw of chunk x P normals per chunk, in chunk
+    order (the records', then the rows'), laid out parameter by parameter in blocks of
+    ``sizes`` (:func:`fedsgld.core.clipping.param_blocks`). On the CPU with more than one
+    torch thread, each records chunk's draw runs on a second thread beside that chunk's
+    gradients (:mod:`fedsgld.core.prenoise`); the numbers are the same. With ``clip=None``
+    and no pre-noise this is the plain summed gradient, by ordinary autograd. The result is
+    on ``grads.device``; records may live elsewhere (each chunk is moved there).
+    """
+    if not (isinstance(chunk_size, int) and chunk_size >= 1):
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    prenoise = float(prenoise)
+    if not (prenoise >= 0.0 and math.isfinite(prenoise)):
+        raise ValueError(f"prenoise must be finite and >= 0, got {prenoise!r}")
+    if prenoise > 0.0:
+        if generator is None:
+            raise ValueError("prenoise > 0 needs an explicit torch.Generator")
+        check_generator(generator, grads.device, "pre-noise")
+    theta = theta.to(grads.device)
+    size = sum(sizes)
+    total = torch.zeros(size, dtype=torch.float32, device=grads.device)
+    chunks = list(_chunks(x.shape[0], chunk_size))
+    if clip is None and prenoise == 0.0:
+        for sl in chunks:
+            total += grads.summed(theta, *grads.on_device(x[sl], y[sl]))
+    else:
+        _records_sum(grads, total, theta, x, y, chunks, sizes, clip, prenoise, generator)
+    if rows is not None and rows.shape[0]:
+        total += clipped_rows_sum(
+            rows.to(grads.device, torch.float32),
+            sizes,
+            clip=clip,
+            prenoise=prenoise,
+            generator=generator,
+            chunk_size=chunk_size,
+        )
+    return total
 
 
-def clip_factors(squared_norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """c_i = min(1, C / ||v_i||) from the squared norms ||v_i||^2: the one place every
-    per-record clipping path (and the audit's canaries, :func:`fedsgld.core.mechanism.site_step`)
-    takes its factors from, so that each record's clipped vector has norm <= C."""
-    return (clip / (squared_norms.sqrt() + 1e-12)).clamp_(max=1.0)
+def _records_sum(grads, total, theta, x, y, chunks, sizes, clip, prenoise, generator) -> None:
+    """total += the clipped, pre-noised sum of each chunk, drawing the next chunk's
+    pre-noise in the background where that helps (two chunks of noise in memory at most)."""
+    size = sum(sizes)
+    noise: list[PrenoiseRows | None] = [None] * len(chunks)
+    ahead = prenoise > 0.0 and draw_in_background(generator)
+
+    def draw(k: int) -> None:
+        # in the background, taking chunk k's pre-noise starts chunk k + 1's; on the
+        # calling thread each chunk draws its own when due
+        n = chunks[k].stop - chunks[k].start
+        nxt = (lambda: draw(k + 1)) if ahead and k + 1 < len(chunks) else None
+        noise[k] = PrenoiseRows(
+            n, size, std=prenoise, generator=generator, background=ahead, then=nxt
+        )
+
+    try:
+        for k, sl in enumerate(chunks):
+            if prenoise > 0.0 and noise[k] is None:
+                draw(k)
+            xb, yb = grads.on_device(x[sl], y[sl])
+            total += grads.chunk_sum(theta, xb, yb, sizes=sizes, clip=clip, noise=noise[k])
+            noise[k] = None
+    finally:
+        for n in noise:
+            if n is not None:
+                n.wait()  # the generator is never left in use by another thread
 
 
 def clipped_rows_sum(
@@ -375,9 +316,9 @@ def clipped_rows_sum(
 ) -> torch.Tensor:
     """sum_i clip_C(v_i + rho z_i) for records given by their gradients v_i (rows of a
     (k, P) matrix on the generator's device, P = sum(sizes)): the pre-noise rho z_i drawn
-    from ``generator`` laid out parameter by parameter (:func:`param_blocks` with the
-    parameter sizes ``sizes``), then :func:`clip_blocks_and_sum`, in chunks of ``chunk_size``
-    records. The records' own path with pre-noise, for gradients that need no model."""
+    from ``generator`` laid out parameter by parameter (blocks of ``sizes``), then the one
+    clip, in chunks of ``chunk_size`` records. The records' own path with pre-noise, for
+    gradients that need no model."""
     size = sum(sizes)
     if rows.dim() != 2 or rows.shape[1] != size:
         raise ValueError(f"rows must be (records, {size}), got {tuple(rows.shape)}")

@@ -36,7 +36,7 @@ class PrenoiseRows:
     """rho * z for ``rows`` records of ``cols`` numbers each, drawn at construction.
 
     The draw is one flat vector of rows * cols normals (``gaussian_noise``), which
-    :func:`fedsgld.core.per_record.param_blocks` lays out parameter by parameter: block j,
+    :func:`fedsgld.core.clipping.param_blocks` lays out parameter by parameter: block j,
     a contiguous (rows, numel_j) view, holds the pre-noise of parameter j for every record.
     ``result()`` waits for the draw and returns the flat vector (a fresh float32 tensor on
     the generator's device, the caller's to modify); ``wait()`` only waits. A failed draw

@@ -6,7 +6,8 @@ Gaussian steps by privacy loss distributions. A round of
 Poisson-subsampled Gaussian step at ``params.dominating_noise_multiplier``, up to a
 slack that the whole run adds to epsilon (:mod:`fedsgld.privacy.distributed`,
 :mod:`fedsgld.privacy.ddg_dominance`). The accountant keeps those rounds in a second,
-run-length encoded ledger ``[(q, DDGParameters, count), ...]``, and once it holds any,
+run-length encoded ledger ``[(q, DDGParameters, count), ...]`` (:class:`DDGLedger`, held
+beside the Gaussian ledger and chosen for the events it ``supports``), and once it holds any,
 the epsilon of the WHOLE run (Gaussian steps included, at their recorded sigmas) is
 :func:`~fedsgld.privacy.distributed.ddg_epsilon` of both ledgers: the FFT PLD of the
 dominating Gaussian ledger plus the slack, for every value ``epsilon()`` reports and for
@@ -30,7 +31,10 @@ from fedsgld.privacy.events import (
     DpEvent,
     SubsampledGaussianStep,
     ddg_steps,
+    is_gaussian,
+    releases,
 )
+from fedsgld.privacy.gaussian_ledger import GaussianLedger
 from fedsgld.privacy.gdp import gdp_mu
 from fedsgld.privacy.ledger import LRU, LedgerKey, append, check_q
 
@@ -62,47 +66,80 @@ def ddg_append(key: DDGKey, steps: Iterable[tuple[float, DDGParameters]]) -> DDG
 
 
 class DDGLedger:
-    """The DDG half of :class:`~fedsgld.privacy.accountant.PrivacyAccountant` (a mixin: it
-    uses the accountant's ``delta``, ``epsilon_budget``, ``bucket``, ``_ledger``)."""
+    """The rounds of the distributed discrete Gaussian, and the epsilon of the whole run
+    once it holds any (the accountant's second ledger, beside ``gaussian``, whose public
+    ledger it reads and, when an event it admits holds Gaussian steps too, commits to).
 
-    _ddg: DDGKey = ()
+    It ``supports`` every event with a distributed discrete Gaussian round; its budget
+    checks take the event's Gaussian steps with them (the bound of the composition does
+    not depend on the order)."""
+
+    def __init__(
+        self,
+        *,
+        delta: float,
+        epsilon_budget: float | None,
+        names: Sequence[str],
+        gaussian: GaussianLedger,
+    ) -> None:
+        self.delta = delta
+        self.epsilon_budget = epsilon_budget
+        self.names = tuple(names)
+        self.gaussian = gaussian
+        self.key: DDGKey = ()
+        self._cache = LRU(_CACHE)
+
+    def supports(self, event: DpEvent) -> bool:
+        """Whether ``event`` holds a distributed discrete Gaussian round."""
+        return any(not is_gaussian(r) for r in releases(event))
 
     @property
-    def ddg_ledger(self) -> list[tuple[float, DDGParameters, int]]:
+    def entries(self) -> list[tuple[float, DDGParameters, int]]:
         """The DDG rounds recorded, [(q, params, count), ...] in order."""
-        return list(self._ddg)
+        return list(self.key)
 
-    def _ddg_epsilon(self, key: LedgerKey, ddg: DDGKey) -> float:
+    @property
+    def steps(self) -> int:
+        return sum(c for _, _, c in self.key)
+
+    def epsilon(self, key: LedgerKey, ddg: DDGKey) -> float:
         """The epsilon of the Gaussian ledger ``key`` and the DDG ledger ``ddg`` together:
         :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each pair of ledgers computed
         once (the cache is keyed by both ledgers, so by every event's parameters)."""
         if not key and not ddg:
             return 0.0
-        cache = self.__dict__.setdefault("_ddg_eps_cache", LRU(_CACHE))
-        cached = cache.lookup((key, ddg))
+        cached = self._cache.lookup((key, ddg))
         if cached is None:
             cached = ddg_epsilon(ddg, self.delta, gaussian=key).epsilon
-            cache.put((key, ddg), cached)
+            self._cache.put((key, ddg), cached)
         return cached
 
+    def whole_run(self, key: LedgerKey) -> float | None:
+        """The epsilon of the whole run with the Gaussian ledger at ``key``; None while this
+        ledger holds no round (the Gaussian ledger's own accountants then apply)."""
+        return self.epsilon(key, self.key) if self.key else None
+
+    def epsilons(self, key: LedgerKey) -> dict[str, float]:
+        """Every name the accountant reports, all the epsilon of the whole run."""
+        v = self.epsilon(key, self.key)
+        return dict.fromkeys(self.names, v if math.isfinite(v) else math.inf)
+
+    # -- the budget checks of an event it supports ------------------------------------------
     def _after(self, event: DpEvent) -> tuple[LedgerKey, DDGKey]:
         """Both ledgers as they would be with ``event`` (nothing recorded)."""
         gauss, ddg = ddg_steps(event)
-        key = self._ledger
+        key = self.gaussian.key
         for q, sigma in gauss:
-            key = append(key, check_q(q), self.bucket(sigma), 1)
-        return key, ddg_append(self._ddg, ddg)
+            key = append(key, check_q(q), self.gaussian.bucket(sigma), 1)
+        return key, ddg_append(self.key, ddg)
 
-    def _event_has_ddg(self, event: DpEvent) -> bool:
-        return bool(ddg_steps(event)[1])
-
-    def _ddg_fits(self, event: DpEvent) -> bool:
+    def fits(self, event: DpEvent) -> bool:
         if self.epsilon_budget is None:
             self._after(event)  # validated all the same
             return True
-        return self._ddg_epsilon(*self._after(event)) <= self.epsilon_budget
+        return self.epsilon(*self._after(event)) <= self.epsilon_budget
 
-    def _ddg_affordable(self, event: DpEvent) -> int:
+    def affordable(self, event: DpEvent) -> int:
         """How many of ``event``'s releases, in order, fit (Gaussian steps first, then DDG
         rounds: the bound of the composition does not depend on their order)."""
         gauss, ddg = ddg_steps(event)
@@ -110,40 +147,37 @@ class DDGLedger:
             DistributedDiscreteGaussianStep(p, q) for q, p in ddg
         ]
         n = 0
-        while n < len(parts) and self._ddg_fits(Composed(tuple(parts[: n + 1]))):
+        while n < len(parts) and self.fits(Composed(tuple(parts[: n + 1]))):
             n += 1
         return n
 
-    def _ddg_spend(self, event: DpEvent) -> None:
+    def epsilon_after(self, event: DpEvent) -> float:
+        return self.epsilon(*self._after(event))
+
+    def spend(self, event: DpEvent) -> None:
         """Record all of ``event`` or, past the budget, none."""
         key, ddg = self._after(event)
         if self.epsilon_budget is not None:
-            eps = self._ddg_epsilon(key, ddg)
+            eps = self.epsilon(key, ddg)
             if eps > self.epsilon_budget:
                 raise BudgetExhausted(
-                    f"release from step {self.steps + 1} would take epsilon (dominating PLD, with "
-                    f"distributed discrete Gaussian rounds) to {eps:.6g} > budget "
-                    f"{self.epsilon_budget:g} at delta={self.delta:g}; not recorded",
+                    f"release from step {self.gaussian.steps + self.steps + 1} would take "
+                    f"epsilon (dominating PLD, with distributed discrete Gaussian rounds) to "
+                    f"{eps:.6g} > budget {self.epsilon_budget:g} at delta={self.delta:g}; "
+                    "not recorded",
                     epsilon=eps,
                     budget=self.epsilon_budget,
                 )
         gauss = ddg_steps(event)[0]
-        self._mu2 += sum(gdp_mu([(q, s, 1)]) ** 2 for q, s in gauss)
-        self._ledger, self._ddg = key, ddg
-        self._certified = []  # certified without these rounds: no longer dominating
+        self.gaussian.commit(key, sum(gdp_mu([(q, s, 1)]) ** 2 for q, s in gauss))
+        self.key = ddg
 
-    def _ddg_state(self) -> list[list[Any]]:
-        return [[q, dataclasses.asdict(p), c] for q, p, c in self._ddg]
+    # -- checkpoints ------------------------------------------------------------------
+    def state(self) -> list[list[Any]]:
+        return [[q, dataclasses.asdict(p), c] for q, p, c in self.key]
 
-    def _load_ddg_state(self, state: Mapping[str, Any]) -> None:
+    def load(self, state: Mapping[str, Any]) -> None:
         entries = state.get("ddg", [])
-        self._ddg = tuple(
+        self.key = tuple(
             (float(q), DDGParameters(**p), int(c)) for q, p, c in entries if int(c) > 0
         )
-        self._certified = []
-
-    def _ddg_epsilons(self, key: LedgerKey) -> dict[str, float]:
-        """Every name ``epsilon()`` reports, all the epsilon of the whole run (:meth:`_ddg_epsilon`)."""
-        v = self._ddg_epsilon(key, self._ddg)
-        names = ("gdp", "pld", "rdp", self.rigorous_name)
-        return dict.fromkeys(names, v if math.isfinite(v) else math.inf)

@@ -27,10 +27,14 @@ The accountants read events instead of bare ``(q, sigma, count)`` tuples:
   event into it.
 * :class:`Repeated` (one event ``count`` times) and :class:`Composed` (events in order):
   composition.
+* :class:`PoissonSampled` (sampling as a wrapper, as in ``dp_accounting``'s
+  ``PoissonSampledDpEvent``) of a :class:`GaussianMechanism` or a
+  :class:`DistributedDiscreteGaussian`: the one form every release takes in the ledgers.
 
-:func:`gaussian_steps` flattens an event into the ``(q, sigma)`` steps the Gaussian
-ledger records, in order; :func:`ledger_entries` run-length encodes them. An event the
-Gaussian ledger cannot hold (PATE answers) raises :class:`UnsupportedEvent`.
+:func:`releases` flattens an event into its :class:`PoissonSampled` releases, in order;
+each ledger of the accountant says which it ``supports``. :func:`gaussian_steps` gives the
+``(q, sigma)`` steps the Gaussian ledger records; :func:`ledger_entries` run-length encodes
+them. An event no ledger can hold (PATE answers) raises :class:`UnsupportedEvent`.
 
 Torch-free, like the rest of :mod:`fedsgld.privacy`.
 """
@@ -45,17 +49,22 @@ from fedsgld.privacy.distributed import DDGParameters
 __all__ = [
     "ConfidentGnmaxAnswers",
     "Composed",
+    "DistributedDiscreteGaussian",
     "DistributedDiscreteGaussianStep",
     "DpEvent",
+    "GaussianMechanism",
     "GaussianRelease",
     "GnmaxAnswers",
     "LnmaxAnswers",
+    "PoissonSampled",
     "Repeated",
     "SubsampledGaussianStep",
     "UnsupportedEvent",
     "ddg_steps",
     "gaussian_steps",
+    "is_gaussian",
     "ledger_entries",
+    "releases",
     "subsampled_steps",
 ]
 
@@ -108,6 +117,32 @@ class DistributedDiscreteGaussianStep(DpEvent):
 
 
 @dataclass(frozen=True)
+class GaussianMechanism(DpEvent):
+    """The Gaussian mechanism with ``noise_multiplier`` (noise std over the L2 sensitivity),
+    on the whole dataset unless wrapped in :class:`PoissonSampled`."""
+
+    noise_multiplier: float
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussian(DpEvent):
+    """One distributed discrete Gaussian sum with public parameters ``params``, on the
+    whole dataset unless wrapped in :class:`PoissonSampled`."""
+
+    params: DDGParameters
+
+
+@dataclass(frozen=True)
+class PoissonSampled(DpEvent):
+    """``event`` (a :class:`GaussianMechanism` or a :class:`DistributedDiscreteGaussian`)
+    run on a Poisson sample: every record enters independently with probability
+    ``sample_rate``. The form every release takes in the ledgers (:func:`releases`)."""
+
+    sample_rate: float
+    event: DpEvent
+
+
+@dataclass(frozen=True)
 class LnmaxAnswers(DpEvent):
     """``queries`` labels released by LNMax (``argmax_j n_j + Lap(1/gamma)``), accounted by
     the moments accountant with lambda = 1..``moments``."""
@@ -153,28 +188,36 @@ class Composed(DpEvent):
     events: tuple[DpEvent, ...]
 
 
-def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
-    """The ``(q, sigma)`` steps of ``event`` in release order, as the Gaussian ledger
-    records them (values unchanged, unvalidated: the accountant validates).
+_MECHANISMS = (GaussianMechanism, DistributedDiscreteGaussian)
+
+
+def releases(event: DpEvent) -> Iterator[PoissonSampled]:
+    """``event`` flattened into its releases in order, each a :class:`PoissonSampled` of
+    one mechanism: a :class:`SubsampledGaussianStep` (q, sigma) is ``PoissonSampled(q,
+    GaussianMechanism(sigma))``, a :class:`GaussianRelease` is sampled with q = 1, a
+    :class:`DistributedDiscreteGaussianStep` (params, q) is ``PoissonSampled(q,
+    DistributedDiscreteGaussian(params))`` (values unchanged, unvalidated: the ledgers
+    validate).
 
     Raises:
         UnsupportedEvent: a PATE answer event, or anything that is not a DpEvent.
     """
     if isinstance(event, SubsampledGaussianStep):
-        yield event.sample_rate, event.noise_multiplier
+        yield PoissonSampled(event.sample_rate, GaussianMechanism(event.noise_multiplier))
     elif isinstance(event, GaussianRelease):
-        yield 1.0, event.noise_multiplier
+        yield PoissonSampled(1.0, GaussianMechanism(event.noise_multiplier))
+    elif isinstance(event, DistributedDiscreteGaussianStep):
+        yield PoissonSampled(event.sample_rate, DistributedDiscreteGaussian(event.params))
+    elif isinstance(event, _MECHANISMS):
+        yield PoissonSampled(1.0, event)
+    elif isinstance(event, PoissonSampled) and isinstance(event.event, _MECHANISMS):
+        yield event
     elif isinstance(event, Repeated):
         for _ in range(event.count):
-            yield from gaussian_steps(event.event)
+            yield from releases(event.event)
     elif isinstance(event, Composed):
         for e in event.events:
-            yield from gaussian_steps(e)
-    elif isinstance(event, DistributedDiscreteGaussianStep):
-        raise UnsupportedEvent(
-            "DistributedDiscreteGaussianStep is composed by the DDG ledger "
-            "(fedsgld.privacy.ddg_ledger), not by the Gaussian ledger"
-        )
+            yield from releases(e)
     elif isinstance(event, (LnmaxAnswers, GnmaxAnswers, ConfidentGnmaxAnswers)):
         raise UnsupportedEvent(
             f"{type(event).__name__} is accounted by "
@@ -184,26 +227,42 @@ def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
         raise UnsupportedEvent(f"not a privacy event: {event!r}")
 
 
+def is_gaussian(release: PoissonSampled) -> bool:
+    """Whether a release of :func:`releases` is a (sampled) Gaussian mechanism."""
+    return isinstance(release.event, GaussianMechanism)
+
+
+def gaussian_steps(event: DpEvent) -> Iterator[tuple[float, float]]:
+    """The ``(q, sigma)`` steps of ``event`` in release order, as the Gaussian ledger
+    records them (values unchanged, unvalidated: the accountant validates).
+
+    Raises:
+        UnsupportedEvent: a distributed discrete Gaussian round or a PATE answer event,
+            or anything that is not a DpEvent.
+    """
+    for r in releases(event):
+        if not is_gaussian(r):
+            raise UnsupportedEvent(
+                "DistributedDiscreteGaussianStep is composed by the DDG ledger "
+                "(fedsgld.privacy.ddg_ledger), not by the Gaussian ledger"
+            )
+        yield r.sample_rate, r.event.noise_multiplier
+
+
 def ddg_steps(
     event: DpEvent,
 ) -> tuple[list[tuple[float, float]], list[tuple[float, DDGParameters]]]:
     """``event`` split into its Gaussian steps ``(q, sigma)`` and its distributed discrete
     Gaussian steps ``(q, params)`` (each in release order; composition does not depend
     on the order, so their interleaving does not matter)."""
-    if isinstance(event, DistributedDiscreteGaussianStep):
-        return [], [(event.sample_rate, event.params)]
-    if isinstance(event, Repeated):
-        g, d = ddg_steps(event.event)
-        return g * event.count, d * event.count
-    if isinstance(event, Composed):
-        gs: list[tuple[float, float]] = []
-        ds: list[tuple[float, DDGParameters]] = []
-        for e in event.events:
-            g, d = ddg_steps(e)
-            gs += g
-            ds += d
-        return gs, ds
-    return list(gaussian_steps(event)), []
+    gs: list[tuple[float, float]] = []
+    ds: list[tuple[float, DDGParameters]] = []
+    for r in releases(event):
+        if is_gaussian(r):
+            gs.append((r.sample_rate, r.event.noise_multiplier))
+        else:
+            ds.append((r.sample_rate, r.event.params))
+    return gs, ds
 
 
 def ledger_entries(event: DpEvent) -> list[tuple[float, float, int]]:

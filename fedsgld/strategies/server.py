@@ -35,11 +35,6 @@ from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, subsampled_s
 from fedsgld.vi import Adam, kl_gradient
 
 
-def _no_draws() -> torch.Generator:
-    """A generator for ``langevin_update`` calls whose noise was drawn beforehand (std 0)."""
-    return torch.Generator()
-
-
 class PosteriorSamples:
     """Keeps every ``thin``-th iterate after ``burn_in`` steps; at most ``max_samples`` (the latest).
 
@@ -243,10 +238,8 @@ class LangevinServer:
                 self.theta,
                 noisy,
                 step_size=plan.step_size,
-                noise_std=0.0,
                 expected_batch=self.expected_batch,
                 weight_decay=self.weight_decay,
-                generator=_no_draws(),
             )
         self.t += 1
         self.posterior.offer(self.t, self.theta)

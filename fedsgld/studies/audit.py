@@ -14,7 +14,7 @@ The canaries (the strongest the threat model allows; Nasr et al. 2021, 2023):
   records' own code (:func:`fedsgld.core.mechanism.site_step`): the same call of the
   Poisson sampler draws them with the site's records (rate q, the site's generator), and
   the sampled ones are pre-noised and clipped by the records' clipping
-  (:func:`fedsgld.core.per_record.clip_factors`), so a sampler or a clipping that is wrong
+  (:func:`fedsgld.core.clipping.clip_factors`), so a sampler or a clipping that is wrong
   for the records is wrong for the canaries too. Their clipped sum joins the site's before
   any noise is drawn.
 * Each canary is included (is one of the site's records for the whole run) independently

@@ -154,14 +154,9 @@ def test_zero_gradient_drift_matches_promised_noise():
     var = 0.0
     for a in alphas:
         sigma = math.sqrt(2 * a * tau)
+        noisy = gaussian_noise((P,), std=sigma * C, generator=gen)  # the release's noise
         theta = langevin_update(
-            theta,
-            torch.zeros(P),
-            step_size=a,
-            noise_std=sigma * C,
-            expected_batch=L,
-            weight_decay=0.0,
-            generator=gen,
+            theta, torch.zeros(P) + noisy, step_size=a, expected_batch=L, weight_decay=0.0
         )
         var += (a * sigma * C / L) ** 2
     sd = math.sqrt(var)
@@ -177,10 +172,8 @@ def test_weight_decay_is_the_gaussian_prior_gradient():
         theta,
         torch.tensor([0.5, 0.5]),
         step_size=0.1,
-        noise_std=0.0,
         expected_batch=2.0,
         weight_decay=0.3,
-        generator=torch.Generator(),
     )
     torch.testing.assert_close(out, theta - 0.1 * (torch.tensor([0.25, 0.25]) + 0.3 * theta))
 
@@ -217,14 +210,11 @@ def test_langevin_on_gaussian_target_recovers_mean_and_covariance(tau):
     for _ in range(400):
         th = theta.view(chains, 2)
         summed = (N * (th - xbar) @ At.T).reshape(-1)  # sum_i A (theta - x_i)
+        noisy = summed + gaussian_noise(
+            summed.shape, std=sigma * C, generator=gen, dtype=summed.dtype
+        )
         theta = langevin_update(
-            theta,
-            summed,
-            step_size=alpha,
-            noise_std=sigma * C,
-            expected_batch=float(N),
-            weight_decay=0.0,
-            generator=gen,
+            theta, noisy, step_size=alpha, expected_batch=float(N), weight_decay=0.0
         )
     samples = theta.view(chains, 2).numpy()
     M = np.eye(2) - alpha * A

@@ -167,7 +167,7 @@ def test_layer_path_branches_match_the_loop():
     assert "frozen.weight" not in fm.names
     x, y = torch.randn(5, 2, 9, 8), torch.randint(0, 3, (5,))
     theta = fm.flatten()
-    terms = fm._layers.terms(fm._leaf_forward(theta), x, y)
+    terms = fm.grads.layers.terms(fm.grads.leaf_forward(theta), x, y)
     branches = {(t.positions > 1, t.ghost_is_cheaper()) for t in terms}
     assert branches == {(True, True), (True, False), (False, True)}
     ref = loop_grads(fm, theta, x, y)
@@ -466,9 +466,8 @@ def test_site_step_and_update_run_on_the_gpu_with_a_gpu_generator():
     gen = seeded_generator(0, 1, 2, device="cuda")
     s = site_step(fm, theta, x, y, sample_rate=0.5, clip=1.0, prenoise=0.01, generator=gen)
     assert s.device.type == "cuda" and torch.isfinite(s).all()
-    new = langevin_update(
-        theta, s, step_size=0.1, noise_std=1.0, expected_batch=20.0, weight_decay=0.0, generator=gen
-    )
+    noisy = s + gaussian_noise(s.shape, std=1.0, generator=gen)
+    new = langevin_update(theta, noisy, step_size=0.1, expected_batch=20.0, weight_decay=0.0)
     assert new.device.type == "cuda"
     probs = fm.predict_proba(new, x)
     assert probs.device == x.device and torch.allclose(probs.sum(1), torch.ones(40))
@@ -516,3 +515,31 @@ def test_backbone_features_run_on_the_backbone_device(device):
     feats = extract_features(copy.deepcopy(backbone).to(device), x, image_size=16, batch=2)
     assert feats.device == x.device and feats.shape == (5, 4)
     torch.testing.assert_close(feats, ref.detach(), rtol=1e-4, atol=1e-5)
+
+
+class ScaledLinear(nn.Linear):
+    """A Linear layer of its own type: the registry looks layers up by their exact type."""
+
+
+def test_a_registered_layer_type_takes_the_layer_path_and_matches_the_loop():
+    from fedsgld.core import grad_samplers
+
+    torch.manual_seed(4)
+    module = nn.Sequential(ScaledLinear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    assert FlatModel(module).grad_path == "func"  # not registered: torch.func
+    linear = grad_samplers.GRAD_SAMPLERS[nn.Linear]
+    grad_samplers.register_grad_sampler(ScaledLinear, check=linear.check)(linear.terms)
+    try:
+        fm = FlatModel(module)
+        assert fm.grad_path == "layers"
+        x, y = torch.randn(7, 6), torch.randint(0, 3, (7,))
+        theta = fm.flatten()
+        ref = loop_grads(fm, theta, x, y)
+        torch.testing.assert_close(fm.per_record_grads(theta, x, y), ref, rtol=1e-4, atol=1e-6)
+        assert fm.layers_checked
+        clip = float(ref.norm(dim=1).median())
+        got = clipped_gradient_sum(fm, theta, x, y, clip=clip)
+        expected = (ref * (clip / ref.norm(dim=1, keepdim=True)).clamp(max=1.0)).sum(0)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    finally:
+        del grad_samplers.GRAD_SAMPLERS[ScaledLinear]

@@ -233,18 +233,18 @@ def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passe
     """Each deployed round runs in a new process; the layer path's check against torch.func
     runs in the run's first train task, and later tasks read that it passed from
     context.state (for the same sites' data key only)."""
-    from fedsgld.core.mechanism import FlatModel
+    from fedsgld.core.per_record import RecordGradients
     from fedsgld.flower import sites as site_side
 
     checks = []
-    real = FlatModel._layers_ready
+    real = RecordGradients.ready
 
     def counting(self, theta, x, y):
-        if self._layers is not None and not self._layers_checked and x.shape[0] >= 2:
+        if self.layers is not None and not self.checked and x.shape[0] >= 2:
             checks.append(1)
         return real(self, theta, x, y)
 
-    monkeypatch.setattr(FlatModel, "_layers_ready", counting)
+    monkeypatch.setattr(RecordGradients, "ready", counting)
     config = Config.from_flat({**SMALL, "rounds": 3})
     grid = run_local({**SMALL, "rounds": 3, "out": str(tmp_path / "r")}, **APPS)  # a node per site
     assert len(checks) == 3  # one per site: this process keeps its sites between rounds

@@ -248,17 +248,17 @@ def test_max_steps_agrees_with_stepping_and_certifies_the_plan(monkeypatch):
     assert acc.max_steps(sgld_point, limit=10_000) == n
     assert acc.steps == 0  # planning records nothing
     # the plan is certified: stepping along it computes no epsilon at all
-    real_pld, real_rdp = acc._fft_epsilon, acc._rdp_epsilon
+    real_pld, real_rdp = acc.gaussian._fft_epsilon, acc.gaussian._rdp_epsilon
 
     def forbidden(*args, **kwargs):
         raise AssertionError("epsilon recomputed despite a certified plan")
 
-    monkeypatch.setattr(acc, "_fft_epsilon", forbidden)
-    monkeypatch.setattr(acc, "_rdp_epsilon", forbidden)
+    monkeypatch.setattr(acc.gaussian, "_fft_epsilon", forbidden)
+    monkeypatch.setattr(acc.gaussian, "_rdp_epsilon", forbidden)
     for t in range(n):
         acc.step(*sgld_point(t))
-    monkeypatch.setattr(acc, "_fft_epsilon", real_pld)
-    monkeypatch.setattr(acc, "_rdp_epsilon", real_rdp)
+    monkeypatch.setattr(acc.gaussian, "_fft_epsilon", real_pld)
+    monkeypatch.setattr(acc.gaussian, "_rdp_epsilon", real_rdp)
     with pytest.raises(BudgetExhausted):
         acc.step(*sgld_point(n))
     assert acc.ledger == ref.ledger
@@ -362,13 +362,13 @@ def test_shortcut_answers_equal_full_recomputation():
     total = acc.max_steps(sgld_point, limit=10_000)
     independent = PrivacyAccountant(delta=DELTA, sigma_rel_grid=0.05)  # no budget, no certificates
     calls = {"n": 0}
-    real = acc._fft_epsilon
+    real = acc.gaussian._fft_epsilon
 
     def counting(key):
         calls["n"] += 1
         return real(key)
 
-    acc._fft_epsilon = counting
+    acc.gaussian._fft_epsilon = counting
     answers = []
     for t in (0, total // 2, total - 1):
         while acc.steps < t:

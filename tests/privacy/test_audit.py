@@ -332,10 +332,10 @@ def test_records_clipped_at_four_times_the_bound_are_flagged(monkeypatch):
     """The per-record clipping itself clips at 4 C (every path takes its factors from
     clip_factors): the canaries are records, so they show at 4 C too and the demo's privacy
     settings are flagged with 1,000 canaries."""
-    import fedsgld.core.per_record as per_record
+    import fedsgld.core.clipping as clipping
 
-    factors = per_record.clip_factors
-    monkeypatch.setattr(per_record, "clip_factors", lambda sq, clip: factors(sq, 4 * clip))
+    factors = clipping.clip_factors
+    monkeypatch.setattr(clipping, "clip_factors", lambda sq, clip: factors(sq, 4 * clip))
     r = _audit(DEMO_LIKE, 1000)
     assert r["flagged"] and r["epsilon_lower_bound"] > r["epsilon_accountant"], r
 

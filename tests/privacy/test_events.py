@@ -149,3 +149,41 @@ def test_pate_answer_events_give_the_analysis_numbers_exactly():
     )
     with pytest.raises(ValueError, match="rows"):
         answers_epsilon(GnmaxAnswers(sigma=20.0, queries=39), counts, delta=DELTA)
+
+
+def test_sampling_as_a_wrapper_event_is_the_same_release():
+    """PoissonSampled(q, GaussianMechanism(sigma)) is a SubsampledGaussianStep(q, sigma):
+    the same ledger and the same epsilons; each ledger says which releases it supports."""
+    from fedsgld.privacy.distributed import choose_ddg
+    from fedsgld.privacy.events import (
+        DistributedDiscreteGaussianStep,
+        GaussianMechanism,
+        PoissonSampled,
+        releases,
+    )
+
+    plain = PrivacyAccountant(delta=1e-5)
+    wrapped = PrivacyAccountant(delta=1e-5)
+    plain.spend(Composed((Repeated(SubsampledGaussianStep(0.01, 1.1), 30), GaussianRelease(3.0))))
+    wrapped.spend(
+        Composed(
+            (
+                Repeated(PoissonSampled(0.01, GaussianMechanism(1.1)), 30),
+                PoissonSampled(1.0, GaussianMechanism(3.0)),
+            )
+        )
+    )
+    assert wrapped.ledger == plain.ledger == [(0.01, 1.1, 30), (1.0, 3.0, 1)]
+    assert wrapped.epsilon() == plain.epsilon()
+    params = choose_ddg(
+        noise_multiplier=1.1, clip=1.0, dim=100, sites=4, max_dropouts=1, signal_norm=50.0
+    )
+    ddg = DistributedDiscreteGaussianStep(params, 0.05)
+    (release,) = releases(ddg)
+    assert release.sample_rate == 0.05 and release.event.params == params
+    both = Composed((SubsampledGaussianStep(0.01, 1.1), ddg))
+    assert plain.ledger_for(SubsampledGaussianStep(0.01, 1.1)) is plain.gaussian
+    assert plain.ledger_for(both) is plain.ddg and plain.ledger_for(ddg) is plain.ddg
+    assert not plain.gaussian.supports(both) and plain.ddg.supports(both)
+    with pytest.raises(UnsupportedEvent, match="answers_epsilon"):
+        plain.ledger_for(GnmaxAnswers(sigma=40.0, queries=10))

@@ -85,8 +85,7 @@ def test_clip_leaves_short_rows_alone_and_scales_long_rows_to_exactly_C():
 def test_langevin_update_validates_the_batch_size_and_step_size():
     def step(L, alpha):
         return langevin_update(
-            torch.zeros(3), torch.ones(3), step_size=alpha, noise_std=0.0, expected_batch=L,
-            weight_decay=0.0, generator=seeded_generator(0),
+            torch.zeros(3), torch.ones(3), step_size=alpha, expected_batch=L, weight_decay=0.0,
         )  # fmt: skip
 
     torch.testing.assert_close(step(0.5, 0.1), torch.full((3,), -0.2))  # L < 1 is valid
