@@ -43,6 +43,13 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               the in-process engine does). What a site releases is its guard's decision
               (:mod:`fedsgld.flower.guard`, :mod:`fedsgld.clients.guard`).
 
+Each training message type has one codec here, between its typed value and its records:
+``train`` is a :class:`fedsgld.core.plan.TrainPlan` (:func:`encode_train`,
+:func:`decode_train`), ``train.secagg`` a :class:`SecureStep` (:func:`encode_secure`,
+:func:`decode_secure`). The server encodes; the site's guard decodes once, refusing a
+malformed record (a field of the wrong type, a field no site reads, a run config that does
+not parse), and hands the typed value to the handler (:mod:`fedsgld.flower.handoff`).
+
 The run config of a Flower run has the keys of ``fedsgld simulate``'s config (see
 ``fedsgld.config``) plus the Flower-only keys in :data:`FLOWER_KEYS`.
 """
