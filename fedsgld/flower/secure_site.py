@@ -22,12 +22,15 @@ its admission (:func:`secagg_door`) checks, in order:
    :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`, which the guard
    charges to the site's ledger before the handler runs.
 
-The handler (:func:`handle_secagg`) plays the site's :class:`~fedsgld.secagg.SiteParty`,
-which signs its round keys and the survivor set it is shown with the site's long-term key,
-refuses a roster with an unauthenticated entry at ``share_keys`` (before any share
-leaves), and unmasks only a survivor set that t survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on theta_t
-and encodes it with its share, drawn from the operating system through the receipt of
-that charge (used once), then masks it. Between the steps of a round the site's
+The handler (:func:`handle_secagg`) computes from what the guard admitted (the decoded
+:class:`~fedsgld.flower.protocol.SecureStep`, the site, and at ``masked_input`` the checked
+training request and the charge's receipt: :mod:`fedsgld.flower.handoff`). It plays the
+site's :class:`~fedsgld.secagg.SiteParty`, which signs its round keys and the survivor set
+it is shown with the site's long-term key, refuses a roster with an unauthenticated entry
+at ``share_keys`` (before any share leaves), and unmasks only a survivor set that t
+survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on
+theta_t (Poisson sample and pre-noise from the policy's sampler) and encodes it with its
+share, drawn from the operating system through the receipt of that charge, then masks it. Between the steps of a round the site's
 :class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
 ``context.state``, on the site's machine; it is deleted after ``unmask``, and a new
 ``advertise_keys`` replaces it. The ledger refuses a second ``masked_input`` for a round
