@@ -12,10 +12,12 @@ and this module decides, with no transport in sight. For each request it goes, i
    (replay numbering, evaluations per run key, the privacy cost of what the site will
    noise, within its budget) and persists it atomically (temporary file, fsync, rename),
    or in the node's own memory (:class:`LedgerMemory`) for a simulated node (:func:`charge`).
-3. **draw**: the noise of the release (evaluation statistics, vote counts), from the
-   sampler the site's policy chooses (:meth:`SitePolicy.randomness`, hardened by default);
-   a training site gets that sampler for its Poisson samples and noise (:func:`draw`).
-4. **compute**: the handler runs; it has no policy checks of its own.
+3. **draw**: the noise of the release (evaluation statistics, vote counts), through the
+   charge's receipt, from the sampler the site's policy chooses
+   (:meth:`SitePolicy.randomness`, hardened by default; :func:`draw`).
+4. **compute**: the handler runs on what was admitted (a training request: the
+   :class:`Training`, whose sampler is the policy's, and the charge's receipt, through
+   which a site that adds its own noise draws it); it has no policy checks of its own.
 5. **release**: only what the policy lets out leaves (``Admission.release``).
 
 A refusal (1 or 2) records nothing, so it costs nothing. Every check that can fail runs
@@ -38,10 +40,9 @@ import torch
 from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.clients.release import STATS_SENSITIVITY, STATS_SIZE
 from fedsgld.clients.site import Site
-from fedsgld.config import Config
-from fedsgld.core import release as release_step
 from fedsgld.core import streams
 from fedsgld.core.noise import Randomness
+from fedsgld.core.plan import TrainPlan
 from fedsgld.core.release import Charged
 from fedsgld.privacy.events import DpEvent, GaussianRelease, subsampled_steps
 
@@ -66,8 +67,27 @@ class Admission:
     noise_std: float = 0.0
     run_secure: bool = False  # the run asks for hardened draws (it cannot ask for plain ones)
     release: Release = _as_is
-    site: Site | None = None  # the training site, which draws its noise from ``randomness``
-    randomness: Randomness | None = None
+    request: Any = None  # what the handler computes from, as admitted (a :class:`Training`)
+
+
+@dataclass(frozen=True)
+class Training:
+    """A training request as the guard admitted it: all the handler computes from, checked.
+
+    ``plan``: the decoded instruction; ``site``: the hosted site it asks; ``theta``: theta_t,
+    float32 of the site's parameter count, finite; ``sample_rate``, ``clip``,
+    ``prenoise``: the numbers :func:`check_training` accepted (with noise at the sites the
+    local steps' own come from the run config's schedule, held to the plan);
+    ``randomness``: the sampler of the site's policy, which draws the Poisson samples,
+    pre-noise and noise of this request (never the server's)."""
+
+    plan: TrainPlan
+    site: Site
+    theta: np.ndarray
+    sample_rate: float
+    clip: float | None
+    prenoise: float
+    randomness: Randomness
 
 
 # -- 2 and 3: the charge, then the draw ---------------------------------------------------------
@@ -82,17 +102,17 @@ class LedgerMemory(Protocol):
     def put(self, site_id: int, state: dict[str, Any]) -> None: ...
 
 
-def charge(adm: Admission, memory: LedgerMemory) -> Charged:
+def charge(adm: Admission, memory: LedgerMemory) -> Charged | None:
     """The site's ledger admits ``adm`` (or refuses it) and keeps the record: on disk
     under the policy's ``state_dir``, else in ``memory``. Returns the receipt through which
-    the release's noise is drawn (:mod:`fedsgld.core.release`); nothing to pay, nothing
-    kept."""
+    the release's noise is drawn (:mod:`fedsgld.core.release`); None where there is nothing
+    to pay or keep (a query): such a request draws no noise."""
     if adm.site_id is not None:
         refusal = adm.policy.budget_refusal(adm.site_id)
         if refusal is not None:
             raise PolicyRefused(refusal)
     if adm.site_id is None or not (adm.event or adm.round_of or adm.evaluation_of):
-        return release_step.charge(None, None)
+        return None
     pol, sid = adm.policy, adm.site_id
     what = {"event": adm.event, "round_of": adm.round_of, "evaluation_of": adm.evaluation_of}
     if pol.state_dir is not None:
@@ -107,14 +127,15 @@ def charge(adm: Admission, memory: LedgerMemory) -> Charged:
     return receipt
 
 
-def draw(adm: Admission, receipt: Charged) -> np.ndarray | None:
-    """After the charge (``receipt``): the training site gets the policy's sampler, and the
-    release's noise is drawn from fresh entropy (None where nothing is noised)."""
-    if adm.site is not None:
-        adm.site.randomness = adm.randomness  # the policy's sampler, never the server's
-        adm.site.paid = receipt  # its local round's noise is drawn through this charge
+def draw(adm: Admission, receipt: Charged | None) -> np.ndarray | None:
+    """After the charge (``receipt``): the release's noise, drawn through the receipt from
+    fresh entropy (None where the guard noises nothing). A training site's own noise is
+    drawn by its handler, through the same receipt and the sampler of its
+    :class:`Training`."""
     if adm.noise_shape is None:
         return None
+    if receipt is None:
+        raise PolicyRefused("a noised release without a charge: the site's ledger pays first")
     fresh = adm.policy.randomness(seeded=False, seed=0, run_secure=adm.run_secure)
     return receipt.noise(
         fresh, adm.noise_shape, std=adm.noise_std, key=streams.SITE_RELEASE, dtype=torch.float64
@@ -216,42 +237,37 @@ def check_training(
 # -- what each kind of request is admitted as --------------------------------------------------
 
 
-def training_admission(
-    policy: SitePolicy,
-    config: Config,
-    site: Site,
-    plan: Mapping[str, Any],
-    *,
-    round_of: tuple[str, int, int],
-) -> Admission:
-    """A training round of ``site`` under ``config``, as ``plan`` asks it: the steps it
-    takes and their noise checked against the policy; the local steps charged where the
-    site adds the noise. ``round_of``: (run key, epoch, round), already checked."""
-    _, epoch, rnd = round_of
+def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admission:
+    """A training round of ``site`` as ``plan`` asks it: the steps it takes and their noise
+    checked against the policy; the local steps charged where the site adds the noise. Its
+    request is the :class:`Training` the handler computes from."""
+    config, rnd = plan.config, plan.round
     priv = config.privacy
     placement = "sites" if priv.noise_placement == "sites" else "server"
     check_placement(policy, site.site_id, placement)
     if priv.noise_placement == "sites":
         e = priv.local_steps
-        if plan.get("local-steps") != e or plan.get("first-step") != rnd * e:
+        if plan.local_steps != e or plan.first_step != rnd * e:
             raise PolicyRefused(
-                f"plan asks for local-steps={plan.get('local-steps')!r} first-step="
-                f"{plan.get('first-step')!r}; the run config gives {e} local steps from step "
+                f"plan asks for local-steps={plan.local_steps!r} first-step="
+                f"{plan.first_step!r}; the run config gives {e} local steps from step "
                 f"{rnd * e}"
             )
         asked = [(priv.sample_rate, priv.sigma(rnd * e + i)) for i in range(e)]
         clip, prenoise = priv.clip_bound, priv.applied_prenoise
     else:
-        asked = [(plan.get("sample-rate"), plan.get("sigma"))]
-        clip, prenoise = plan.get("clip"), plan.get("prenoise")
+        asked = [(plan.sample_rate, plan.sigma)]
+        clip, prenoise = plan.clip, plan.prenoise
+    run = config.run
     steps, clip = check_training(
         policy,
         steps=asked,
         clip=clip,
         prenoise=prenoise,
-        seeded=config.run.randomness == "seeded",
+        seeded=run.randomness == "seeded",
         records=site.num_train,
     )
+    theta = finite("theta", plan.theta_vector(site.fm.size))
     private = clip is not None and all(s > 0.0 for _, s in steps)
     local = priv.noise_placement == "sites" and private
     if local and policy.epsilon is None:
@@ -264,17 +280,16 @@ def training_admission(
     # placement, deployed) the noise the server promises; a simulation's one party accounts
     # the server's noise in the run's own ledger
     charged = local or (private and not policy.simulated)
-    run = config.run
     sampler = policy.randomness(
-        seeded=run.randomness == "seeded", seed=run.seed, epoch=epoch, run_secure=run.secure
+        seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
+    training = Training(plan, site, theta, steps[0][0], clip, float(prenoise), sampler)
     return Admission(
         policy,
         site.site_id,
         event=subsampled_steps(steps) if charged else None,
-        round_of=round_of,
-        site=site,
-        randomness=sampler,
+        round_of=plan.round_of,
+        request=training,
     )
 
 
@@ -310,6 +325,7 @@ __all__ = [
     "Admission",
     "LedgerMemory",
     "Release",
+    "Training",
     "charge",
     "check_placement",
     "check_training",

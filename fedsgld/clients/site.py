@@ -24,7 +24,7 @@ from torch import nn
 from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel, langevin_update, site_step
 from fedsgld.core.noise import Randomness
-from fedsgld.core.release import Charged, charge
+from fedsgld.core.release import Charged
 from fedsgld.core.streams import LOCAL_NOISE_STREAM  # noqa: F401 - re-exported (older imports)
 
 
@@ -58,9 +58,6 @@ class Site:
         self.seed = seed
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.chunk_size = chunk_size
-        # the receipt of the charge that pays for the next local round, where the site's
-        # guard charged it (a deployment); used once, by local_round
-        self.paid: Charged | None = None
 
     @classmethod
     def from_site_data(
@@ -92,10 +89,11 @@ class Site:
     def num_train(self) -> int:
         return int(self.x_train.shape[0])
 
-    def generator(self, round_: int) -> torch.Generator:
-        return self.randomness.generator(
-            *streams.site_round(self.site_id, round_), device=self.fm.device
-        )
+    def generator(self, round_: int, randomness: Randomness | None = None) -> torch.Generator:
+        """The site's stream of round (or local step) ``round_``: its Poisson sample and
+        pre-noise, from ``randomness`` (default: the site's own, given when it was built)."""
+        rnd = self.randomness if randomness is None else randomness
+        return rnd.generator(*streams.site_round(self.site_id, round_), device=self.fm.device)
 
     def clipped_sum(
         self,
@@ -105,9 +103,12 @@ class Site:
         sample_rate: float,
         clip: float | None,
         prenoise: float,
+        randomness: Randomness | None = None,
     ) -> torch.Tensor:
-        """This site's contribution to round ``round``: the clipped, pre-noised gradient sum."""
-        gen = self.generator(round)
+        """This site's contribution to round ``round``: the clipped, pre-noised gradient sum.
+        ``randomness``: what draws its Poisson sample and pre-noise (default: the site's
+        own; a deployed site's guard passes its policy's sampler, never the server's)."""
+        gen = self.generator(round, randomness)
         if hasattr(self.fm, "begin_step"):  # variational models draw their eps for this step
             self.fm.begin_step(gen)
         s = site_step(
@@ -133,6 +134,7 @@ class Site:
         privacy,
         weight_decay: float = 0.0,
         charged: Charged | None = None,
+        randomness: Randomness | None = None,
     ) -> torch.Tensor:
         """``local_steps`` noisy Langevin steps on this site's records (noise placement "sites").
 
@@ -143,21 +145,26 @@ class Site:
 
         ``charged``: the receipt of the charge that paid for these steps (the server's
         :meth:`~fedsgld.strategies.server.LangevinServer.begin_local_round` in a
-        simulation, the site's ledger in a deployment); the noise is drawn through it.
-        None: the receipt the site's guard left in :attr:`paid` (used once); without one,
-        the caller answers for the charge (unit tests of the step itself).
+        simulation, the site's ledger, charged by its guard, in a deployment); every
+        step's noise is drawn through it, and a round with noise (sigma_t C > 0) refuses to
+        start without one. A round without noise (``sgd``) draws none and needs none.
+        ``randomness``: what draws the samples and the noise (default: the site's own).
         """
-        if charged is None:
-            charged, self.paid = self.paid, None
+        rnd = self.randomness if randomness is None else randomness
+        q, clip = privacy.sample_rate, privacy.clip_bound
+        stds = [privacy.sigma(first_step + i) * clip if clip is not None else 0.0
+                for i in range(local_steps)]  # fmt: skip
+        if charged is None and any(std > 0.0 for std in stds):
+            raise ValueError(
+                "local_round draws noise only through the receipt of its charge (charged=): "
+                "charge the ledger that pays for the steps first (fedsgld.core.release.charge)"
+            )
         if self.num_train == 0:
             return theta.clone()
-        if charged is None:  # no ledger in the loop: a direct call of the step
-            charged = charge(None, None)
-        q, clip = privacy.sample_rate, privacy.clip_bound
         expected = q * self.num_train
         dev = self.fm.device
         theta = theta.to(dev)
-        for i in range(local_steps):
+        for i, std in enumerate(stds):
             t = first_step + i
             s = site_step(
                 self.fm,
@@ -167,18 +174,14 @@ class Site:
                 sample_rate=q,
                 clip=clip,
                 prenoise=privacy.applied_prenoise,
-                generator=self.generator(t),
+                generator=self.generator(t, rnd),
                 chunk_size=self.chunk_size,
                 extra=self.extra_records,
             )
-            std = privacy.sigma(t) * clip if clip is not None else 0.0
-            noisy = charged.add_noise(
-                s,
-                self.randomness,
-                std=std,
-                key=streams.site_local_noise(self.site_id, t),
-                device=dev,
-            )
+            noisy = s  # a step without noise (sgd) draws none
+            if std > 0.0:
+                key = streams.site_local_noise(self.site_id, t)
+                noisy = charged.add_noise(s, rnd, std=std, key=key, device=dev)
             theta = langevin_update(
                 theta,
                 noisy,

@@ -12,7 +12,8 @@ of its type; the guard
 2. charges the site's ledger (:func:`fedsgld.clients.guard.charge`; a simulated node keeps
    it in ``context.state``),
 3. draws the release's noise (:func:`fedsgld.clients.guard.draw`),
-4. calls the handler (``call_next``), and
+4. calls the handler (``call_next``), handing it what was admitted: the decoded, checked
+   request and the charge's receipt (:mod:`fedsgld.flower.handoff`), and
 5. lets out only the admission's release of the reply (:mod:`fedsgld.flower.release`).
 
 A refusal raises :class:`~fedsgld.clients.policy.PolicyRefused`; Flower turns it into the
@@ -34,14 +35,8 @@ from fedsgld.clients import guard
 from fedsgld.clients.guard import Admission
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.flower import release
-from fedsgld.flower.protocol import (
-    EVALUATE,
-    QUERY,
-    TRAIN,
-    config_from_plan,
-    config_from_record,
-    unpack_vector,
-)
+from fedsgld.flower.handoff import Admitted, handing
+from fedsgld.flower.protocol import EVALUATE, QUERY, TRAIN, config_from_record, decode_train
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 
 Handler = Callable[[Message, Context], Message]
@@ -69,7 +64,8 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
             raise PolicyRefused(f"{kind}: malformed request: {err}") from None
         receipt = guard.charge(adm, _ContextLedgers(context))
         noise = guard.draw(adm, receipt)
-        reply = call_next(msg, context)
+        with handing(msg, Admitted(adm.request, receipt)):
+            reply = call_next(msg, context)
         if reply.has_error():
             return reply
         return adm.release(msg, reply, noise)
@@ -127,14 +123,11 @@ def _query(msg: Message, context: Context) -> Admission:
 
 
 def _train(msg: Message, context: Context) -> Admission:
-    plan = request_record(msg, "plan", ConfigRecord)
-    config = config_from_plan(plan)
-    policy = node_policy(context, config)
-    site = hosted_site(hosted_sites(context, config), plan.get("site-id"))
-    rnd, epoch = guard.whole_number(plan, "round"), guard.whole_number(plan, "epoch")
-    run_key = guard.run_key(plan)
-    guard.finite("theta", unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
-    return guard.training_admission(policy, config, site, plan, round_of=(run_key, epoch, rnd))
+    request_record(msg, "plan", ConfigRecord)
+    plan = decode_train(msg.content)  # the one decoding of the message
+    policy = node_policy(context, plan.config)
+    site = hosted_site(hosted_sites(context, plan.config), plan.site_id)
+    return guard.training_admission(policy, site, plan)
 
 
 def evaluation_admission(

@@ -43,6 +43,13 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               the in-process engine does). What a site releases is its guard's decision
               (:mod:`fedsgld.flower.guard`, :mod:`fedsgld.clients.guard`).
 
+Each training message type has one codec here, between its typed value and its records:
+``train`` is a :class:`fedsgld.core.plan.TrainPlan` (:func:`encode_train`,
+:func:`decode_train`), ``train.secagg`` a :class:`SecureStep` (:func:`encode_secure`,
+:func:`decode_secure`). The server encodes; the site's guard decodes once, refusing a
+malformed record (a field of the wrong type, a field no site reads, a run config that does
+not parse), and hands the typed value to the handler (:mod:`fedsgld.flower.handoff`).
+
 The run config of a Flower run has the keys of ``fedsgld simulate``'s config (see
 ``fedsgld.config``) plus the Flower-only keys in :data:`FLOWER_KEYS`.
 """
@@ -51,13 +58,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord
+from flwr.app import ConfigRecord, RecordDict
 
 from fedsgld.config import Config
+from fedsgld.core.plan import VECTOR_DTYPE, TrainPlan, unpack_vector  # noqa: F401 - re-exported
 from fedsgld.secagg import SecAggPlan
+from fedsgld.secagg.driver import STEPS as SECAGG_STEPS
+from fedsgld.secagg.wire import flatten, unflatten
 from fedsgld.strategies.secure_sum import round_label
 
 QUERY = "query"
@@ -127,9 +138,6 @@ def split_run_config(run_config: dict[str, Any]) -> tuple[Config, dict[str, Any]
     return Config.from_flat(flat), opts
 
 
-VECTOR_DTYPE = np.dtype("<f4")  # how theta_t and S_k travel: float32, little-endian
-
-
 def pack_vector(v: Any) -> bytes:
     """A parameter-sized vector (tensor or array) as the bytes a train message carries."""
     if hasattr(v, "detach"):
@@ -138,18 +146,6 @@ def pack_vector(v: Any) -> bytes:
     if a.ndim != 1:
         raise ValueError(f"expected a vector, got shape {a.shape}")
     return a.astype(VECTOR_DTYPE, copy=False).tobytes()
-
-
-def unpack_vector(b: Any, *, size: int, name: str) -> np.ndarray:
-    """The float32 vector of ``size`` entries in ``b`` (bytes); ``ValueError`` otherwise."""
-    if not isinstance(b, bytes):
-        raise ValueError(f"{name} is a {type(b).__name__}, expected bytes (float32 ({size},))")
-    if len(b) != size * VECTOR_DTYPE.itemsize:
-        raise ValueError(
-            f"{name} has {len(b)} bytes, expected float32 ({size},) = "
-            f"{size * VECTOR_DTYPE.itemsize} bytes"
-        )
-    return np.frombuffer(b, dtype=VECTOR_DTYPE).astype(np.float32)
 
 
 def run_record(config: Config) -> ConfigRecord:
@@ -166,7 +162,9 @@ RUN_PREFIX = "run."  # the run config's keys inside a train instruction's plan
 
 def plan_record(fields: dict[str, Any], run: ConfigRecord) -> ConfigRecord:
     """A train instruction's ``plan``: the round's ``fields`` and the run config (each key
-    prefixed ``run.``) in one record, one object fewer per message than a separate ``run``."""
+    prefixed ``run.``) in one record, one object fewer per message than a separate ``run``.
+    The record as :func:`encode_train` writes it, from loose fields (tests that send a
+    server's malformed requests)."""
     clash = sorted(k for k in fields if k.startswith(RUN_PREFIX))
     if clash:
         raise ValueError(f"plan fields must not start with {RUN_PREFIX!r}: {clash}")
@@ -180,6 +178,131 @@ def config_from_plan(plan: ConfigRecord) -> Config:
     if not flat:
         raise ValueError(f"the train plan carries no run config ({RUN_PREFIX}* keys)")
     return Config.from_flat(flat)
+
+
+# -- the train message: one codec -----------------------------------------------------------
+
+TRAIN_FIELDS = ("site-id", "round", "epoch", "run-key", "sample-rate", "sigma", "prenoise",
+                "clip", "local-steps", "first-step", "theta")  # fmt: skip
+
+
+def _train_fields(plan: TrainPlan) -> dict[str, Any]:
+    rec: dict[str, Any] = {} if plan.site_id is None else {"site-id": plan.site_id}
+    rec |= {
+        "round": plan.round,
+        "epoch": plan.epoch,
+        "run-key": plan.run_key,
+        "sample-rate": plan.sample_rate,
+        "sigma": plan.sigma,
+        "prenoise": plan.prenoise,
+    }
+    if plan.clip is not None:
+        rec["clip"] = plan.clip
+    if plan.local_steps is not None:
+        rec["local-steps"] = plan.local_steps
+    if plan.first_step is not None:
+        rec["first-step"] = plan.first_step
+    return rec
+
+
+def encode_train(plan: TrainPlan) -> RecordDict:
+    """A ``train`` message's content: one ``plan`` record (module docstring)."""
+    rec = _train_fields(plan)
+    if plan.theta is not None:
+        rec["theta"] = plan.theta
+    return RecordDict({"plan": plan_record(rec, run_record(plan.config))})
+
+
+def _whole(rec: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
+    v = rec.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{key} is {v!r}, expected an integer >= 0")
+    return v
+
+
+def _real(rec: dict[str, Any], key: str, *, optional: bool = False) -> float | None:
+    """A number as sent (NaN and infinities too: the site's policy judges the value)."""
+    v = rec.get(key)
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{key} is {v!r}, expected a number")
+    return float(v)
+
+
+def _train_plan(rec: ConfigRecord, *, extra: tuple[str, ...] = (), prefix: str = "") -> TrainPlan:
+    """The :class:`TrainPlan` in a plan record whose other fields are ``extra`` and those
+    under ``prefix``; ``ValueError`` for a malformed one."""
+    config = config_from_plan(rec)
+    fields = {k: v for k, v in rec.items() if not k.startswith(RUN_PREFIX)}
+    unknown = sorted(
+        k
+        for k in fields
+        if k not in TRAIN_FIELDS and k not in extra and not (prefix and k.startswith(prefix))
+    )
+    if unknown:
+        raise ValueError(f"the plan carries fields no site reads: {unknown}")
+    key = fields.get("run-key")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"request has no run key (run-key is {key!r})")
+    theta = fields.get("theta")
+    if theta is not None and not isinstance(theta, bytes):
+        raise ValueError(f"theta is a {type(theta).__name__}, expected bytes (float32)")
+    site_id = fields.get("site-id")
+    if site_id is not None and (isinstance(site_id, bool) or not isinstance(site_id, int)):
+        raise ValueError(f"site-id is {site_id!r}, expected an integer")
+    return TrainPlan(
+        round=_whole(fields, "round"),
+        epoch=_whole(fields, "epoch"),
+        run_key=key,
+        sample_rate=_real(fields, "sample-rate"),
+        sigma=_real(fields, "sigma"),
+        prenoise=_real(fields, "prenoise"),
+        clip=_real(fields, "clip", optional=True),
+        config=config,
+        theta=theta,
+        site_id=site_id,
+        local_steps=_whole(fields, "local-steps", optional=True),
+        first_step=_whole(fields, "first-step", optional=True),
+    )  # type: ignore[arg-type]
+
+
+def decode_train(content: RecordDict) -> TrainPlan:
+    """The :class:`TrainPlan` a ``train`` message carries (:func:`encode_train`);
+    ``ValueError`` (or ``KeyError`` without a ``plan`` record) for a malformed one: a field
+    of the wrong type, a field no site reads, a run config that does not parse. Whether the
+    numbers are acceptable is the site's policy's to judge (:mod:`fedsgld.clients.guard`)."""
+    return _train_plan(_plan_record(content))
+
+
+def _plan_record(content: RecordDict) -> ConfigRecord:
+    rec = content.get("plan")
+    if not isinstance(rec, ConfigRecord):
+        raise ValueError("request has no ConfigRecord 'plan'")
+    return rec
+
+
+# -- the train.secagg message: one codec ----------------------------------------------------
+
+SECAGG_FIELDS = ("signal-norm", "secagg-step", "secagg-sites", "secagg-length", "secagg-bits",
+                 "secagg-dropouts", "secagg-colluders")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SecureStep:
+    """One step of a secure-aggregation round for one site (a ``train.secagg`` message):
+    the round's :class:`TrainPlan` (theta_t only at ``masked_input``), the step, the round's
+    public :class:`~fedsgld.secagg.SecAggPlan`, the norm bound of the sum the mechanism is
+    chosen for (``signal_norm``: C times the sites' records) and the step's protocol message
+    (:mod:`fedsgld.secagg.wire`, its shape checked by the site's admission)."""
+
+    plan: TrainPlan
+    step: str
+    secagg: SecAggPlan
+    signal_norm: float | None
+    message: dict[str, Any]
 
 
 def secagg_label(run_key: str, epoch: int, rnd: int) -> bytes:
@@ -214,6 +337,38 @@ def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
         round_label=secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
         bits=bits, max_dropouts=dropouts, max_colluders=colluders,
     )  # fmt: skip
+
+
+def encode_secure(step: SecureStep) -> RecordDict:
+    """A ``train.secagg`` message's content: one ``plan`` record (module docstring)."""
+    p = step.plan
+    rec = _train_fields(p)
+    rec |= {"signal-norm": step.signal_norm, **secagg_fields(step.secagg, step.step)}
+    if step.signal_norm is None:
+        del rec["signal-norm"]
+    if p.theta is not None:
+        rec["theta"] = p.theta
+    rec |= flatten(step.message, SECAGG_PREFIX)
+    return RecordDict({"plan": plan_record(rec, run_record(p.config))})
+
+
+def decode_secure(content: RecordDict) -> SecureStep:
+    """The :class:`SecureStep` a ``train.secagg`` message carries (:func:`encode_secure`);
+    ``ValueError``, ``TypeError`` or ``KeyError`` for a malformed one. The step's name is
+    one of the protocol's; its message's shape is the step's admission's to check."""
+    rec = _plan_record(content)
+    plan = _train_plan(rec, extra=SECAGG_FIELDS, prefix=SECAGG_PREFIX)
+    step = rec.get("secagg-step")
+    if step not in SECAGG_STEPS:
+        raise ValueError(f"secagg-step {step!r} refused: must be one of {', '.join(SECAGG_STEPS)}")
+    sp = secagg_plan(rec, run_key=plan.run_key, epoch=plan.epoch, rnd=plan.round)
+    return SecureStep(
+        plan=plan,
+        step=step,
+        secagg=sp,
+        signal_norm=_real(dict(rec.items()), "signal-norm", optional=True),
+        message=unflatten(rec, SECAGG_PREFIX),
+    )
 
 
 def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:

@@ -32,19 +32,18 @@ from typing import Any
 import torch
 from flwr.app import Message, RecordDict
 
-from fedsgld.core.plan import RoundPlan
+from fedsgld.core.plan import RoundPlan, TrainPlan
 from fedsgld.flower.protocol import (
     SECAGG,
-    SECAGG_PREFIX,
+    SecureStep,
+    config_from_record,
+    encode_secure,
     pack_vector,
-    plan_record,
-    secagg_fields,
     secagg_label,
 )
 from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
-from fedsgld.secagg.wire import flatten
 
 Send = Callable[[list[Message]], list[Message]]
 
@@ -58,21 +57,15 @@ class SecureRounds:
         self.server = strategy.server
         self.costs: list[dict[str, Any]] = []
 
-    def _fields(self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int) -> dict[str, Any]:
-        server = self.server
-        rec: dict[str, Any] = {
-            "site-id": site,
-            "round": plan.round,
-            "epoch": self.strategy.epoch,
-            "run-key": self.strategy.run_key,
-            "sample-rate": plan.sample_rate,
-            "sigma": plan.sigma,
-            "prenoise": plan.prenoise,
-            "clip": plan.clip,
-            "signal-norm": server.privacy.clip * sum(server.site_sizes),
-            **secagg_fields(sp, step),
-        }
-        return rec
+    def _message(
+        self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
+        theta: bytes | None,
+    ) -> RecordDict:  # fmt: skip
+        server, strategy = self.server, self.strategy
+        train = TrainPlan.of(plan, run_key=strategy.run_key, epoch=strategy.epoch,
+                             config=config_from_record(strategy.run), theta=theta, site_id=site)  # fmt: skip
+        norm = server.privacy.clip * sum(server.site_sizes)
+        return encode_secure(SecureStep(train, step, sp, signal_norm=norm, message=body))
 
     def _step(
         self,
@@ -90,9 +83,7 @@ class SecureRounds:
         sent = []
         for v in sites:
             body = payload(v)
-            fields = {**self._fields(plan, sp, step, v), **(extra or {}),
-                      **flatten(body, SECAGG_PREFIX)}  # fmt: skip
-            content = RecordDict({"plan": plan_record(fields, strategy.run)})
+            content = self._message(plan, sp, step, v, body, (extra or {}).get("theta"))
             entry = strategy.directory[v]
             sent.append((Message(content, entry.node_id, SECAGG,
                                  group_id=f"secagg-{plan.round}-{step}"), entry))  # fmt: skip

@@ -22,12 +22,15 @@ its admission (:func:`secagg_door`) checks, in order:
    :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`, which the guard
    charges to the site's ledger before the handler runs.
 
-The handler (:func:`handle_secagg`) plays the site's :class:`~fedsgld.secagg.SiteParty`,
-which signs its round keys and the survivor set it is shown with the site's long-term key,
-refuses a roster with an unauthenticated entry at ``share_keys`` (before any share
-leaves), and unmasks only a survivor set that t survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on theta_t
-and encodes it with its share, drawn from the operating system through the receipt of
-that charge (used once), then masks it. Between the steps of a round the site's
+The handler (:func:`handle_secagg`) computes from what the guard admitted (the decoded
+:class:`~fedsgld.flower.protocol.SecureStep`, the site, and at ``masked_input`` the checked
+training request and the charge's receipt: :mod:`fedsgld.flower.handoff`). It plays the
+site's :class:`~fedsgld.secagg.SiteParty`, which signs its round keys and the survivor set
+it is shown with the site's long-term key, refuses a roster with an unauthenticated entry
+at ``share_keys`` (before any share leaves), and unmasks only a survivor set that t
+survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on
+theta_t (Poisson sample and pre-noise from the policy's sampler) and encodes it with its
+share, drawn from the operating system through the receipt of that charge, then masks it. Between the steps of a round the site's
 :class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
 ``context.state``, on the site's machine; it is deleted after ``unmask``, and a new
 ``advertise_keys`` replaces it. The ledger refuses a second ``masked_input`` for a round
@@ -36,24 +39,25 @@ that charge (used once), then masks it. Between the steps of a round the site's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fedsgld.clients import guard
-from fedsgld.clients.guard import Admission
+from fedsgld.clients.guard import Admission, Training
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
-from fedsgld.flower.protocol import SECAGG_PREFIX, config_from_plan, secagg_plan, unpack_vector
+from fedsgld.flower.handoff import admitted
+from fedsgld.flower.protocol import SecureStep, decode_secure
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode, identity
-from fedsgld.secagg.driver import STEPS
 from fedsgld.secagg.identity import SIGNATURE_BYTES, Credentials
 from fedsgld.secagg.wire import flatten, unflatten
 
@@ -63,29 +67,40 @@ KEY_BYTES = 32
 
 @dataclass(frozen=True)
 class _Request:
-    plan: Any  # the ``plan`` ConfigRecord
-    config: Config
+    """One step's request as the site's admission decoded and checked it (handed to the
+    handler by the guard: :mod:`fedsgld.flower.handoff`)."""
+
+    secure: SecureStep
     policy: SitePolicy
     site: Site
-    round_of: tuple[str, int, int]
-    step: str
-    secagg: SecAggPlan
+    training: Training | None = None  # masked_input: the training request, as admitted
+
+    @property
+    def config(self) -> Config:
+        return self.secure.plan.config
+
+    @property
+    def round_of(self) -> tuple[str, int, int]:
+        return self.secure.plan.round_of
+
+    @property
+    def step(self) -> str:
+        return self.secure.step
+
+    @property
+    def secagg(self) -> SecAggPlan:
+        return self.secure.secagg
 
 
 def _request(msg: Message, context: Context) -> _Request:
-    plan = request_record(msg, "plan", ConfigRecord)
-    config = config_from_plan(plan)
+    request_record(msg, "plan", ConfigRecord)
+    secure = decode_secure(msg.content)  # the one decoding of the message
+    config = secure.plan.config
     if not config.privacy.secure_aggregation:
         raise PolicyRefused("train.secagg refused: the run config has secure_aggregation = false")
     policy = node_policy(context, config)
-    site = hosted_site(hosted_sites(context, config), plan.get("site-id"), required=True)
-    rnd, epoch = guard.whole_number(plan, "round"), guard.whole_number(plan, "epoch")
-    key = guard.run_key(plan)
-    step = plan.get("secagg-step")
-    if step not in STEPS:
-        raise PolicyRefused(f"secagg-step {step!r} refused: must be one of {', '.join(STEPS)}")
-    sp = secagg_plan(plan, run_key=key, epoch=epoch, rnd=rnd)
-    return _Request(plan, config, policy, site, (key, epoch, rnd), step, sp)
+    site = hosted_site(hosted_sites(context, config), secure.plan.site_id, required=True)
+    return _Request(secure, policy, site)
 
 
 def _ids(d: Any, what: str) -> dict[int, Any]:
@@ -125,12 +140,11 @@ def site_credentials(r: _Request) -> Credentials:
     return creds
 
 
-def step_message(step: str, plan: Any) -> dict[str, Any]:
-    """The protocol message a ``step`` request carries, checked for its shape
+def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
+    """The protocol message ``m`` a ``step`` request carries, checked for its shape
     (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
     keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
     with their signatures of them)."""
-    m = unflatten(plan, SECAGG_PREFIX)
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
             "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
     if set(m) != want:
@@ -166,7 +180,7 @@ def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float
             max_dropouts=r.secagg.max_dropouts,
             max_colluders=r.secagg.max_colluders,
             signal_norm=guard.number(
-                "signal-norm", r.plan.get("signal-norm"), lo=0.0, hi=float("inf"),
+                "signal-norm", r.secure.signal_norm, lo=0.0, hi=float("inf"),
                 limit="must be a finite number >= 0",
             ),
         )  # fmt: skip
@@ -215,15 +229,15 @@ def secagg_door(msg: Message, context: Context) -> Admission:
     guard.check_placement(r.policy, r.site.site_id, "secure")
     creds = site_credentials(r)
     _check_plan(r, creds)
-    step_message(r.step, r.plan)
+    step_message(r.step, r.secure.message)
     if r.step != "masked_input":
-        return Admission(r.policy)  # public keys, ciphertexts, shares: nothing to charge
-    plan, pol, run = r.plan, r.policy, r.config.run
+        return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
+    plan, pol, run = r.secure.plan, r.policy, r.config.run
     (steps, clip) = guard.check_training(
         pol,
-        steps=[(plan.get("sample-rate"), plan.get("sigma"))],
-        clip=plan.get("clip"),
-        prenoise=plan.get("prenoise"),
+        steps=[(plan.sample_rate, plan.sigma)],
+        clip=plan.clip,
+        prenoise=plan.prenoise,
         seeded=run.randomness == "seeded",
         records=r.site.num_train,
     )
@@ -235,58 +249,62 @@ def secagg_door(msg: Message, context: Context) -> Admission:
             f"site {r.site.site_id} adds its noise share (secure aggregation) but has no budget "
             "of its own: give it a privacy-policy file with epsilon"
         )
-    guard.finite("theta", unpack_vector(plan.get("theta"), size=r.site.fm.size, name="theta"))
+    theta = guard.finite("theta", plan.theta_vector(r.site.fm.size))
     params = site_mechanism(r, creds, clip=clip, sigma=sigma)
-    _, epoch, _ = r.round_of
+    sampler = pol.randomness(
+        seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
+    )
+    training = Training(plan, r.site, theta, q, clip, plan.prenoise, sampler)
     return Admission(
         pol,
         r.site.site_id,
         event=DistributedDiscreteGaussianStep(params, q),
         round_of=r.round_of,
-        site=r.site,
-        randomness=pol.randomness(
-            seeded=run.randomness == "seeded", seed=run.seed, epoch=epoch, run_secure=run.secure
-        ),
+        request=replace(r, training=training),
     )
 
 
-def _masked_input(r: _Request, party: SiteParty, inbox: dict[str, Any]) -> dict[str, Any]:
+def _masked_input(
+    r: _Request, receipt: Charged | None, party: SiteParty, inbox: dict[str, Any]
+) -> dict[str, Any]:
     """The site's clipped sum of the round, encoded with its share drawn through the
-    receipt its guard's charge left (once), then masked."""
-    plan, site = r.plan, r.site
-    charged, site.paid = site.paid, None
-    if charged is None:
+    receipt of its guard's charge, then masked."""
+    t = r.training
+    if receipt is None or t is None:
         raise RuntimeError("masked_input without the guard's charge: no share is drawn")
-    event = charged.event  # the mechanism the guard built, checked and charged
+    event = receipt.event  # the mechanism the guard built, checked and charged
     params = event.params
-    theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
-    total = site.clipped_sum(
-        theta,
-        round=r.round_of[2],
+    total = t.site.clipped_sum(
+        torch.from_numpy(t.theta),
+        round=t.plan.round,
         sample_rate=event.sample_rate,
         clip=params.clip,
-        prenoise=float(plan["prenoise"]),
+        prenoise=t.prenoise,
+        randomness=t.randomness,
     )
-    encoded = charged.draw(encode, total.double().numpy(), params, r.secagg.round_label)
+    encoded = receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
     return party.masked_input(inbox, encoded)
 
 
-def _play(r: _Request, party: SiteParty, m: dict[str, Any]) -> dict[str, Any]:
+def _play(
+    r: _Request, receipt: Charged | None, party: SiteParty, m: dict[str, Any]
+) -> dict[str, Any]:
     """The party's answer to step ``r.step`` (after ``advertise_keys``)."""
     if r.step == "share_keys":
         return party.share_keys(m)
     if r.step == "masked_input":
-        return _masked_input(r, party, m)
+        return _masked_input(r, receipt, party, m)
     if r.step == "consistency":
         return party.consistency(m)
     return party.unmask(m)
 
 
 def handle_secagg(msg: Message, context: Context) -> Message:
-    """One step of the site's side of the round (behind its guard)."""
-    r = _request(msg, context)
+    """One step of the site's side of the round (behind its guard, from what it admitted)."""
+    got = admitted(msg)
+    r: _Request = got.request
     slot = STATE.format(r.site.site_id)
-    m = step_message(r.step, r.plan)
+    m = r.secure.message
     creds = site_credentials(r)
     if r.step == "advertise_keys":
         party = SiteParty(r.site.site_id, r.secagg, creds)
@@ -297,7 +315,7 @@ def handle_secagg(msg: Message, context: Context) -> Message:
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
         party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
         try:
-            out = _play(r, party, m)
+            out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
             raise

@@ -61,18 +61,15 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedsgld.calibration import calibration_report, pooling
+from fedsgld.clients.guard import Training
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core.release import Charged
 from fedsgld.federation import Federation, backbone_features, build_site, seeded_model, site_device
 from fedsgld.files import json_default
-from fedsgld.flower.protocol import (
-    config_from_plan,
-    config_from_record,
-    data_fingerprint,
-    pack_vector,
-    unpack_vector,
-)
+from fedsgld.flower.handoff import admitted
+from fedsgld.flower.protocol import config_from_record, data_fingerprint, pack_vector
 from fedsgld.flower.site_files import (
     SiteShard,
     deployed,
@@ -126,8 +123,8 @@ def _model(config: Config, shard: Any, num_classes: int) -> torch.nn.Module:
 
 
 def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site:
-    """A site over ``shard``, seeded by the run (the guard sets its randomness from the
-    node's policy before it trains)."""
+    """A site over ``shard``, seeded by the run (its training requests draw from the
+    sampler of the node's policy, which the guard admits with them)."""
     return build_site(config, shard, model, seed=config.run.seed, device=site_device(config))
 
 
@@ -299,25 +296,28 @@ def handle_query(msg: Message, context: Context) -> Message:
 
 def handle_train(msg: Message, context: Context) -> Message:
     """S_k = sum over Poisson-sampled records of clip_C(grad + rho z), via Site.clipped_sum;
-    with noise at the sites, the site's parameters after its local steps."""
-    plan = msg.content["plan"]
-    config = config_from_plan(plan)
+    with noise at the sites, the site's parameters after its local steps. Computes from
+    what the site's guard admitted (:class:`~fedsgld.clients.guard.Training`: the decoded,
+    checked plan, the site, the policy's sampler) and the receipt of its charge."""
+    got = admitted(msg)
+    t: Training = got.request
+    config = t.plan.config
     _threads(config)
     hosted = hosted_sites(context, config)
-    site = hosted_site(hosted, plan.get("site-id"))
+    site = t.site
     _layers_check_from_state(context, hosted, site)
-    rnd = int(plan["round"])  # site.randomness: the sampler the guard set from the policy
-    theta = torch.from_numpy(unpack_vector(plan.get("theta"), size=site.fm.size, name="theta"))
+    rnd = t.plan.round
+    theta = torch.from_numpy(t.theta)
     if config.privacy.noise_placement == "sites":
-        reply = _local_round(msg, config, site, theta)
+        reply = _local_round(msg, t, got.receipt, theta)
     else:
-        clip = plan.get("clip")
         total = site.clipped_sum(
             theta,
             round=rnd,
-            sample_rate=float(plan["sample-rate"]),
-            clip=None if clip is None else float(clip),
-            prenoise=float(plan["prenoise"]),
+            sample_rate=t.sample_rate,
+            clip=t.clip,
+            prenoise=t.prenoise,
+            randomness=t.randomness,
         )
         rec = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
         reply = Message(RecordDict({"sum": ConfigRecord(rec)}), reply_to=msg)
@@ -325,17 +325,23 @@ def handle_train(msg: Message, context: Context) -> Message:
     return reply
 
 
-def _local_round(msg: Message, config: Config, site: Site, theta: torch.Tensor) -> Message:
-    """Noise at the sites: this site's local DP-SGLD steps, noise added here; the reply is
-    the site's parameters. Step sizes and noise come from the run config's privacy
-    settings (the guard checked that the plan's steps are those)."""
-    rnd, e = int(msg.content["plan"]["round"]), config.privacy.local_steps
+def _local_round(
+    msg: Message, t: Training, receipt: Charged | None, theta: torch.Tensor
+) -> Message:
+    """Noise at the sites: this site's local DP-SGLD steps, noise added here and drawn
+    through the receipt of the guard's charge; the reply is the site's parameters. Step
+    sizes and noise come from the run config's privacy settings (the guard checked that
+    the plan's steps are those)."""
+    config, site = t.plan.config, t.site
+    rnd, e = t.plan.round, config.privacy.local_steps
     new = site.local_round(
         theta,
         first_step=rnd * e,
         local_steps=e,
         privacy=config.privacy,
         weight_decay=config.run.weight_decay,
+        charged=receipt,
+        randomness=t.randomness,
     )
     reply = {"theta": pack_vector(new), "site-id": site.site_id, "round": rnd}
     return Message(RecordDict({"theta": ConfigRecord(reply)}), reply_to=msg)

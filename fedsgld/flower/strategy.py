@@ -44,8 +44,14 @@ from flwr.serverapp.strategy import Strategy
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
-from fedsgld.core.plan import RoundPlan
-from fedsgld.flower.protocol import EVALUATE, TRAIN, pack_vector, plan_record
+from fedsgld.core.plan import RoundPlan, TrainPlan
+from fedsgld.flower.protocol import (
+    EVALUATE,
+    TRAIN,
+    config_from_record,
+    encode_train,
+    pack_vector,
+)
 from fedsgld.flower.replies import (
     ReplyRejected,
     SiteEntry,
@@ -155,25 +161,11 @@ class LangevinStrategy(Strategy):
         nodes = [e.node_id for e in self.directory.values()]
         shared = len(set(nodes)) == len(nodes)
         msgs, sent = [], []
+        run = config_from_record(self.run)
         for sid, entry in self.directory.items():
-            rec: dict[str, Any] = {} if shared else {"site-id": sid}
-            rec |= {
-                "round": plan.round,
-                "epoch": self.epoch,
-                "run-key": self.run_key,
-                "sample-rate": plan.sample_rate,
-                "sigma": plan.sigma,
-                "prenoise": plan.prenoise,
-            }
-            if plan.clip is not None:
-                rec["clip"] = plan.clip
-            if self.server.local:
-                rec["local-steps"] = plan.local_steps
-                rec["first-step"] = plan.first_step
-            for k, v in (config or {}).items():
-                rec.setdefault(k, v)
-            rec["theta"] = theta
-            content = RecordDict({"plan": plan_record(rec, self.run)})
+            content = encode_train(TrainPlan.of(plan, run_key=self.run_key, epoch=self.epoch,
+                                                config=run, theta=theta,
+                                                site_id=None if shared else sid))  # fmt: skip
             msgs.append(Message(content, entry.node_id, TRAIN, group_id=f"round-{plan.round}"))
             sent.append((msgs[-1], entry))
         self._sent = sent

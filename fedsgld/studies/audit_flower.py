@@ -38,8 +38,10 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
 from fedsgld.apps.client_app import build_app
+from fedsgld.clients.guard import Training
 from fedsgld.config import Config
-from fedsgld.flower.protocol import SECAGG, TRAIN, config_from_plan
+from fedsgld.flower.handoff import admitted
+from fedsgld.flower.protocol import SECAGG, TRAIN
 from fedsgld.flower.runner import serve
 from fedsgld.flower.sites import hosted_sites
 from fedsgld.studies.audit import CanaryAudit, audit_result, make_audit
@@ -54,8 +56,9 @@ def canary_mod(settings: dict[str, Any]) -> Callable[[Message, Context, Callable
 
     def mod(msg: Message, context: Context, call_next: Callable) -> Message:
         if msg.metadata.message_type in (TRAIN, SECAGG):
-            config = config_from_plan(msg.content["plan"])
-            site = hosted_sites(context, config).sites.get(settings["site"])
+            request = admitted(msg).request  # the guard's decoded plan: a Training or a step
+            plan = request.plan if isinstance(request, Training) else request.secure.plan
+            site = hosted_sites(context, plan.config).sites.get(settings["site"])
             if site is not None and placed.get("site") is not site:  # once per built site
                 CanaryAudit.from_settings(settings).insert_at(site)
                 placed["site"] = site

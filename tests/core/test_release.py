@@ -55,7 +55,8 @@ def test_the_receipts_noise_is_the_partys_stream_bit_for_bit():
     rnd = Randomness.seeded(7, epoch=2)
     value = torch.arange(6, dtype=torch.float64)
     key = streams.server_noise(3)
-    noisy = charge(None, None).add_noise(value, Randomness.seeded(7, epoch=2), std=1.5, key=key)
+    receipt = charge(_accountant(), subsampled_steps([(0.1, 1.0)]))
+    noisy = receipt.add_noise(value, Randomness.seeded(7, epoch=2), std=1.5, key=key)
     expected = value + rnd.gaussian(value.shape, std=1.5, key=key, dtype=torch.float64)
     assert noisy.dtype == torch.float64 and torch.equal(noisy, expected)
 
@@ -104,10 +105,13 @@ def test_a_site_ledger_admits_with_a_receipt_and_refuses_without_one(tmp_path):
         ledger.admit(event=subsampled_steps([(1.0, 0.3)] * 50), round_of=("r", 0, 1))
 
 
-def test_a_sites_local_round_draws_through_the_receipt_its_guard_left_once(monkeypatch, tmp_path):
-    """In a deployment the site's guard charges the site's ledger and leaves the receipt on
-    the site (``Site.paid``); the local round draws every step's noise through exactly that
-    receipt and uses it up, so a second round cannot ride on the first round's charge."""
+def test_a_sites_local_round_draws_through_the_receipt_it_is_given_and_not_without(
+    monkeypatch, tmp_path
+):
+    """In a deployment the site's guard charges the site's ledger and hands the receipt to
+    the handler, which passes it to the local round (``charged=``); the local round draws
+    every step's noise through exactly that receipt. Without a receipt a noisy local round
+    refuses to start and draws nothing."""
     from fedsgld.clients.site import Site
     from fedsgld.config import PrivacySettings
     from fedsgld.models import LogisticRegression
@@ -120,7 +124,7 @@ def test_a_sites_local_round_draws_through_the_receipt_its_guard_left_once(monke
     site = Site(0, x, y, x, y, LogisticRegression(3, 2), seed=1)
     pol = SitePolicy(epsilon=50.0, delta=1e-5, state_dir=str(tmp_path))
     ledger = SiteLedger(0, pol, state_path=tmp_path / "site-0.json")
-    site.paid = ledger.admit(
+    paid = ledger.admit(
         event=subsampled_steps([(0.5, priv.sigma(t)) for t in range(2)]),
         round_of=("r", 0, 0),
     )
@@ -131,7 +135,9 @@ def test_a_sites_local_round_draws_through_the_receipt_its_guard_left_once(monke
         return real(self, value, randomness, **kw)
 
     monkeypatch.setattr(Charged, "add_noise", spy)
-    paid = site.paid
     theta = torch.zeros(sum(p.numel() for p in LogisticRegression(3, 2).parameters()))
-    site.local_round(theta, first_step=0, local_steps=2, privacy=priv)
-    assert used == [paid, paid] and site.paid is None
+    site.local_round(theta, first_step=0, local_steps=2, privacy=priv, charged=paid)
+    assert used == [paid, paid] and not hasattr(site, "paid")
+    with pytest.raises(ValueError, match="only through the receipt"):
+        site.local_round(theta, first_step=2, local_steps=2, privacy=priv)
+    assert used == [paid, paid]

@@ -31,7 +31,10 @@ from scipy import stats
 
 from fedsgld.clients.site import Site
 from fedsgld.config import PrivacySettings
+from fedsgld.core.release import Charged, charge
 from fedsgld.models import LogisticRegression
+from fedsgld.privacy import PrivacyAccountant
+from fedsgld.privacy.events import subsampled_steps
 from fedsgld.strategies import LangevinServer
 
 LR, GAMMA, T0, TAU, NOISE_MULT = 0.1, 0.5, 10.0, 2.0, 1.3
@@ -44,6 +47,14 @@ def _privacy(**kw) -> PrivacySettings:
     )  # fmt: skip
     base.update(kw)
     return PrivacySettings(**base)
+
+
+def _paid(priv: PrivacySettings, first_step: int, local_steps: int) -> Charged:
+    """The receipt of a real ledger's charge for ``local_steps`` local steps from
+    ``first_step`` (what the server's or the site's ledger gives a local round)."""
+    acc = PrivacyAccountant(delta=1e-5, epsilon_budget=math.inf, accountant="rdp")
+    steps = [(priv.sample_rate, priv.sigma(first_step + i)) for i in range(local_steps)]
+    return charge(acc, subsampled_steps(steps))
 
 
 def claimed_alpha(method: str, t: int) -> float:
@@ -316,13 +327,17 @@ def test_sites_placement_each_site_releases_the_documented_gaussian():
     for r in range(2):
         plan = server.plan()
         assert (plan.first_step, plan.local_steps) == (r * E, E)
-        server.begin_local_round(plan)
+        paid = server.begin_local_round(plan)
         assert server.accountant.steps == (r + 1) * E
         before = server.theta.clone()
         released, zs = [], []
         for s, n_k in zip(sites, sizes):
             th = s.local_round(
-                before, first_step=plan.first_step, local_steps=plan.local_steps, privacy=priv
+                before,
+                first_step=plan.first_step,
+                local_steps=plan.local_steps,
+                privacy=priv,
+                charged=paid,
             )
             var = sum(
                 (claimed_alpha("dpsgld", t) * claimed_sigma("dpsgld", t) * C / (q * n_k)) ** 2
@@ -438,7 +453,7 @@ def test_local_round_clips_every_record():
 
     def site_sum(xs, ys):
         new = Site(0, xs, ys, xs, ys, model, seed=4).local_round(
-            theta, first_step=0, local_steps=1, privacy=priv
+            theta, first_step=0, local_steps=1, privacy=priv, charged=_paid(priv, 0, 1)
         )
         return -(new - theta).double() * len(ys) / alpha  # q = 1: L_k = N_k
 
@@ -480,9 +495,9 @@ def test_local_noise_belongs_to_the_run_and_is_not_the_sampling_stream():
     noise = {}
     for seed in (1, 2):
         site = _saturated_site(0, 20, d, seed=seed)
-        noise[seed] = (site.local_round(theta, first_step=0, local_steps=1, privacy=priv) - theta)[
-            :-2
-        ].numpy()
+        paid = _paid(priv, 0, 1)
+        new = site.local_round(theta, first_step=0, local_steps=1, privacy=priv, charged=paid)
+        noise[seed] = (new - theta)[:-2].numpy()
     bound = 5 / math.sqrt(2 * d)
     assert abs(np.corrcoef(noise[1], noise[2])[0, 1]) < bound
     replay = torch.randn(2 * d + 2, generator=_saturated_site(0, 20, d, seed=1).generator(0))

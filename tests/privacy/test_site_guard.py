@@ -3,8 +3,9 @@ server would make them: real Flower messages, the real ClientApp and its guard m
 as Flower's runtime calls it (:class:`~fedsgld.flower.local_grid.LocalGrid`), nothing mocked.
 
 Each test shows one attack failing. Run with ``FEDSGLD_UNGUARDED=1`` the same tests talk
-to the same handlers without the guard (``ClientApp()`` instead of
-``ClientApp(mods=[site_guard])``), and every one of them fails: the attack then works.
+to the same handlers without the guard (a mod that hands a training handler its decoded
+request, unchecked and uncharged, instead of ``site_guard``), and every one of them fails:
+the attack then works.
 A loopback deployment of the guard: tests/flower/test_site_guard_deploy.py.
 """
 
@@ -24,20 +25,39 @@ from flwr.clientapp import ClientApp
 
 from fedsgld.apps import client_app
 from fedsgld.apps.client_app import site_guard
+from fedsgld.clients.guard import Training
 from fedsgld.clients.release import STATS_SENSITIVITY, vote_sensitivity
 from fedsgld.config import Config
 from fedsgld.core import noise as noise_module
+from fedsgld.core.release import charge
 from fedsgld.deploy.export_sites import export_sites
+from fedsgld.flower.handoff import Admitted, handing
 from fedsgld.flower.local_grid import LocalGrid
-from fedsgld.flower.protocol import pack_vector, plan_record, run_record
-from fedsgld.flower.sites import hosted_sites
+from fedsgld.flower.protocol import decode_train, pack_vector, plan_record, run_record
+from fedsgld.flower.sites import hosted_site, hosted_sites
 from fedsgld.privacy import PrivacyAccountant
 
 UNGUARDED = os.environ.get("FEDSGLD_UNGUARDED") == "1"
 
 
+def _no_guard(msg: Message, context: Context, call_next) -> Message:
+    """The control (``FEDSGLD_UNGUARDED=1``): a training handler gets the decoded request
+    with nothing checked and nothing charged (its noise drawn through a receipt that spends
+    nothing), as it would with no guard in front of it."""
+    if msg.metadata.message_type != "train":
+        return call_next(msg, context)
+    p = decode_train(msg.content)
+    site = hosted_site(hosted_sites(context, p.config), p.site_id)
+    theta = np.frombuffer(p.theta, "<f4").copy()
+    request = Training(p, site, theta, p.sample_rate, p.clip, p.prenoise, site.randomness)
+    receipt = charge(PrivacyAccountant(delta=1e-5, epsilon_budget=math.inf), None)
+    with handing(msg, Admitted(request, receipt)):
+        return call_next(msg, context)
+
+
 def _app(extra_mods=()) -> ClientApp:
-    return client_app._register(ClientApp(mods=[] if UNGUARDED else [site_guard, *extra_mods]))
+    mods = [_no_guard] if UNGUARDED else [site_guard, *extra_mods]
+    return client_app._register(ClientApp(mods=mods))
 
 
 APP = client_app.app if not UNGUARDED else _app()
