@@ -102,7 +102,7 @@ def test_the_helper_sites_have_the_gradients_they_claim():
     assert torch.equal(g[:, :5] != 0, torch.eye(5, dtype=torch.bool))
 
 
-# -- server placement: LangevinServer.apply ---------------------------------------------
+# -- server placement: ServerNoise.finish -----------------------------------------------
 @pytest.mark.parametrize("method", ["dpsgld", "dpsgd"])
 def test_server_step_releases_the_documented_gaussian(method):
     """apply() with known site sums: theta' - E[theta'] is N(0, (alpha_t sigma_t C / L)^2 I),
