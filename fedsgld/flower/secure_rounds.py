@@ -115,11 +115,11 @@ class SecureRounds:
     def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:
         """The decoded secure sum of round ``plan`` (its ledger charged already, for the
         round's distributed discrete Gaussian ``params``)."""
-        server, strategy, mode = self.server, self.strategy, self.server.mode
+        server, strategy, p = self.server, self.strategy, self.server.privacy
         sp = SecAggPlan(
             round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
             sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
-            max_dropouts=mode.max_dropouts, max_colluders=mode.max_colluders,
+            max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
         )  # fmt: skip
         party = ServerParty(sp)
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
