@@ -407,26 +407,6 @@ def test_apply_refuses_misuse_by_name():
         local.mode.finish(local.plan(), [])
 
 
-def test_a_sites_round_has_no_server_noise(monkeypatch):
-    """With noise at the sites the server's mode has no draw of its own: charged first, its
-    step is exactly the N_k-weighted average of the sites' parameters."""
-    from fedsgld.core.noise import Randomness
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the server drew noise in a sites round")
-
-    monkeypatch.setattr(Randomness, "gaussian", refuse)
-    local = LangevinServer(
-        _privacy(noise_placement="sites", local_steps=2), theta=torch.zeros(4),
-        site_sizes=[10, 30], seed=0, rounds=1,
-    )  # fmt: skip
-    plan = local.plan()
-    local.mode.begin(plan)
-    assert local.accountant.steps == 2
-    after = local.mode.finish(plan, [(10, torch.ones(4)), (30, torch.full((4,), 5.0))])
-    assert torch.equal(after, torch.full((4,), 4.0)) and local.t == 1
-
-
 def test_posterior_samples_are_the_released_iterates():
     """Kept samples (post-processing) are exactly the iterates apply released."""
     from fedsgld.strategies import PosteriorSamples
