@@ -2,9 +2,9 @@
 
 ``run(config)`` builds the federation (:class:`fedsgld.federation.Federation`: the data
 split into hospital-style sites, the seeded model, the server) and runs rounds of
-``LangevinServer.plan`` -> ``Site.clipped_sum`` (every site) -> ``LangevinServer.apply``
-until the round limit or the privacy budget stops it; the sites' messages are plain
-function calls. Evaluation calls each site's predictions in process too. Everything
+``LangevinServer.plan`` -> the server's round mode (``mode.round``: charge, ask every
+site through :class:`InProcess`, step) until the round limit or the privacy budget stops
+it; the sites' messages are plain function calls. Evaluation calls each site's predictions in process too. Everything
 around the maths (the result directory, the ledger written before each step's noise is
 drawn, checkpoints, resume with fresh noise, the evaluation schedule, results.json) is
 :class:`fedsgld.run.lifecycle.RunLifecycle`, which the Flower ServerApp drives too.
@@ -24,11 +24,14 @@ from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.core import streams
+from fedsgld.core.plan import RoundPlan
+from fedsgld.core.release import Charged
 from fedsgld.federation import Federation
+from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.secagg import run_round
 from fedsgld.strategies import LangevinServer
-from fedsgld.strategies.secure_sum import SecureSumServer, round_label
+from fedsgld.strategies.secure_sum import round_label
 
 Evaluation = dict[str, Any]
 
@@ -123,70 +126,36 @@ def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> No
 # -- one round: the server's plan, every site's answer, the server's step ------------------
 
 
-def secure_round(fed: Federation, server: SecureSumServer, plan, drop=None):
-    """A round under secure aggregation: every site's clipped sum goes through its guard
-    (plan check, its ledger, then its share: :meth:`Federation.secure_sites`) and the
-    masking protocol (:func:`fedsgld.secagg.run_round`, which plays the parties' messages);
-    the server steps on the decoded sum. ``drop``: {site index: protocol step} makes sites
-    fall silent (a test hook); more than ``max_dropouts`` aborts the round
-    (:class:`fedsgld.secagg.RoundAborted`) and nothing is released."""
-    params = server.begin_round(plan)  # the run's ledger first
-    guards = fed.secure_sites()
-    sigma = fed.config.privacy.sigma(plan.round)
-    vectors = {
-        i: s.clipped_sum(
-            server.theta,
-            round=plan.round,
-            sample_rate=plan.sample_rate,
-            clip=plan.clip,
-            prenoise=plan.prenoise,
-        )
-        .double()
-        .numpy()
-        for i, s in enumerate(fed.sites)
-    }
+class InProcess:
+    """The in-process transport of one round: every site of ``fed`` asked by a function
+    call (:class:`fedsgld.strategies.modes.Transport`). ``drop``: {site index: protocol
+    step} makes sites fall silent in a secure sum (a test hook)."""
 
-    def encoder(i, vector, secagg_plan):
-        return guards[i].contribution(
-            vector,
-            plan=secagg_plan,
-            params=params,
-            noise_multiplier=sigma,
-            sample_rate=plan.sample_rate,
-            round_of=(server.run_key, 0, plan.round),
-        )
+    def __init__(
+        self, fed: Federation, server: LangevinServer, drop: dict[int, str] | None = None
+    ) -> None:
+        self.fed, self.server, self.drop = fed, server, drop
 
-    res = run_round(
-        vectors,
-        params,
-        round_label=round_label(server.run_key, plan.round),
-        max_dropouts=server.max_dropouts,
-        max_colluders=server.max_colluders,
-        drop=drop,
-        encoder=encoder,
-        credentials={i: g.credentials for i, g in enumerate(guards)},
-    )
-    server.last_round = res  # what the server party received, and the round's cost
-    server.apply_sum(plan, torch.from_numpy(res.total))
-    return plan
+    def clipped_sums(self, plan: RoundPlan) -> list[torch.Tensor]:
+        return [
+            s.clipped_sum(
+                self.server.theta,
+                round=plan.round,
+                sample_rate=plan.sample_rate,
+                clip=plan.clip,
+                prenoise=plan.prenoise,
+            )
+            for s in self.fed.sites
+        ]
 
-
-def one_round(fed: Federation, server: LangevinServer):
-    """Take the server's next round over every site; the plan it ran, or None (no round
-    left: the round limit or the budget)."""
-    config = fed.config
-    plan = server.plan()
-    if plan is None:
-        return None
-    if isinstance(server, SecureSumServer):
-        return secure_round(fed, server, plan)
-    if server.local:  # noise at the sites: local steps, then the average
-        paid = server.begin_local_round(plan)  # the ledger first: the sites release noisy iterates
-        thetas = [
+    def local_rounds(self, plan: RoundPlan, paid: Charged) -> list[tuple[int, torch.Tensor]]:
+        """Every site's local steps, drawn through the receipt of the round's charge."""
+        config = self.fed.config
+        return [
             (
                 s.num_train,
                 s.local_round(
-                    server.theta,
+                    self.server.theta,
                     first_step=plan.first_step,
                     local_steps=plan.local_steps,
                     privacy=config.privacy,
@@ -194,21 +163,59 @@ def one_round(fed: Federation, server: LangevinServer):
                     charged=paid,
                 ),
             )
-            for s in fed.sites
+            for s in self.fed.sites
         ]
-        server.finish_local_round(plan, thetas)
-    else:
-        sums = [
-            s.clipped_sum(
-                server.theta,
-                round=plan.round,
+
+    def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:
+        """Every site's clipped sum through its guard (plan check, its ledger, then its
+        share: :meth:`Federation.secure_sites`) and the masking protocol
+        (:func:`fedsgld.secagg.run_round`, which plays the parties' messages); more than
+        ``max_dropouts`` silent sites abort the round (:class:`fedsgld.secagg.RoundAborted`)
+        and nothing is released."""
+        fed, server, mode = self.fed, self.server, self.server.mode
+        guards = fed.secure_sites()
+        sigma = fed.config.privacy.sigma(plan.round)
+        vectors = {i: v.double().numpy() for i, v in enumerate(self.clipped_sums(plan))}
+
+        def encoder(i, vector, secagg_plan):
+            return guards[i].contribution(
+                vector,
+                plan=secagg_plan,
+                params=params,
+                noise_multiplier=sigma,
                 sample_rate=plan.sample_rate,
-                clip=plan.clip,
-                prenoise=plan.prenoise,
+                round_of=(server.run_key, 0, plan.round),
             )
-            for s in fed.sites
-        ]
-        server.apply(plan, sums)
+
+        res = run_round(
+            vectors,
+            params,
+            round_label=round_label(server.run_key, plan.round),
+            max_dropouts=server.privacy.max_dropouts,
+            max_colluders=server.privacy.max_colluders,
+            drop=self.drop,
+            encoder=encoder,
+            credentials={i: g.credentials for i, g in enumerate(guards)},
+        )
+        mode.last_round = res  # what the server party received, and the round's cost
+        return torch.from_numpy(res.total)
+
+
+def secure_round(fed: Federation, server: LangevinServer, plan: RoundPlan, drop=None):
+    """Round ``plan`` of a secure-sum run with sites falling silent at ``drop``
+    ({site index: protocol step}; :meth:`InProcess.secure_sum`)."""
+    server.mode.round(InProcess(fed, server, drop=drop), plan)
+    return plan
+
+
+def one_round(fed: Federation, server: LangevinServer):
+    """Take the server's next round over every site (its round mode charges, asks the
+    sites and steps); the plan it ran, or None (no round left: the round limit or the
+    budget)."""
+    plan = server.plan()
+    if plan is None:
+        return None
+    server.mode.round(InProcess(fed, server), plan)
     return plan
 
 
@@ -267,9 +274,7 @@ def run(
         model_fn=model_fn,
         site_data=site_data,
     )
-    server = fed.make_server(randomness=lc.server_randomness())
-    if isinstance(server, SecureSumServer):
-        server.run_key = lc.run_key
+    server = fed.make_server(randomness=lc.server_randomness(), run_key=lc.run_key)
     lc.attach(server)
     if audit is not None:
         audit.attach(fed, server)

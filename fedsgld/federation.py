@@ -36,7 +36,6 @@ from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.secagg.identity import ephemeral_credentials
 from fedsgld.strategies import LangevinServer, PosteriorSamples
-from fedsgld.strategies.secure_sum import SecureSumServer
 from fedsgld.vi import VariationalModel
 
 Log = Callable[[str], None]
@@ -259,12 +258,14 @@ def make_server(
     seed: int,
     randomness: Randomness | None = None,
     on_spend: Callable[..., Any] | None = None,
+    run_key: str = "",
 ) -> LangevinServer:
     """The run's server, starting at ``theta`` for sites of ``site_sizes`` (their public
-    N_k); ``randomness`` None: its noise seeded from ``seed``."""
+    N_k); ``randomness`` None: its noise seeded from ``seed``. Its round mode (where the
+    noise is added) is chosen from the placement, once (:mod:`fedsgld.strategies.placement`);
+    ``run_key``: the run's public name (it labels secure-sum rounds)."""
     run = config.run
-    cls = SecureSumServer if config.privacy.secure_aggregation else LangevinServer
-    return cls(
+    return LangevinServer(
         config.privacy,
         theta=theta,
         site_sizes=site_sizes,
@@ -276,6 +277,7 @@ def make_server(
         prior_std=run.prior_std,
         optimizer=run.optimizer,
         randomness=randomness,
+        run_key=run_key,
     )
 
 
@@ -334,7 +336,9 @@ class Federation:
             for d in self.site_data
         ]
 
-    def make_server(self, on_spend=None, randomness: Randomness | None = None) -> LangevinServer:
+    def make_server(
+        self, on_spend=None, randomness: Randomness | None = None, run_key: str = ""
+    ) -> LangevinServer:
         """The server for these sites, starting from the seeded model's parameters."""
         return make_server(
             self.config,
@@ -343,6 +347,7 @@ class Federation:
             seed=self.seed,
             randomness=randomness,
             on_spend=on_spend,
+            run_key=run_key,
         )
 
     def secure_sites(self) -> list[SecureSumSite]:

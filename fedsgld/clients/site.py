@@ -144,7 +144,7 @@ class Site:
         settings (a :class:`fedsgld.config.PrivacySettings`), not from the server.
 
         ``charged``: the receipt of the charge that paid for these steps (the server's
-        :meth:`~fedsgld.strategies.server.LangevinServer.begin_local_round` in a
+        :meth:`~fedsgld.strategies.modes.SiteNoise.begin` in a
         simulation, the site's ledger, charged by its guard, in a deployment); every
         step's noise is drawn through it, and a round with noise (sigma_t C > 0) refuses to
         start without one. A round without noise (``sgd``) draws none and needs none.

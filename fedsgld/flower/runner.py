@@ -7,13 +7,13 @@
    seconds), asks each node which sites it hosts and their public sizes N_k.
 2. The server: built by :mod:`fedsgld.federation` as the engine builds it (the same
    seeded model, :func:`~fedsgld.federation.make_server`).
-3. Rounds (:class:`~fedsgld.flower.strategy.LangevinStrategy`; with
-   ``secure_aggregation = true`` four ``train.secagg`` exchanges per round,
-   :mod:`fedsgld.flower.secure_rounds`): plan (budget check),
-   train messages, checked replies ordered by site id (fewer than ``min_sites`` good
-   replies fail the run: :class:`~fedsgld.flower.strategy.TooFewSites`),
-   ``LangevinServer.apply``; the
-   ledger is written to ``ledger.json`` BEFORE each step's noise is drawn; evaluation
+3. Rounds: the server's plan (budget check), then its round mode
+   (:mod:`fedsgld.strategies.modes`) charges, asks the sites through :class:`_Exchanges`
+   (train messages and checked replies ordered by site id,
+   :class:`~fedsgld.flower.strategy.LangevinStrategy`, where fewer than ``min_sites`` good
+   replies fail the run: :class:`~fedsgld.flower.strategy.TooFewSites`; or, for a secure
+   sum, five ``train.secagg`` exchanges, :mod:`fedsgld.flower.secure_rounds`) and steps;
+   the ledger is written to ``ledger.json`` BEFORE each step's noise is drawn; evaluation
    every ``eval_every`` rounds; ``checkpoint.pt`` every ``checkpoint_every`` rounds.
 4. The result directory of the in-process engine (``results.json``, ``report.md``,
    plots), with ``"engine": "flower"`` and a ``flower`` block (dropped replies, nodes).
@@ -38,6 +38,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsgld.config import Config
+from fedsgld.core.plan import RoundPlan
+from fedsgld.core.release import Charged
 from fedsgld.federation import initial_theta, make_server
 from fedsgld.flower.exchange import (
     ReplyPacer,
@@ -48,10 +50,11 @@ from fedsgld.flower.exchange import (
 from fedsgld.flower.protocol import QUERY, run_record, split_run_config
 from fedsgld.flower.secure_rounds import SecureRounds
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
+from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.secagg import RoundAborted
 from fedsgld.strategies import LangevinServer
-from fedsgld.strategies.secure_sum import SecureSumServer
+from fedsgld.strategies.placement import PLACEMENT_SETTINGS
 
 _log = logging.getLogger("fedsgld")
 
@@ -141,14 +144,6 @@ def check_placements(directory: dict[int, SiteEntry], config: Config) -> None:
             )
 
 
-# a placement, and the run-config settings that choose it, in the order of their accuracy
-PLACEMENT_SETTINGS = {
-    "server": "noise_placement = 'server'",
-    "secure": "noise_placement = 'sites', secure_aggregation = true",
-    "sites": "noise_placement = 'sites', secure_aggregation = false",
-}
-
-
 def _evaluate(
     grid: Grid,
     strategy: LangevinStrategy,
@@ -172,31 +167,47 @@ def _evaluate(
 
 
 class _Exchanges:
-    """The server's messages of one run over ``grid``: training rounds and evaluations."""
+    """The server's messages of one run over ``grid``: training rounds and evaluations.
+    The Flower transport of a round (:class:`fedsgld.strategies.modes.Transport`): the
+    server's round mode asks the sites through it."""
 
     def __init__(self, grid: Grid, strategy: LangevinStrategy, opts: dict[str, Any], pacer) -> None:
         self.grid, self.strategy, self.pacer = grid, strategy, pacer
         self.server = strategy.server
         self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
-        self.secure: SecureRounds | None = None
-        if isinstance(self.server, SecureSumServer):
-            self.secure = SecureRounds(
-                strategy,
-                lambda msgs: exchange(grid, msgs, timeout=self.timeout, poll=self.poll),
-            )
+        self.secure = SecureRounds(
+            strategy, lambda msgs: exchange(grid, msgs, timeout=self.timeout, poll=self.poll)
+        )
 
-    def one_round(self):
+    def one_round(self) -> RoundPlan | None:
         """One training round; the plan it ran, or None (no round left)."""
-        if self.secure is not None:
-            return self.secure.one_round()
+        server = self.server
+        self.strategy.plan = plan = server.plan()
+        if plan is None:
+            return None
+        server.mode.round(self, plan)
+        return plan
+
+    def _train(self, plan: RoundPlan, key: str) -> dict[int, torch.Tensor]:
+        """One train message per site; the checked answers (``key``) by site id."""
         server, strategy = self.server, self.strategy
         arrays = ArrayRecord({"theta": Array(server.theta.numpy())})
         msgs = list(strategy.configure_train(server.t + 1, arrays, ConfigRecord(), self.grid))
-        if not msgs:
-            return None
         replies = exchange(self.grid, msgs, timeout=self.timeout, poll=self.poll, pacer=self.pacer)
-        strategy.aggregate_train(server.t + 1, replies)
-        return strategy.plan
+        strategy.aggregate_train(server.t + 1, replies, key=key)
+        return strategy.answers
+
+    def clipped_sums(self, plan: RoundPlan) -> list[torch.Tensor]:
+        return list(self._train(plan, "sum").values())
+
+    def local_rounds(self, plan: RoundPlan, paid: Charged) -> list[tuple[int, torch.Tensor]]:
+        """The sites' parameters after their local steps, weighted by their public N_k
+        (each site draws its own noise; ``paid`` is the server's copy of the charge)."""
+        answers = self._train(plan, "theta")
+        return [(self.strategy.directory[k].n_train, th) for k, th in answers.items()]
+
+    def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:
+        return self.secure.secure_sum(plan, params)
 
     def evaluate(self, groups: dict[str, list[torch.Tensor]]):
         return _evaluate(self.grid, self.strategy, self.server.t, groups, self.timeout, self.poll)
@@ -246,11 +257,7 @@ def _finish(
             "dropped_replies": all_drops(),
             "evaluation_missing_sites": holder.get("missing"),
             "pooled_metrics_from": holder.get("pooled_from"),
-            **(
-                {"secure_aggregation": exchanges.secure.summary()}
-                if exchanges.secure is not None
-                else {}
-            ),
+            **exchanges.server.mode.transport_info(exchanges.secure.summary),
         },
     )
     return results
@@ -288,9 +295,8 @@ def serve(
         site_sizes=[e.n_train for e in directory.values()],
         seed=lc.seed,
         randomness=lc.server_randomness(),
+        run_key=lc.run_key,
     )
-    if isinstance(server, SecureSumServer):
-        server.run_key = lc.run_key
     lc.attach(server)
     if on_server is not None:
         on_server(server)

@@ -6,14 +6,15 @@ message in its own record, the server's half played by
 :class:`fedsgld.secagg.ServerParty`:
 
 1. the server's plan (budget check) and the charge of the run's ledger, BEFORE any site
-   draws its share (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.begin_round`:
-   a round that then aborts stays counted);
+   draws its share (:meth:`~fedsgld.strategies.secure_sum.SecureSum.begin`: a round that
+   then aborts stays counted), by the server's round mode, which then asks
+   :meth:`SecureRounds.secure_sum` for the round's sum;
 2. ``advertise_keys`` to every site, ``share_keys`` (the roster, each entry signed by its
    site) to those that answered, ``masked_input`` (each site's relayed ciphertexts and
    theta_t) to those, ``consistency`` (the survivors U3) to the survivors, ``unmask`` (U3
    and the survivors' signatures of it) to those that signed;
-3. decode the modular sum and take the Langevin step on it with no noise of the server's
-   own (:meth:`~fedsgld.strategies.secure_sum.SecureSumServer.apply_sum`).
+3. decode the modular sum; the round mode takes the Langevin step on it with no noise of
+   the server's own (:meth:`~fedsgld.strategies.secure_sum.SecureSum.finish`).
 
 A site that does not answer a step before ``round-timeout``, answers with an error (its
 guard refused), or answers out of shape is a dropout from that step on, recorded in the
@@ -43,6 +44,7 @@ from fedsgld.flower.protocol import (
 )
 from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.strategy import LangevinStrategy
+from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
 
 Send = Callable[[list[Message]], list[Message]]
@@ -101,17 +103,14 @@ class SecureRounds:
         cost["server_received"] += sum(message_bytes(m) for m in good.values())
         return [good[v] for v in sorted(good)]
 
-    def one_round(self) -> RoundPlan | None:
-        """One secure-aggregation round; the plan it ran, or None (no round left)."""
-        server, strategy = self.server, self.strategy
-        strategy.plan = plan = server.plan()
-        if plan is None:
-            return None
-        params = server.begin_round(plan)  # the run's ledger first
+    def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:
+        """The decoded secure sum of round ``plan`` (its ledger charged already, for the
+        round's distributed discrete Gaussian ``params``)."""
+        server, strategy, p = self.server, self.strategy, self.server.privacy
         sp = SecAggPlan(
             round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
             sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
-            max_dropouts=server.max_dropouts, max_colluders=server.max_colluders,
+            max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
         )  # fmt: skip
         party = ServerParty(sp)
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
@@ -130,12 +129,11 @@ class SecureRounds:
         got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: signed, cost)
         modular = party.finish(got)
         total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
-        server.apply_sum(plan, torch.from_numpy(total))
         cost["seconds"]["round"] = time.perf_counter() - t0
         cost["survivors"] = survivors
         self.costs.append(cost)
         strategy.last_train_sites = survivors
-        return plan
+        return torch.from_numpy(total)
 
     def summary(self) -> dict[str, Any]:
         """results.json's ``flower.secure_aggregation``: the rounds' median cost."""

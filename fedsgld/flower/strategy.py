@@ -4,16 +4,20 @@
 (``flwr.serverapp.strategy.Strategy``); the maths is :class:`LangevinServer`'s, which the
 in-process engine drives too. The method (``sgd``, ``dpsgd``, ``dpsgld``) is the config's.
 
-``configure_train``  asks the server for the round's plan (step size alpha_t, noise
-    multiplier sigma_t, after the accountant's budget check). No plan means the run is
-    over (``halt_reason`` says why: rounds done, or the budget would be overspent) and no
-    messages are sent. Otherwise one message per site: theta_t and the plan.
-``aggregate_train``  checks every reply (:func:`fedsgld.flower.replies.check_train_reply`), drops bad and error
-    replies with a logged reason, orders the rest by site id and calls
-    ``LangevinServer.apply``: the ledger is persisted, then
+The round is the server's round mode's (:mod:`fedsgld.strategies.modes`): the ServerApp
+(:mod:`fedsgld.flower.runner`) asks the server for the round's plan (step size alpha_t,
+noise multiplier sigma_t, after the accountant's budget check), and the mode charges what
+it must, asks the sites through the runner, and steps. Where the sites answer one train
+message each (clipped sums, or parameters after local steps):
+
+``configure_train``  one message per site: theta_t and the round's plan (``self.plan``);
+    none without a plan (the run is over: ``halt_reason`` says why).
+``aggregate_train``  checks every reply (:func:`fedsgld.flower.replies.check_train_reply`),
+    drops bad and error replies with a logged reason, and keeps the rest by site id in
+    ``self.answers`` for the mode's step (with server noise: the ledger is persisted, then
     theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L + lambda theta), with the
     noise xi from fedsgld's own generator keyed by (seed, round) and L = q sum_k N_k over
-    ALL sites. A dropped site is as if none of its records had been sampled, so the
+    ALL sites). A dropped site is as if none of its records had been sampled, so the
     accounting stays valid (for failures that do not depend on the site's records; a
     correct site cannot produce a reply the checks reject). If fewer sites than
     ``min_sites`` (default: every site) pass, the round raises :class:`TooFewSites`
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -90,7 +94,7 @@ class Drop:
 
 
 class LangevinStrategy(Strategy):
-    """A Flower strategy whose aggregation is ``LangevinServer.apply`` (see module docs).
+    """A Flower strategy around the server's round mode (see module docs).
 
     ``directory`` maps site id to :class:`SiteEntry` (its node and public sizes); every
     site takes part in every round. ``run`` is the flat config that every message carries,
@@ -126,6 +130,7 @@ class LangevinStrategy(Strategy):
         self.log = log or logging.getLogger("fedsgld").info
         self.size = int(server.theta.numel())
         self.plan: RoundPlan | None = None
+        self.answers: dict[int, torch.Tensor] = {}  # the last round's checked answers
         self.drops: list[Drop] = []
         self.last_train_sites: list[int] = []
         self.evaluation: dict[str, dict[str, Any]] | None = None
@@ -148,14 +153,13 @@ class LangevinStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per site with theta_t and the round's plan; none once the run is over."""
-        self.plan = plan = self.server.plan()
+        """One message per site with theta_t and the round's plan (``self.plan``, charged
+        by the round mode where the sites' releases must be counted before they run); none
+        without a plan."""
+        plan = self.plan
         if plan is None:
             return []
         theta = self._theta_bytes(arrays)
-        if self.server.local:
-            # noise at the sites: their releases are counted before any site runs
-            self.server.begin_local_round(plan)
         # a node that hosts one site needs no site id: then every site gets the same plan
         # record, which a deployment moves to the SuperLink once per round, not per site
         nodes = [e.node_id for e in self.directory.values()]
@@ -202,9 +206,11 @@ class LangevinStrategy(Strategy):
         return good
 
     def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+        self, server_round: int, replies: Iterable[Message], *, key: str = "sum"
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check, order by site id, and take the Langevin step on the sum of what passed."""
+        """Check every reply (its answer under ``key``: "sum" or "theta"), keep the good ones
+        by site id in ``self.answers``; fewer than ``min_sites`` raise :class:`TooFewSites`.
+        The step is the round mode's; nothing is returned to aggregate."""
         plan = self.plan
         if plan is None:
             raise RuntimeError(
@@ -214,19 +220,12 @@ class LangevinStrategy(Strategy):
             replies,
             plan.round,
             "train",
-            lambda m, e: check_train_reply(
-                m, plan=plan, entry=e, size=self.size, key="theta" if self.server.local else "sum"
-            ),
+            lambda m, e: check_train_reply(m, plan=plan, entry=e, size=self.size, key=key),
         )
         if len(good) < self.min_sites:
             self._too_few(plan, sorted(good))
         self.last_train_sites = sorted(good)
-        if self.server.local:
-            self.server.finish_local_round(
-                plan, [(self.directory[k].n_train, good[k]) for k in sorted(good)]
-            )
-        else:
-            self.server.apply(plan, [good[k] for k in sorted(good)])
+        self.answers = {k: good[k] for k in sorted(good)}
         metrics: dict[str, Any] = {
             "round": plan.round,
             "sites-ok": len(good),
@@ -234,9 +233,7 @@ class LangevinStrategy(Strategy):
             "step-size": plan.step_size,
             "sigma": plan.sigma,
         }
-        if self.server.accountant is not None:
-            metrics["epsilon"] = self.server.accountant.rigorous_epsilon()
-        return ArrayRecord({"theta": Array(self.server.theta.numpy())}), MetricRecord(metrics)
+        return None, MetricRecord(metrics)
 
     def _too_few(self, plan: RoundPlan, answered: list[int]) -> None:
         """Fail the run: fewer than ``min_sites`` sites answered round ``plan.round``."""
@@ -245,11 +242,7 @@ class LangevinStrategy(Strategy):
             for d in self.drops
             if d.round == plan.round and d.kind == "train"
         )
-        spent = (
-            "its local steps stay counted in the ledger"
-            if self.server.local
-            else "no privacy was spent"
-        )
+        spent = self.server.mode.if_failed
         if not answered:
             raise AllSitesFailed(
                 f"round {plan.round}: every site failed, so no step was taken and {spent} "

@@ -23,12 +23,11 @@ Evaluate = Callable[[dict[str, list[torch.Tensor]]], dict[str, dict[str, Any]] |
 
 
 def budget_accounting(server: Any) -> str:
-    """The accounting the budget is checked with: the accountant's rigorous one, or RDP
-    where the run's rounds are secure sums with distributed noise (every epsilon the
-    accountant reports is then that RDP epsilon: :mod:`fedsgld.privacy.ddg_ledger`)."""
-    if server.accountant is None:
-        return "none"
-    return "rdp" if hasattr(server, "secure_block") else server.accountant.rigorous_name
+    """The accounting the budget is checked with ("none" without an accountant): the
+    accountant's rigorous one, or RDP where the run's rounds are secure sums with
+    distributed noise (every epsilon the accountant reports is then that RDP epsilon:
+    :mod:`fedsgld.privacy.ddg_ledger`); the round mode's."""
+    return server.mode.accounting
 
 
 def round_time_summary(round_times: list[float]) -> dict[str, Any]:
@@ -176,8 +175,7 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
         )
         return block
     acc = server.accountant
-    if hasattr(server, "secure_block"):  # secure aggregation: the mechanism, its accounting
-        block["secure_aggregation"] = {**server.secure_block(), "epsilon": acc.rigorous_epsilon()}
+    block.update(server.mode.describe())  # the round's mechanism, where it has its own
     name = budget_accounting(server)
     block.update(
         ledger=[list(e) for e in acc.ledger],
@@ -196,13 +194,7 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
             )
             + "ledger_steps can exceed steps after a resume: "
             "steps whose output was lost in a crash stay counted."
-            + (
-                f" Noise at the sites: 'steps' counts rounds of {server.local_steps} local steps; "
-                "the ledger is each site's own (every site uses the same q and sigma_t, so it "
-                "is also the worst site's)."
-                if server.local
-                else ""
-            )
+            + server.mode.ledger_note()
             + (
                 " Randomness 'seeded': every stream derives from the config's seed, so this "
                 "run is reproducible and private only against parties who do not know the "

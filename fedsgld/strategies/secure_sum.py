@@ -1,22 +1,25 @@
-"""The server's half of a round under secure aggregation with distributed noise.
+"""The round mode of secure aggregation with distributed noise (placement ``secure``).
 
 With ``secure_aggregation = true`` (``noise_placement = "sites"``, ``local_steps = 1``) a
 round is the ``server`` placement's step with the noise moved to the sites: every site
 sends its clipped, pre-noised sum S_k encoded with its share of the distributed discrete
 Gaussian (:mod:`fedsgld.secagg.ddg`) through the masking protocol, and the server learns
-only the decoded sum sum_k S_k + noise. :class:`SecureSumServer` plans each round's public
-mechanism (:meth:`SecureSumServer.parameters`: :func:`~fedsgld.privacy.distributed.choose_ddg`
+only the decoded sum sum_k S_k + noise. :class:`SecureSum` plans each round's public
+mechanism (:meth:`SecureSum.parameters`: :func:`~fedsgld.privacy.distributed.choose_ddg`
 for sigma_t, the clip, the model's dimension, the sites and the plan's dropouts and
-colluders), checks and charges the run's ledger with the round's
-:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep` (accounted by the PLD of a dominating Gaussian:
-:mod:`fedsgld.privacy.ddg_ledger`), and takes the Langevin step on the decoded sum with
-no noise of its own (:meth:`SecureSumServer.apply_sum`).
+colluders), charges the run's ledger with the round's
+:class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep` (accounted by the PLD of
+a dominating Gaussian: :mod:`fedsgld.privacy.ddg_ledger`) before any site draws its share
+(:meth:`SecureSum.begin`), and takes the Langevin step on the decoded sum
+(:meth:`SecureSum.finish`). It is not a :class:`~fedsgld.strategies.modes.ServerNoise`:
+it has no method that draws noise of the server's own.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,23 +28,26 @@ from fedsgld.privacy.ddg_ledger import ACCOUNTING
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg
 from fedsgld.privacy.events import Composed, DistributedDiscreteGaussianStep, DpEvent, Repeated
 from fedsgld.secagg import SecAggPlan
-from fedsgld.strategies.server import LangevinServer
+from fedsgld.strategies.modes import RoundMode, Transport
+
+if TYPE_CHECKING:
+    from fedsgld.strategies.server import LangevinServer
 
 MECHANISM = "distributed discrete Gaussian"
 
 
-class SecureSumServer(LangevinServer):
-    """:class:`LangevinServer` whose rounds are secure sums with distributed noise."""
+class SecureSum(RoundMode):
+    """Rounds that are secure sums with distributed noise: one step per round, on the sum."""
 
-    def __init__(self, *args: Any, run_key: str = "", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        p = self.privacy
+    placement = "secure"
+    settings = "noise_placement = 'sites', secure_aggregation = true"
+
+    def __init__(self, server: LangevinServer) -> None:
+        super().__init__(server)
+        p = server.privacy
         if not p.secure_aggregation:
-            raise ValueError("SecureSumServer needs secure_aggregation = true")
-        # one step per round, on the sum: the server placement's update
-        self.local, self.local_steps = False, 1
+            raise ValueError("SecureSum needs secure_aggregation = true")
         self.max_dropouts, self.max_colluders = p.max_dropouts, p.max_colluders
-        self.run_key = run_key
         self.last_parameters: DDGParameters | None = None
         self.last_round: Any = None  # the engine's record of the last round (its transcript)
 
@@ -49,25 +55,28 @@ class SecureSumServer(LangevinServer):
     def parameters(self, t: int) -> DDGParameters:
         """The distributed discrete Gaussian of round ``t``: noise multiplier sigma_t at the
         honest shares, ||sum_k S_k|| <= C sum_k N_k for the bit width."""
-        p = self.privacy
+        s = self.server
+        p = s.privacy
         return choose_ddg(
             noise_multiplier=p.sigma(t),
             clip=p.clip,
-            dim=int(self.theta.shape[0]),
-            sites=len(self.site_sizes),
+            dim=int(s.theta.shape[0]),
+            sites=len(s.site_sizes),
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
-            signal_norm=p.clip * sum(self.site_sizes),
+            signal_norm=p.clip * sum(s.site_sizes),
         )
 
     def round_event(self, first: int) -> DpEvent:
-        return DistributedDiscreteGaussianStep(self.parameters(first), self.privacy.sample_rate)
+        return DistributedDiscreteGaussianStep(
+            self.parameters(first), self.server.privacy.sample_rate
+        )
 
     def secagg_plan(self, plan: RoundPlan, sites: tuple[int, ...]) -> SecAggPlan:
         """The protocol's public plan of round ``plan`` (the same at every party)."""
         params = self.parameters(plan.round)
         return SecAggPlan(
-            round_label=round_label(self.run_key, plan.round),
+            round_label=round_label(self.server.run_key, plan.round),
             sites=sites,
             length=params.dim,
             bits=params.bits,
@@ -77,18 +86,20 @@ class SecureSumServer(LangevinServer):
 
     def affordable_rounds(self) -> int:
         """How many remaining rounds the budget allows (bisection over the rounds' events)."""
-        remaining = self.rounds - self.t
-        if self.accountant is None or remaining <= 0 or self.accountant.epsilon_budget is None:
+        s = self.server
+        acc = s.accountant
+        remaining = s.rounds - s.t
+        if acc is None or remaining <= 0 or acc.epsilon_budget is None:
             return max(remaining, 0)
-        events = [self.round_event(self.t + i) for i in range(remaining)]
+        events = [self.round_event(s.t + i) for i in range(remaining)]
         if len(set(events)) == 1:
 
             def fits(n: int) -> bool:
-                return self.accountant.fits(Repeated(events[0], n))
+                return acc.fits(Repeated(events[0], n))
         else:
 
             def fits(n: int) -> bool:
-                return self.accountant.fits(Composed(tuple(events[:n])))
+                return acc.fits(Composed(tuple(events[:n])))
 
         lo, hi = 0, remaining
         while lo < hi:
@@ -97,29 +108,40 @@ class SecureSumServer(LangevinServer):
         return lo
 
     # -- the round ---------------------------------------------------------------------
-    def begin_round(self, plan: RoundPlan) -> DDGParameters:
+    def begin(self, plan: RoundPlan) -> DDGParameters:
         """Charge the round's event to the run's ledger (persisted) BEFORE any site draws
         its share (a round that then aborts stays counted); the round's parameters."""
-        if plan.round != self.t:
-            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
+        self.check(plan)
         event = self.round_event(plan.round)
-        self._charge(event)
+        self.server.charge(event)
         self.last_parameters = event.params
         return event.params
 
-    def apply_sum(self, plan: RoundPlan, total: torch.Tensor) -> torch.Tensor:
-        """The Langevin step on the decoded secure sum ``total`` (its noise already in it:
-        the sites' shares), with no noise of the server's own."""
-        if plan.round != self.t:
-            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
-        if total.shape != self.theta.shape:
-            raise ValueError(
-                f"secure sum has shape {tuple(total.shape)}, expected {tuple(self.theta.shape)}"
-            )
-        return self._step(plan, total.float())
+    def collect(
+        self, transport: Transport, plan: RoundPlan, receipt: DDGParameters
+    ) -> torch.Tensor:
+        return transport.secure_sum(plan, receipt)
 
-    def secure_block(self) -> dict[str, Any]:
-        """results.json's ``privacy.secure_aggregation``."""
+    def finish(self, plan: RoundPlan, replies: torch.Tensor) -> torch.Tensor:
+        """The Langevin step on the decoded secure sum ``replies`` (its noise already in it:
+        the sites' shares), with no noise of the server's own."""
+        s = self.server
+        self.check(plan)
+        if replies.shape != s.theta.shape:
+            raise ValueError(
+                f"secure sum has shape {tuple(replies.shape)}, expected {tuple(s.theta.shape)}"
+            )
+        return s.step(plan, replies.float())
+
+    # -- reporting ---------------------------------------------------------------------
+    @property
+    def accounting(self) -> str:
+        """RDP: every epsilon the accountant reports is then that of the rounds' distributed
+        noise (:mod:`fedsgld.privacy.ddg_ledger`)."""
+        return "none" if self.server.accountant is None else "rdp"
+
+    def describe(self) -> dict[str, Any]:
+        """results.json's ``privacy.secure_aggregation``: the mechanism and its epsilon."""
         out: dict[str, Any] = {
             "mechanism": MECHANISM,
             "accounting": ACCOUNTING,
@@ -129,7 +151,14 @@ class SecureSumServer(LangevinServer):
         }
         if self.last_parameters is not None:
             out["last_round"] = self.last_parameters.describe()
-        return out
+        acc = self.server.accountant
+        if acc is None:
+            return {}
+        return {"secure_aggregation": {**out, "epsilon": acc.rigorous_epsilon()}}
+
+    def transport_info(self, protocol_cost: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """results.json's ``flower.secure_aggregation``: the rounds' protocol cost."""
+        return {"secure_aggregation": protocol_cost()}
 
 
 def round_label(run_key: str, round_: int) -> bytes:

@@ -5,13 +5,16 @@ Round t (one Langevin step):
      for DP-SGD, 0 for SGD). Before anything is released, the accountant checks that one
      more Poisson-subsampled Gaussian step (q, sigma_t) keeps the rigorous epsilon within
      the budget; if not, the run halts and says why (the step is never taken).
-  2. The sites return clipped, pre-noised sums S_k (see ``fedsgld.clients``).
-  3. ``apply()``: the step is charged to the ledger (and the ``on_spend`` hook persists it)
-     BEFORE the noise is drawn (:func:`fedsgld.core.release.charge`), then theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L
-     + lambda theta) with L = q * sum_k N_k. After burn-in every thin-th iterate is kept
-     as a posterior sample (post-processing: no privacy cost).
+  2. ``mode.round(transport, plan)``: the run's round mode (:mod:`fedsgld.strategies.modes`,
+     chosen once from the placement by :func:`fedsgld.strategies.placement.round_mode`)
+     charges the ledger (the ``on_spend`` hook persists it) BEFORE any noise is drawn
+     (:func:`fedsgld.core.release.charge`), asks the sites, and steps: with server noise
+     theta <- theta - alpha_t ((sum_k S_k + sigma_t C xi) / L + lambda theta) with
+     L = q * sum_k N_k (:meth:`LangevinServer.step`). After burn-in every thin-th iterate
+     is kept as a posterior sample (post-processing: no privacy cost).
 
-The Flower strategies and the in-process engine both drive this class, so the maths exists once.
+The Flower strategies and the in-process engine both drive this class and its mode, so the
+maths exists once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any
 import torch
 
 from fedsgld.config import PrivacySettings
-from fedsgld.core import streams
 from fedsgld.core.mechanism import langevin_update
 from fedsgld.core.noise import Randomness
 from fedsgld.core.plan import RoundPlan
@@ -31,7 +33,9 @@ from fedsgld.core.release import Charged, charge
 from fedsgld.core.streams import SERVER_STREAM  # noqa: F401 - the server's key part, re-exported
 from fedsgld.posteriors.swag import SwagMoments
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
-from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, subsampled_steps
+from fedsgld.privacy.events import DpEvent
+from fedsgld.strategies.modes import RoundMode
+from fedsgld.strategies.placement import round_mode
 from fedsgld.vi import Adam, kl_gradient
 
 
@@ -86,7 +90,8 @@ class PosteriorSamples:
 
 
 class LangevinServer:
-    """Server state: parameters, step counter, accountant and posterior samples."""
+    """Server state: parameters, step counter, accountant and posterior samples; its round
+    mode (``mode``: where the noise is added) does the rounds."""
 
     def __init__(
         self,
@@ -102,6 +107,7 @@ class LangevinServer:
         prior_std: float = 1.0,
         optimizer: str = "sgd",
         randomness: Randomness | None = None,
+        run_key: str = "",
     ) -> None:
         if len(site_sizes) == 0 or min(site_sizes) < 0 or sum(site_sizes) == 0:
             raise ValueError(
@@ -112,6 +118,7 @@ class LangevinServer:
         self.site_sizes = [int(n) for n in site_sizes]
         self.expected_batch = privacy.sample_rate * sum(self.site_sizes)
         self.seed = seed
+        self.run_key = run_key  # the run's public name (it labels secure-sum rounds)
         # the server's own noise: seeded from ``seed`` (simulations) unless given
         self.noise = randomness if randomness is not None else Randomness.seeded(seed)
         self.rounds = rounds
@@ -133,9 +140,6 @@ class LangevinServer:
         self.adam = None
         if privacy.variational and optimizer == "adam":
             self.adam = Adam(self.theta.shape[0])
-        # noise_placement "sites": round r runs local steps r E .. r E + E - 1 at every site
-        self.local = privacy.noise_placement == "sites"
-        self.local_steps = privacy.local_steps if self.local else 1
         self.accountant: PrivacyAccountant | None = None
         if privacy.private:
             self.accountant = PrivacyAccountant(
@@ -144,6 +148,12 @@ class LangevinServer:
                 accountant=privacy.accountant,
                 sigma_rel_grid=privacy.sigma_grid,
             )
+        self.mode: RoundMode = round_mode(self)  # the placement, chosen once
+
+    @property
+    def local_steps(self) -> int:
+        """Steps per round (each a ledger step): E with noise at the sites, else 1."""
+        return self.mode.local_steps
 
     # -- planning ---------------------------------------------------------------
     def schedule_point(self, t: int) -> tuple[float, float]:
@@ -155,14 +165,7 @@ class LangevinServer:
 
         Also certifies that ledger with the accountant, which makes the per-step checks cheap.
         """
-        remaining = self.rounds - self.t
-        if self.accountant is None or remaining <= 0:
-            return max(remaining, 0)
-        e, start = self.local_steps, self.t * self.local_steps
-        steps = self.accountant.max_steps(
-            lambda i: self.schedule_point(start + i), limit=remaining * e
-        )
-        return steps // e
+        return self.mode.affordable_rounds()
 
     def plan(self) -> RoundPlan | None:
         """The next round's plan, or None when the run is over (``halt_reason`` says why)."""
@@ -177,11 +180,7 @@ class LangevinServer:
         if self.accountant is not None:
             if not self.accountant.fits(self.round_event(first)):
                 eps = self.accountant.rigorous_epsilon()
-                what = (
-                    f"step {self.t + 1}"
-                    if not self.local
-                    else f"round {self.t + 1} ({e} local steps)"
-                )
+                what = self.mode.step_name(self.t)
                 self.halt_reason = (
                     f"privacy budget: {what} (sigma={sigma:.4g}) would take epsilon past "
                     f"{self.privacy.epsilon:g} at delta={self.privacy.delta:g}; "
@@ -197,39 +196,23 @@ class LangevinServer:
             clip=p.clip_bound,
             prenoise=p.applied_prenoise,
             local_steps=e,
-            first_step=first if self.local else None,
+            first_step=self.mode.first_step(first),
         )
 
     def round_event(self, first: int) -> DpEvent | None:
-        """The privacy event of the round whose first step is ``first``: its steps
-        (q, sigma_t), local steps included."""
-        return subsampled_steps(self.schedule_point(first + i) for i in range(self.local_steps))
+        """The privacy event of the round whose first step is ``first`` (the mode's)."""
+        return self.mode.round_event(first)
 
-    # -- the step ---------------------------------------------------------------
-    def apply(self, plan: RoundPlan, site_sums: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Record the privacy spend, add the noise, take the Langevin step."""
-        if self.local:
-            raise ValueError(
-                "noise_placement = 'sites': use begin_local_round / finish_local_round"
-            )
-        if plan.round != self.t:
-            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
-        total = torch.zeros_like(self.theta)
-        for s in site_sums:
-            if s.shape != total.shape:
-                raise ValueError(
-                    f"site sum has shape {tuple(s.shape)}, expected {tuple(total.shape)}"
-                )
-            total += s
-        charged = self._charge(SubsampledGaussianStep(plan.sample_rate, plan.sigma))
-        noise_std = plan.sigma * plan.clip if plan.clip is not None else 0.0
-        # drawn only now, through the receipt of the persisted charge
-        noisy = charged.add_noise(
-            total, self.noise, std=noise_std, key=streams.server_noise(self.t)
-        )
-        return self._step(plan, noisy)
+    # -- what a round mode does to the server -------------------------------------------
+    def charge(self, event: DpEvent | None) -> Charged:
+        """Charge ``event`` to the ledger and persist it (``on_spend``); the receipt draws."""
+        try:
+            return charge(self.accountant, event, persist=self.on_spend)
+        except BudgetExhausted as err:  # plan() checked; this guards misuse
+            self.halt_reason = f"privacy budget: {err}"
+            raise
 
-    def _step(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:
+    def step(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:
         """The update on the noisy sum of round ``plan`` (post-processing of the release)."""
         if self.privacy.variational:
             self.theta = self._vi_update(plan, noisy)
@@ -247,55 +230,16 @@ class LangevinServer:
             self.on_release(plan, None)
         return self.theta
 
-    # -- noise placement "sites" -----------------------------------------------------
-    def _charge(self, event: DpEvent | None) -> Charged:
-        """Charge ``event`` to the ledger and persist it (``on_spend``); the receipt draws."""
-        try:
-            return charge(self.accountant, event, persist=self.on_spend)
-        except BudgetExhausted as err:  # plan() checked; this guards misuse
-            self.halt_reason = f"privacy budget: {err}"
-            raise
-
-    def begin_local_round(self, plan: RoundPlan) -> Charged:
-        """Record the round's local steps in the ledger BEFORE any site runs them.
-
-        With noise at the sites every site releases its own noisy iterates, each local step a
-        Poisson-subsampled Gaussian (q, sigma_t) on that site's records. Every site uses the
-        same q and sigma schedule, so every site's ledger equals this one and the worst
-        site's epsilon is this ledger's; a site that fails the round is counted anyway.
-        Returns the receipt the sites' noise is drawn through (:meth:`fedsgld.clients.site.Site.local_round`).
-        """
-        if not self.local:
-            raise ValueError("begin_local_round needs noise_placement = 'sites'")
-        if plan.round != self.t or plan.first_step != self.t * self.local_steps:
-            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
-        return self._charge(
-            subsampled_steps(
-                self.schedule_point(plan.first_step + i) for i in range(plan.local_steps)
-            )
-        )
-
-    def finish_local_round(
-        self, plan: RoundPlan, site_thetas: Sequence[tuple[int, torch.Tensor]]
+    def advance(
+        self, plan: RoundPlan, theta: torch.Tensor, site_thetas: list[torch.Tensor] | None
     ) -> torch.Tensor:
-        """theta <- sum_k N_k theta_k / sum_k N_k over the sites that answered (post-processing)."""
-        if plan.round != self.t:
-            raise ValueError(f"plan is for round {plan.round}, server is at round {self.t}")
-        if not site_thetas:
-            raise ValueError("finish_local_round needs at least one site's parameters")
-        total_n = sum(n for n, _ in site_thetas)
-        new = torch.zeros_like(self.theta)
-        for n, th in site_thetas:
-            if th.shape != new.shape:
-                raise ValueError(
-                    f"site parameters have shape {tuple(th.shape)}, expected {tuple(new.shape)}"
-                )
-            new += (n / total_n) * th.float()
-        self.theta = new
+        """Take ``theta`` as round ``plan``'s result: count the step, offer it to the
+        posterior, tell ``on_release`` (with the sites' parameters where they released them)."""
+        self.theta = theta
         self.t += 1
         self.posterior.offer(self.t, self.theta)
         if self.on_release is not None:
-            self.on_release(plan, [th for _, th in site_thetas])
+            self.on_release(plan, site_thetas)
         return self.theta
 
     def _vi_update(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor:

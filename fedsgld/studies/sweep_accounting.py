@@ -230,7 +230,7 @@ def planned_ledger(flat: dict[str, Any]) -> list[tuple[float, float, int]]:
     recal = RecalPlan.from_config(cfg)
     reserved = recal.ledger() if recal is not None else []
     r = sum(c for _, _, c in reserved)
-    e = p.local_steps if p.noise_placement == "sites" else 1
+    e = p.local_steps  # steps per round: 1 but with noise at the sites (config checks it)
     first = [(q, s) for q, s, c in reserved for _ in range(c)]
 
     def schedule(i: int) -> tuple[float, float]:

@@ -82,15 +82,15 @@ def test_the_servers_step_is_persisted_before_its_noise_is_drawn(monkeypatch):
         return real(self, shape, std=std, key=key, dtype=dtype)
 
     monkeypatch.setattr(Randomness, "gaussian", recording)
-    server.apply(server.plan(), [torch.ones(4)])
-    server.apply(server.plan(), [torch.ones(4)])
+    server.mode.finish(server.plan(), [torch.ones(4)])
+    server.mode.finish(server.plan(), [torch.ones(4)])
     assert events == ["persist 1", "draw (0, 0)", "persist 2", "draw (0, 1)"]
 
 
 def test_a_local_round_is_charged_and_its_receipt_names_every_local_step():
     events: list[str] = []
     server = _server(events, method="dpsgld", noise_placement="sites", local_steps=3)
-    receipt = server.begin_local_round(server.plan())
+    receipt = server.mode.begin(server.plan())
     assert events == ["persist 3"]
     assert receipt.steps == tuple(server.schedule_point(i) for i in range(3))
 

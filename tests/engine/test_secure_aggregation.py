@@ -89,7 +89,7 @@ def test_engine_run_names_the_mechanism_and_its_epsilon(tmp_path):
     # the run's epsilon is ddg_epsilon of its rounds (dpsgld, constant step size here)
     cfg = load_config(None, {**SMALL, "max_dropouts": 1})
     server = Federation(cfg, log=lambda s: None).make_server()
-    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(6)]
+    rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(6)]
     ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
     assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
     assert on_disk["privacy"]["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
@@ -107,8 +107,8 @@ def _federation(**over):
 
 def test_budget_stops_the_run_before_a_round_past_it(tmp_path):
     fed, server = _federation()
-    one = ddg_epsilon([(0.2, server.parameters(0), 1)], 1e-5)[0]
-    three = ddg_epsilon([(0.2, server.parameters(0), 3)], 1e-5)[0]
+    one = ddg_epsilon([(0.2, server.mode.parameters(0), 1)], 1e-5)[0]
+    three = ddg_epsilon([(0.2, server.mode.parameters(0), 3)], 1e-5)[0]
     res = _run(tmp_path, epsilon=(three + one) / 2 if three > one else three)
     assert res["privacy"]["halted"] and res["privacy"]["steps"] < 6
     assert res["privacy"]["secure_aggregation"]["epsilon"] <= (three + one) / 2
@@ -120,7 +120,7 @@ def test_a_planned_dropout_completes_the_round_and_one_more_aborts_it():
     plan = server.plan()
     engine.secure_round(fed, server, plan, drop={2: "masked_input"})
     assert server.t == 1 and not torch.equal(server.theta, theta0)
-    assert server.last_round.survivors == (0, 1, 3)
+    assert server.mode.last_round.survivors == (0, 1, 3)
     # the dropped site drew nothing and charged nothing; the others charged their ledgers
     ledgers = [g.ledger.accountant.steps for g in fed.secure_sites()]
     assert ledgers == [1, 1, 0, 1]
@@ -139,7 +139,7 @@ def test_the_server_sees_only_masked_inputs_and_the_sum():
     fed, server = _federation()
     plan = server.plan()
     engine.secure_round(fed, server, plan)
-    party = server.last_round.server
+    party = server.mode.last_round.server
     residual = servers_residual(party, 0)
     bits = party.plan.bits
     u = residual.astype(np.float64) / 2.0**bits
@@ -159,7 +159,7 @@ def test_the_engine_sum_carries_the_central_noise():
         for s in fed.sites
     ]  # fmt: skip
     # the same clipped sums the round computes (the sites' generators are keyed by round)
-    params = server.begin_round(plan)
+    params = server.mode.begin(plan)
     guards = fed.secure_sites()
     res = run_round(
         [x.numpy() for x in sums], params, round_label=b"noise",

@@ -49,7 +49,7 @@ def _reference(sites: int) -> tuple[float, list]:
     as a site's ledger file writes it."""
     cfg = _engine_config(sites)
     server = Federation(cfg, log=lambda s: None).make_server()
-    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(ROUNDS)]
+    rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(ROUNDS)]
     entries = [[q, dataclasses.asdict(p), c] for q, p, c in rounds]
     return ddg_epsilon(rounds, cfg.privacy.delta)[0], json.loads(json.dumps(entries))
 

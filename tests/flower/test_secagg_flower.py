@@ -114,7 +114,7 @@ def test_a_flower_run_charges_every_site_and_reports_the_reference_epsilon(tmp_p
     # the reference: the engine's mechanism of each round, composed by ddg_epsilon
     cfg = load_config(None, {k: v for k, v in SMALL.items() if "-" not in k} | {"max_dropouts": 1})
     server = Federation(cfg, log=lambda s: None).make_server()
-    rounds = [(cfg.privacy.sample_rate, server.parameters(t), 1) for t in range(3)]
+    rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(3)]
     ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
     assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
     # every site charged its own ledger once per round, with the round's mechanism

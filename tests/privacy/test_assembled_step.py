@@ -1,8 +1,8 @@
 """The assembled private step: what a round really releases, tested against the documented
 distribution rather than through a noise std the test computes from the code.
 
-Every test runs the real round (``LangevinServer.plan`` / ``apply``,
-``Site.clipped_sum``, ``Site.local_round``, ``begin_local_round`` / ``finish_local_round``)
+Every test runs the real round (``LangevinServer.plan`` / ``mode.finish``,
+``Site.clipped_sum``, ``Site.local_round``, ``mode.begin`` / ``mode.finish``)
 and checks the released values against the formulas of the README and
 :mod:`fedsgld.core.mechanism`, written out here independently of the code:
 
@@ -113,7 +113,7 @@ def test_the_helper_sites_have_the_gradients_they_claim():
     assert torch.equal(g[:, :5] != 0, torch.eye(5, dtype=torch.bool))
 
 
-# -- server placement: LangevinServer.apply ---------------------------------------------
+# -- server placement: ServerNoise.finish -----------------------------------------------
 @pytest.mark.parametrize("method", ["dpsgld", "dpsgd"])
 def test_server_step_releases_the_documented_gaussian(method):
     """apply() with known site sums: theta' - E[theta'] is N(0, (alpha_t sigma_t C / L)^2 I),
@@ -132,7 +132,7 @@ def test_server_step_releases_the_documented_gaussian(method):
         assert plan is not None and plan.round == t
         before = server.theta.clone()
         site_sums = [3.0 * torch.randn(P, generator=sums_gen) for _ in sizes]
-        after = server.apply(plan, site_sums).clone()
+        after = server.mode.finish(plan, site_sums).clone()
         alpha, sigma = claimed_alpha(method, t), claimed_sigma(method, t)
         mean = before - alpha * (sum(site_sums) / L + wd * before)
         z = ((after - mean) / (alpha * sigma * C / L)).double().numpy()
@@ -166,7 +166,7 @@ def test_a_full_round_through_real_sites_releases_only_the_server_noise():
             for s in sites
         ]  # fmt: skip
         assert all(torch.count_nonzero(s) == 0 for s in sums)
-        after = server.apply(plan, sums)
+        after = server.mode.finish(plan, sums)
         std = claimed_alpha("dpsgld", t) * claimed_sigma("dpsgld", t) * C / L
         _ks_accepts_only_the_claimed_std(((after - before)[:-2] / std).double().numpy())
 
@@ -315,8 +315,8 @@ def test_local_round_sampling_is_poisson_and_fresh_every_step():
 
 # -- noise placement "sites": every site adds the noise itself ------------------------------
 def test_sites_placement_each_site_releases_the_documented_gaussian():
-    """begin_local_round -> Site.local_round (E noisy steps, zero gradients) ->
-    finish_local_round. Site k's released parameters move by the sum of E independent
+    """mode.begin -> Site.local_round (E noisy steps, zero gradients) ->
+    mode.finish. Site k's released parameters move by the sum of E independent
     N(0, (alpha_t sigma_t C / (q N_k))^2) draws; the server's new parameters are the
     N_k-weighted average; both sites' noise is independent and every round is fresh."""
     d, sizes, q, C, E = 2000, [50, 80], 0.1, 0.7, 3
@@ -327,7 +327,7 @@ def test_sites_placement_each_site_releases_the_documented_gaussian():
     for r in range(2):
         plan = server.plan()
         assert (plan.first_step, plan.local_steps) == (r * E, E)
-        paid = server.begin_local_round(plan)
+        paid = server.mode.begin(plan)
         assert server.accountant.steps == (r + 1) * E
         before = server.theta.clone()
         released, zs = [], []
@@ -351,7 +351,7 @@ def test_sites_placement_each_site_releases_the_documented_gaussian():
         if previous is not None:
             assert abs(np.corrcoef(zs[0], previous)[0, 1]) < 5 / math.sqrt(2 * d)
         previous = zs[0]
-        after = server.finish_local_round(plan, released)
+        after = server.mode.finish(plan, released)
         expected = sum(n_k * th for n_k, th in released) / sum(sizes)
         torch.testing.assert_close(after, expected)
 
@@ -365,7 +365,7 @@ def test_server_noise_depends_on_the_runs_seed():
         server = LangevinServer(
             _privacy(), theta=torch.zeros(500), site_sizes=[100], seed=seed, rounds=1
         )
-        steps.append(server.apply(server.plan(), [torch.zeros(500)]).clone())
+        steps.append(server.mode.finish(server.plan(), [torch.zeros(500)]).clone())
     assert torch.equal(steps[0], steps[2])
     assert abs(np.corrcoef(steps[0].numpy(), steps[1].numpy())[0, 1]) < 5 / math.sqrt(500)
 
@@ -400,7 +400,7 @@ def test_apply_refuses_a_step_over_the_budget_and_releases_nothing():
     )
     plan = RoundPlan(round=0, step_size=0.1, sigma=0.2, sample_rate=1.0, clip=1.0, prenoise=0.0)
     with pytest.raises(BudgetExhausted):
-        server.apply(plan, [torch.zeros(10)])
+        server.mode.finish(plan, [torch.zeros(10)])
     assert server.halt_reason.startswith("privacy budget:")
     assert torch.equal(server.theta, torch.ones(10)) and server.t == 0
     assert server.accountant.steps == 0
@@ -410,16 +410,16 @@ def test_apply_refuses_misuse_by_name():
     server = LangevinServer(_privacy(), theta=torch.zeros(4), site_sizes=[10], seed=0, rounds=2)
     plan = server.plan()
     with pytest.raises(ValueError, match=r"^site sum has shape \(3,\), expected \(4,\)$"):
-        server.apply(plan, [torch.zeros(3)])
-    server.apply(plan, [torch.zeros(4)])
+        server.mode.finish(plan, [torch.zeros(3)])
+    server.mode.finish(plan, [torch.zeros(4)])
     with pytest.raises(ValueError, match=r"^plan is for round 0, server is at round 1$"):
-        server.apply(plan, [torch.zeros(4)])
+        server.mode.finish(plan, [torch.zeros(4)])
     local = LangevinServer(
         _privacy(noise_placement="sites", local_steps=2), theta=torch.zeros(4),
         site_sizes=[10], seed=0, rounds=1,
     )  # fmt: skip
-    with pytest.raises(ValueError, match=r"^noise_placement = 'sites': use begin_local_round"):
-        local.apply(local.plan(), [torch.zeros(4)])
+    with pytest.raises(ValueError, match=r"^the round needs at least one site's parameters$"):
+        local.mode.finish(local.plan(), [])
 
 
 def test_posterior_samples_are_the_released_iterates():
@@ -430,7 +430,7 @@ def test_posterior_samples_are_the_released_iterates():
         _privacy(), theta=torch.zeros(6), site_sizes=[20], seed=0, rounds=4,
         posterior=PosteriorSamples(burn_in=1, thin=1, max_samples=2),
     )  # fmt: skip
-    released = [server.apply(server.plan(), [torch.zeros(6)]).clone() for _ in range(4)]
+    released = [server.mode.finish(server.plan(), [torch.zeros(6)]).clone() for _ in range(4)]
     assert list(server.posterior.steps) == [3, 4]
     for kept, theta in zip(server.posterior.samples, released[2:]):
         assert torch.equal(kept, theta)

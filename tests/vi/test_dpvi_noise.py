@@ -60,7 +60,7 @@ def test_dpvi_server_update_releases_the_documented_gaussian():
         plan = server.plan()
         assert plan.sigma == sigma and plan.clip == C and plan.prenoise == 0.0
         before = server.theta.clone()
-        after = server.apply(plan, [torch.zeros(2 * P), torch.zeros(2 * P)])
+        after = server.mode.finish(plan, [torch.zeros(2 * P), torch.zeros(2 * P)])
         mean = before.double() - alpha * _kl_grad_reference(before, prior) / N
         z = ((after.double() - mean) / (alpha * sigma * C / L)).numpy()
         assert stats.kstest(z, "norm").pvalue > 1e-4
@@ -77,7 +77,7 @@ def test_non_private_vi_adds_no_noise():
         rounds=1, prior_std=1.0,
     )  # fmt: skip
     plan = server.plan()
-    after = server.apply(plan, [torch.ones(8)])
+    after = server.mode.finish(plan, [torch.ones(8)])
     expected = -0.02 * (torch.ones(8) / (0.05 * 10) + _kl_grad_reference(torch.zeros(8), 1.0) / 10)
     torch.testing.assert_close(after, expected.float())
 
@@ -115,7 +115,7 @@ def test_dpvi_noise_depends_on_the_runs_seed_and_adam_normalises_the_noisy_gradi
             _dpvi(), theta=torch.zeros(2 * P), site_sizes=[100], seed=seed, rounds=1,
             prior_std=1e6, optimizer=opt,
         )  # fmt: skip
-        steps[seed, opt] = server.apply(server.plan(), [torch.zeros(2 * P)]).clone()
+        steps[seed, opt] = server.mode.finish(server.plan(), [torch.zeros(2 * P)]).clone()
     a, b = steps[1, "sgd"].numpy(), steps[2, "sgd"].numpy()
     assert abs(np.corrcoef(a, b)[0, 1]) < 5 / math.sqrt(2 * P)
     # Adam's first step is alpha * g / (|g| + 1e-8): every coordinate moves by ~alpha,

@@ -97,7 +97,7 @@ def _vi_run(x, y, *, steps, lr, method="vi", clip=1.0, noise=1.0, epsilon=10.0, 
             clip=plan.clip,
             prenoise=plan.prenoise,
         )
-        server.apply(plan, [s])
+        server.mode.finish(plan, [s])
         trace.append(server.theta.clone())
     return vm, server, trace
 
@@ -158,7 +158,7 @@ def test_kl_is_added_after_the_noise_and_unclipped():
         cfg.privacy, theta=phi, site_sizes=[40, 60], seed=0, rounds=1, prior_std=2.0
     )
     plan = server.plan()
-    server.apply(plan, [torch.zeros(vm.size)])
+    server.mode.finish(plan, [torch.zeros(vm.size)])
     expected = phi - 0.5 * kl_gradient(phi, prior_std=2.0) / 100
     torch.testing.assert_close(server.theta, expected)
 
