@@ -292,8 +292,10 @@ class LangevinStrategy(Strategy):
         shared its predictions, over the concatenated predictions in site order (as the
         in-process engine computes them); otherwise from the sites' statistics
         (:mod:`fedsgld.calibration.pooling`: exact accuracy, NLL, Brier, ECE, MCE; no
-        pooled SCE, ACE or AUC). The full result is kept in ``self.evaluation``; the first
-        group's pooled scalars are returned."""
+        pooled SCE, ACE or AUC). The full result, one
+        :class:`~fedsgld.run.evaluation.Evaluation` per group
+        (:func:`~fedsgld.flower.evaluation.pool_evaluations`), is kept in
+        ``self.evaluation``; the first group's pooled scalars are returned."""
         good: dict[int, EvalReply] = self._match(
             replies,
             server_round,
