@@ -8,7 +8,9 @@ report and its pooling statistics), and, only where the site shares its predicti
 
 :func:`decode_eval_reply` is the one decoder of that reply: it checks the records against
 the instruction the reply answers and returns an :class:`EvalReply`, or raises
-:class:`~fedsgld.flower.replies.ReplyRejected` naming what is wrong.
+:class:`~fedsgld.flower.replies.ReplyRejected` naming what is wrong. PATE's
+``evaluate.pate`` reply has the same records and the same decoder
+(:func:`fedsgld.pate.server.check_student_reply`).
 :func:`pool_evaluations` turns the checked replies of every site into one
 :class:`~fedsgld.run.evaluation.Evaluation` per group, with the same constructors the
 in-process engine uses: over the concatenated predictions in site order when every site
@@ -111,6 +113,8 @@ def _reports(msg: Message, groups: list[str]) -> dict[str, dict[str, Any]]:
         raise ReplyRejected(f"reports do not parse: {err}") from None
     if not isinstance(reports, dict) or sorted(reports) != sorted(groups):
         raise ReplyRejected("reports do not cover the requested groups")
+    if not all(isinstance(reports[g], dict) for g in groups):
+        raise ReplyRejected("a group's report is not a JSON object")
     return reports
 
 
