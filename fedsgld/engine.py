@@ -28,12 +28,11 @@ from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged
 from fedsgld.federation import Federation
 from fedsgld.privacy.distributed import DDGParameters
+from fedsgld.run.evaluation import Evaluation, Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.secagg import run_round
 from fedsgld.strategies import LangevinServer
 from fedsgld.strategies.secure_sum import round_label
-
-Evaluation = dict[str, Any]
 
 # -- evaluation at the sites, in process --------------------------------------------------
 
@@ -55,26 +54,15 @@ def _logits(site: Site, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _report(
     fed: Federation, predict: Callable[[Site, torch.Tensor], torch.Tensor], split: str
 ) -> Evaluation:
-    """calibration_report per site and pooled of ``predict(site, records)``; the pooled
-    probabilities and labels ride along under underscore keys (not written to a file)."""
-    per_site, all_p, all_y = {}, [], []
+    """calibration_report per site and pooled of ``predict(site, records)``
+    (:meth:`Evaluation.from_predictions`, as the Flower strategy builds it)."""
+    per_site, site_probs = {}, {}
     for s in fed.sites:
         x, y = _split(fed, s, split)
         p = predict(s, x)
         per_site[str(s.site_id)] = calibration_report(p.numpy(), y.numpy())
-        p = p.float()
-        all_p.append(p)
-        all_y.append(y)
-    probs, labels = torch.cat(all_p), torch.cat(all_y)
-    return {
-        "pooled": calibration_report(probs.numpy(), labels.numpy()),
-        "sites": per_site,
-        "_probs": probs,
-        "_labels": labels,
-        "_site_probs": {
-            s.site_id: (p, y) for s, p, y in zip(fed.sites, all_p, all_y, strict=False)
-        },
-    }
+        site_probs[s.site_id] = (p.float(), y)
+    return Evaluation.from_predictions(per_site, site_probs)
 
 
 def evaluate(fed: Federation, thetas: list[torch.Tensor], split: str = "test") -> Evaluation:
@@ -221,7 +209,7 @@ def one_round(fed: Federation, server: LangevinServer):
 
 def _evaluate_groups(
     fed: Federation, groups: dict[str, list[torch.Tensor]], split: str = "test"
-) -> dict[str, Evaluation]:
+) -> Evaluations:
     return {name: evaluate(fed, thetas, split) for name, thetas in groups.items()}
 
 
@@ -258,9 +246,10 @@ def run(
     site_data: list | None = None,
     on_round: Callable[[Any], Any] | None = None,
     built: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Run one federation in-process and write its result directory. Returns results.json's dict
-    (plus ``out_dir`` and the in-memory evaluations under ``_eval``). ``audit``: a
+) -> RunResult:
+    """Run one federation in-process and write its result directory. Returns its
+    :class:`~fedsgld.run.evaluation.RunResult` (results.json's document, the run directory,
+    the final evaluations with their predictions in memory). ``audit``: a
     :class:`fedsgld.studies.audit.CanaryAudit`, which adds its canaries at a site and reads every
     release (``LangevinServer.on_release``). ``model_fn`` / ``site_data``: a user's own model
     factory and sites (:class:`~fedsgld.federation.Federation`); ``on_round``: called after
@@ -280,14 +269,12 @@ def run(
         audit.attach(fed, server)
     test = partial(_evaluate_groups, fed)
     lc.train(partial(one_round, fed, server), test, progress=progress, on_round=on_round)
-    results, last, post = lc.finish(
+    result = lc.finish(
         test,
         sites=fed.site_table(),
         config_source=config_source,
         **_held_out_evaluations(lc, fed, server),
     )
-    # in-memory predictions (not in the file): "last", "posterior" and the derived models
-    results["_eval"] = {"posterior": post, **lc.evaluations, "last": last}
     if built is not None:
         built.update(federation=fed, server=server)
-    return results
+    return result

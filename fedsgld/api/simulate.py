@@ -24,6 +24,7 @@ from fedsgld.api.result import Result
 from fedsgld.config import Config, load_config
 from fedsgld.data.user import user_sites
 from fedsgld.files import write_json
+from fedsgld.run.evaluation import RunResult
 from fedsgld.run.progress import RoundInfo
 from fedsgld.run.stops import RunInterrupted
 
@@ -138,16 +139,17 @@ def simulate(
                 raise
             # a temporary directory goes with this call: nothing is kept to resume
             raise RunInterrupted(err.rounds, None) from None
-    res.pop("_eval", None)
     return _result(
         res, built["federation"], built["server"], out, tmp,
         user_model=model is not None, user_data=data is not None,
     )  # fmt: skip
 
 
-def _result(res, fed, server, out: Path, tmp, *, user_model: bool, user_data: bool) -> Result:
+def _result(
+    run: RunResult, fed, server, out: Path, tmp, *, user_model: bool, user_data: bool
+) -> Result:
     """The :class:`Result`; results.json records where the model and records came from."""
-    res.pop("out_dir", None)
+    res = run.results
     source = {
         "model": type(fed.model).__name__ if user_model else "config",
         "sites": "python" if user_data else "config",

@@ -45,5 +45,5 @@ def main(grid: Grid, context: Context) -> None:
     pr = results["privacy"]
     eps = ", ".join(f"{k}={v:.4f}" for k, v in pr["epsilon"].items())
     log(
-        f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}); results in {results['out_dir']}"
+        f"{pr['method']}: {pr['steps']} steps, epsilon {eps} (budget {pr['budget']}); results in {results.out_dir}"
     )

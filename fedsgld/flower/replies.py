@@ -1,5 +1,6 @@
-"""What the server accepts from a site: the checks of every ``train`` and ``evaluate``
-reply before :class:`~fedsgld.flower.strategy.LangevinStrategy` uses it.
+"""What the server accepts from a site: the checks of every ``train`` reply before
+:class:`~fedsgld.flower.strategy.LangevinStrategy` uses it (an ``evaluate`` reply's:
+:mod:`fedsgld.flower.evaluation`).
 
 A reply is checked against the instruction it answers (:class:`SiteEntry`: the site and
 node asked, and the site's public sizes). A reply that fails raises :class:`ReplyRejected`
@@ -11,8 +12,6 @@ clipping) the bound ||S_k|| <= N_k C no correct site can exceed.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from fedsgld.calibration.pooling import check_stats
 from fedsgld.core.plan import RoundPlan
 from fedsgld.flower.protocol import unpack_vector
 from fedsgld.secagg.wire import unflatten
@@ -188,71 +186,6 @@ def check_train_reply(
     return s
 
 
-def check_eval_reply(
-    msg: Message, entry: SiteEntry | None, groups: Iterable[str]
-) -> dict[str, Any]:
-    """Validate one evaluation reply of the model ``groups``; return its labels (None
-    unless shared), reports, statistics and predictions, or raise :class:`ReplyRejected`."""
-    groups = list(groups)
-    if entry is None:
-        raise ReplyRejected("the reply answers no instruction of this evaluation")
-    if msg.has_error():
-        raise ReplyRejected(
-            f"error reply (code {msg.error.code}): {str(msg.error.reason or '')[-500:]}"
-        )
-    if not msg.has_content():
-        raise ReplyRejected("reply has no content")
-    private = sorted(["meta", "reports", "stats"])
-    shared = sorted(["labels", "meta", "reports", "stats", *(f"pred-{g}" for g in groups)])
-    keys = sorted(msg.content.keys())
-    if keys not in (private, shared):
-        raise ReplyRejected(f"reply records {keys}, expected {private} or {shared}")
-    sid, node = site_id_of(msg), source_node(msg)
-    if sid != entry.site or node != entry.node_id:
-        raise ReplyRejected(
-            f"reply names site {sid} from node {node}; node {entry.node_id} was asked for site {entry.site}"
-        )
-    labels = None
-    if keys == shared:
-        labels = decode_array(msg.content["labels"], "labels", size=entry.n_test, dtype="int64")
-        if labels.size and (labels.min() < 0 or labels.max() >= entry.num_classes):
-            raise ReplyRejected("labels out of range")
-    st = msg.content["stats"]
-    if not isinstance(st, ConfigRecord) or not isinstance(st.get("json"), str):
-        raise ReplyRejected("stats is not a ConfigRecord with a 'json' string")
-    try:
-        stats = json.loads(st["json"])
-        if not isinstance(stats, dict) or sorted(stats) != sorted(groups):
-            raise ValueError("statistics do not cover the requested groups")
-        for g in groups:
-            check_stats(stats[g])
-            if stats[g]["n"] != entry.n_test:
-                raise ValueError(f"statistics count {stats[g]['n']} records, not n_test")
-    except ValueError as err:
-        raise ReplyRejected(f"bad statistics: {err}") from None
-    rep = msg.content["reports"]
-    if not isinstance(rep, ConfigRecord) or not isinstance(rep.get("json"), str):
-        raise ReplyRejected("reports is not a ConfigRecord with a 'json' string")
-    try:
-        reports = json.loads(rep["json"])
-    except ValueError as err:
-        raise ReplyRejected(f"reports do not parse: {err}") from None
-    if not isinstance(reports, dict) or sorted(reports) != sorted(groups):
-        raise ReplyRejected("reports do not cover the requested groups")
-    out: dict[str, Any] = {"labels": labels, "reports": reports, "stats": stats, "probs": {}}
-    for g in groups if labels is not None else ():
-        p = decode_array(
-            msg.content[f"pred-{g}"],
-            "probs",
-            size=(entry.n_test, entry.num_classes),
-            dtype="float32",
-        )
-        if not np.isfinite(p).all():
-            raise ReplyRejected(f"predictions of group {g!r} are not finite")
-        out["probs"][g] = p
-    return out
-
-
 __all__ = [
     "NORM_SLACK",
     "decode_array",
@@ -260,6 +193,5 @@ __all__ = [
     "source_node",
     "ReplyRejected",
     "SiteEntry",
-    "check_eval_reply",
     "check_train_reply",
 ]

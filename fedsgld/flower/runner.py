@@ -51,6 +51,7 @@ from fedsgld.flower.protocol import QUERY, run_record, split_run_config
 from fedsgld.flower.secure_rounds import SecureRounds
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.privacy.distributed import DDGParameters
+from fedsgld.run.evaluation import Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.secagg import RoundAborted
 from fedsgld.strategies import LangevinServer
@@ -151,9 +152,9 @@ def _evaluate(
     groups: dict[str, list[torch.Tensor]],
     timeout: float,
     poll: float,
-) -> dict[str, dict[str, Any]] | None:
+) -> Evaluations | None:
     # one model (group) per message: a site's guard answers one evaluation per message
-    evaluation: dict[str, dict[str, Any]] = {}
+    evaluation: Evaluations = {}
     for name, thetas in groups.items():
         arrays = {str(i): Array(th.detach().float().numpy()) for i, th in enumerate(thetas)}
         keys = {name: list(range(len(thetas)))}
@@ -233,7 +234,7 @@ def _finish(
     exchanges: _Exchanges,
     directory: dict[int, SiteEntry],
     all_drops: Callable[[], list[dict[str, Any]]],
-) -> dict[str, Any]:
+) -> RunResult:
     """The final evaluation and the result directory, with results.json's ``flower`` block."""
     sites = [
         {"site": k, "n_train": e.n_train, "n_test": e.n_test, "label_histogram": e.label_histogram}
@@ -244,11 +245,11 @@ def _finish(
     def final_evaluate(groups):
         ev = exchanges.evaluate(groups)
         if ev is not None:
-            holder["missing"] = ev["last"]["_missing_sites"]
-            holder["pooled_from"] = ev["last"].get("_pooled_from")
+            holder["missing"] = ev["last"].missing_sites
+            holder["pooled_from"] = ev["last"].pooled_from
         return ev
 
-    results, _, _ = lc.finish(
+    return lc.finish(
         final_evaluate,
         sites=sites,
         config_source="flower run config",
@@ -260,7 +261,6 @@ def _finish(
             **exchanges.server.mode.transport_info(exchanges.secure.summary),
         },
     )
-    return results
 
 
 def serve(
@@ -269,8 +269,9 @@ def serve(
     *,
     log: Callable[[str], None] | None = None,
     on_server: Callable[[LangevinServer], None] | None = None,
-) -> dict[str, Any]:
-    """Run one DP-SGLD federation over ``grid``; write and return results.json's dict.
+) -> RunResult:
+    """Run one DP-SGLD federation over ``grid``; write its result directory and return its
+    :class:`~fedsgld.run.evaluation.RunResult`.
     ``on_server``: called with the server before the first round (an audit reads its
     releases there: :mod:`fedsgld.studies.audit_flower`)."""
     log = log or _log.info

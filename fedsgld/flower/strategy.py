@@ -46,9 +46,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsgld.calibration import calibration_report
-from fedsgld.calibration.pooling import reliability_from_stats, report_from_stats
 from fedsgld.core.plan import RoundPlan, TrainPlan
+from fedsgld.flower.evaluation import EvalReply, decode_eval_reply, pool_evaluations
 from fedsgld.flower.protocol import (
     EVALUATE,
     TRAIN,
@@ -59,11 +58,11 @@ from fedsgld.flower.protocol import (
 from fedsgld.flower.replies import (
     ReplyRejected,
     SiteEntry,
-    check_eval_reply,
     check_train_reply,
     decode_array,
     source_node,
 )
+from fedsgld.run.evaluation import Evaluations
 from fedsgld.strategies.server import LangevinServer
 
 
@@ -133,7 +132,7 @@ class LangevinStrategy(Strategy):
         self.answers: dict[int, torch.Tensor] = {}  # the last round's checked answers
         self.drops: list[Drop] = []
         self.last_train_sites: list[int] = []
-        self.evaluation: dict[str, dict[str, Any]] | None = None
+        self.evaluation: Evaluations | None = None
         self._sent: list[tuple[Message, SiteEntry]] = []
         self._eval_groups: dict[str, list[int]] = {}
 
@@ -279,45 +278,21 @@ class LangevinStrategy(Strategy):
         shared its predictions, over the concatenated predictions in site order (as the
         in-process engine computes them); otherwise from the sites' statistics
         (:mod:`fedsgld.calibration.pooling`: exact accuracy, NLL, Brier, ECE, MCE; no
-        pooled SCE, ACE or AUC). The full result is kept in ``self.evaluation``; the first
-        group's pooled scalars are returned."""
-        good: dict[int, dict[str, Any]] = self._match(
+        pooled SCE, ACE or AUC). The full result, one
+        :class:`~fedsgld.run.evaluation.Evaluation` per group
+        (:func:`~fedsgld.flower.evaluation.pool_evaluations`), is kept in
+        ``self.evaluation``; the first group's pooled scalars are returned."""
+        good: dict[int, EvalReply] = self._match(
             replies,
             server_round,
             "evaluate",
-            lambda m, e: check_eval_reply(m, e, self._eval_groups),
+            lambda m, e: decode_eval_reply(m, e, self._eval_groups),
         )
         if not good:
             self.evaluation = None
             return None
-        order = sorted(good)
-        all_shared = all(good[k]["labels"] is not None for k in order)
-        labels = (
-            torch.cat([torch.from_numpy(good[k]["labels"]) for k in order]) if all_shared else None
-        )
-        self.evaluation = {}
-        for g in self._eval_groups:
-            stats = [good[k]["stats"][g] for k in order]
-            ev: dict[str, Any] = {
-                "sites": {str(k): good[k]["reports"][g] for k in order},
-                "_missing_sites": sorted(set(self.directory) - set(good)),
-                "_pooled_from": "predictions" if all_shared else "site statistics",
-                "_reliability": reliability_from_stats(stats),
-            }
-            if all_shared:
-                probs = torch.cat([torch.from_numpy(good[k]["probs"][g]) for k in order])
-                ev["pooled"] = calibration_report(probs.numpy(), labels.numpy())
-                ev["_probs"], ev["_labels"] = probs, labels
-                ev["_site_probs"] = {
-                    k: (torch.from_numpy(good[k]["probs"][g]), torch.from_numpy(good[k]["labels"]))
-                    for k in order
-                }
-            else:
-                ev["pooled"] = report_from_stats(stats)
-                ev["_probs"] = ev["_labels"] = None
-                ev["_site_probs"] = {}
-            self.evaluation[g] = ev
-        first = self.evaluation[next(iter(self._eval_groups))]["pooled"]
+        self.evaluation = pool_evaluations(good, self._eval_groups, asked=self.directory)
+        first = self.evaluation[next(iter(self._eval_groups))].pooled
         scalars = {
             k: float(v)
             for k, v in first.items()

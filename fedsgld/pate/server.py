@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fedsgld.calibration import calibration_report
-from fedsgld.calibration.pooling import check_stats, report_from_stats
+from fedsgld.flower.evaluation import EvalReply, decode_eval_reply, pool_evaluations
 from fedsgld.flower.exchange import discover, exchange
 from fedsgld.flower.protocol import split_flower_options
+from fedsgld.flower.replies import SiteEntry
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import pate_split
 from fedsgld.pate.flower import (
@@ -69,20 +69,22 @@ def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers:
     return counts, [float(a) for a in acc]
 
 
-def check_student_reply(msg: Message, *, n_test: int, num_classes: int):
-    """(the site's report, its statistics, (probs, labels) or None) of an ``evaluate.pate``
-    reply; ValueError (or KeyError) naming what is wrong."""
-    c = msg.content
-    report = json.loads(str(c["reports"]["json"]))[STUDENT]
-    stats = check_stats(json.loads(str(c["stats"]["json"]))[STUDENT])
-    if stats["n"] != n_test or not isinstance(report, dict):
-        raise ValueError(f"statistics count {stats['n']} records, not n_test = {n_test}")
-    if "labels" not in c:
-        return report, stats, None
-    p, y = c[f"pred-{STUDENT}"]["probs"].numpy(), c["labels"]["labels"].numpy()
-    if p.shape != (n_test, num_classes) or y.shape != (n_test,) or not np.isfinite(p).all():
-        raise ValueError(f"predictions have shapes {p.shape}, {y.shape}")
-    return report, stats, (p, y)
+def check_student_reply(
+    msg: Message, *, site: int, node: int, entry: dict[str, Any], num_classes: int
+) -> EvalReply:
+    """The checked reply of an ``evaluate.pate`` message from ``site`` at ``node``
+    (``entry``: its public sizes from discovery): the evaluate reply's one decoder,
+    :func:`fedsgld.flower.evaluation.decode_eval_reply`, for the student's group;
+    :class:`~fedsgld.flower.replies.ReplyRejected` (a ValueError) names what is wrong."""
+    asked = SiteEntry(
+        site=site,
+        node_id=node,
+        n_train=int(entry.get("n_train", 0)),
+        n_test=int(entry["n_test"]),
+        num_classes=num_classes,
+        input_shape=tuple(int(d) for d in entry.get("input_shape", ())),
+    )
+    return decode_eval_reply(msg, asked, [STUDENT])
 
 
 def serve_pate(
@@ -214,23 +216,20 @@ def _evaluate_student(
 ):
     """The student's evaluation at every site: (pooled report, per-site reports)."""
     res = ask(sites, EVALUATE, "student", ArrayRecord(student.state_dict()))
-    got: dict[int, tuple[dict, dict, tuple | None]] = {}
+    got: dict[int, EvalReply] = {}
     for s, r in res:
         try:
             if s is None or r.has_error():
                 raise ValueError(str(r.error.reason or "")[-300:] if r.has_error() else "")
-            got[s] = check_student_reply(r, n_test=sites[s][1]["n_test"], num_classes=k)
+            node, entry = sites[s]
+            got[s] = check_student_reply(r, site=s, node=node, entry=entry, num_classes=k)
         except (KeyError, TypeError, ValueError) as err:
             log(f"site {s}: student evaluation dropped: {err}")
     if not got:
         raise PateSitesFailed("no site evaluated the student")
-    order = sorted(got)
-    shared = [got[s][2] for s in order]
-    if all(p is not None for p in shared):  # every site shared its predictions
-        pooled = calibration_report(*(np.concatenate(a) for a in zip(*shared)))
-    else:
-        pooled = report_from_stats([got[s][1] for s in order])
-    return pooled, [{"site": s, **got[s][0]} for s in order]
+    # pooled over the predictions when every site shared them, else from the statistics
+    pooled = pool_evaluations(got, [STUDENT], asked=sites)[STUDENT].pooled
+    return pooled, [{"site": s, **got[s].reports[STUDENT]} for s in sorted(got)]
 
 
 __all__ = ["PateSitesFailed", "check_histogram", "check_student_reply", "serve_pate"]

@@ -17,9 +17,10 @@ import torch
 
 from fedsgld.config import Config, PrivacySettings
 from fedsgld.posteriors import RECAL, SWAG, iterate_average
+from fedsgld.run.evaluation import Evaluations
 
-# Evaluation groups: name -> the report of the mean softmax over that group's parameters
-Evaluate = Callable[[dict[str, list[torch.Tensor]]], dict[str, dict[str, Any]] | None]
+# Evaluation groups: name -> the evaluation of the mean softmax over that group's parameters
+Evaluate = Callable[[dict[str, list[torch.Tensor]]], Evaluations | None]
 
 
 def budget_accounting(server: Any) -> str:

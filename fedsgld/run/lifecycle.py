@@ -51,6 +51,7 @@ from fedsgld.run.blocks import (
     note_contributors,
     randomness_block,
 )
+from fedsgld.run.evaluation import Evaluation, Evaluations, RunResult
 from fedsgld.run.layout import (
     CHECKPOINT,
     LEDGER,
@@ -109,7 +110,7 @@ class RunLifecycle:
             (self.ckpt or {}).get("round_contributors") or []
         )
         self.server = None
-        self.evaluations: dict[str, dict[str, Any]] = {}  # the final evaluation, by group
+        self.evaluations: Evaluations = {}  # the final evaluation, by group
         self.recal: dict[str, Any] | None = None  # the recalibration's state, once run
 
     # -- randomness ------------------------------------------------------------------------
@@ -364,7 +365,7 @@ class RunLifecycle:
         ev = evaluate({"last": [server.theta]})
         if ev is None:
             return None
-        pooled = ev["last"]["pooled"]
+        pooled = ev["last"].pooled
         self.history.append(history_row(server, plan, pooled))
         return pooled["accuracy"]
 
@@ -376,18 +377,19 @@ class RunLifecycle:
         sites: list[dict[str, Any]],
         config_source: str | None,
         transport_info: Callable[[], dict[str, Any]] | None = None,
-        evaluate_recal: Callable[[float], dict[str, Any]] | None = None,
+        evaluate_recal: Callable[[float], Evaluation] | None = None,
         validate: Evaluate | None = None,
-        validate_recal: Callable[[float], dict[str, Any]] | None = None,
-    ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        validate_recal: Callable[[float], Evaluation] | None = None,
+    ) -> RunResult:
         """The final evaluation (last iterate; posterior average) and the result directory.
 
         ``validate`` / ``validate_recal``: the same evaluations on the sites' validation
         splits (results.json's ``validation``: what hyper-parameters are chosen on).
 
         ``transport_info()`` (called after the final evaluation) gives the transport's own
-        block of results.json (e.g. ``flower``: nodes, dropped replies). Returns
-        (results.json's dict, the last iterate's evaluation, the posterior's or None).
+        block of results.json (e.g. ``flower``: nodes, dropped replies). Returns the
+        :class:`~fedsgld.run.evaluation.RunResult` (results.json's document, the run
+        directory, the final evaluations: ``last``, ``posterior``, ``swag``, ``recal``).
         """
         # local: the result files need matplotlib (about a second to import), which a
         # site's process, importing the engine and so this module, never uses
@@ -407,8 +409,7 @@ class RunLifecycle:
             results[self.transport] = transport_info()
         outputs.write_outputs(self.out, results, last=last, posterior=post, extra=curves)
         self.log(f"results in {self.out}")
-        results["out_dir"] = str(self.out)
-        return results, last, post
+        return RunResult(results, self.out, self.evaluations)
 
 
 __all__ = ["RunLifecycle"]

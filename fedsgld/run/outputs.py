@@ -29,6 +29,7 @@ from fedsgld.run.blocks import (
     swag_block,
     validation_block,
 )
+from fedsgld.run.evaluation import Evaluation, Evaluations
 from fedsgld.run.results import write_outputs
 
 
@@ -48,20 +49,20 @@ def final_groups(lc) -> dict[str, list[torch.Tensor]]:
 
 
 def final_metrics(
-    lc, ev: dict[str, Any], evaluate_recal: Callable[[float], dict[str, Any]] | None
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    lc, ev: Evaluations, evaluate_recal: Callable[[float], Evaluation] | None
+) -> tuple[dict[str, Any], Evaluations, Evaluations]:
     """results.json's ``metrics``, the extra reliability curves, and the evaluations
     (the temperature-scaled last iterate's added when the run recalibrated)."""
     server, last, post = lc.server, ev["last"], ev.get("posterior")
-    metrics = metrics_block(server, last, post)
-    extra_curves: dict[str, dict[str, Any]] = {}
+    metrics = metrics_block(server, last.report, None if post is None else post.report)
+    extra_curves: Evaluations = {}
     if "swag" in ev:
-        metrics["swag"] = swag_block(server, ev["swag"], lc.config.run.swag_samples)
+        metrics["swag"] = swag_block(server, ev["swag"].report, lc.config.run.swag_samples)
         extra_curves[SWAG["label"]] = ev["swag"]
     if lc.recal is not None and evaluate_recal is not None:
         ev_r = evaluate_recal(lc.recal["temperature"])
         ev = {**ev, "recal": ev_r}
-        metrics["recal"] = recal_block(lc.recal, last, ev_r)
+        metrics["recal"] = recal_block(lc.recal, last.report, ev_r.report)
         extra_curves[RECAL["label"]] = ev_r
     return metrics, extra_curves, ev
 
@@ -104,14 +105,19 @@ def validation(
     lc,
     groups: dict[str, list[torch.Tensor]],
     validate: Evaluate,
-    validate_recal: Callable[[float], dict[str, Any]] | None,
+    validate_recal: Callable[[float], Evaluation] | None,
 ) -> dict[str, Any]:
     """results.json's ``validation``: every model evaluated on the validation splits."""
-    return validation_block(
-        validate(groups),
+    ev = validate(groups)
+    if ev is None:
+        raise RuntimeError("validation: every site failed (see the logged reasons)")
+    recal = (
         validate_recal(lc.recal["temperature"])
         if validate_recal is not None and lc.recal is not None
-        else None,
+        else None
+    )
+    return validation_block(
+        {k: v.report for k, v in ev.items()}, None if recal is None else recal.report
     )
 
 

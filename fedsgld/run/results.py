@@ -27,6 +27,7 @@ from fedsgld.calibration.plots import (  # noqa: E402
     plot_site_grid,
 )
 from fedsgld.files import write_json  # noqa: E402
+from fedsgld.run.evaluation import Evaluation, Evaluations  # noqa: E402
 from fedsgld.run.layout import RESULTS  # noqa: E402
 
 METRIC_KEYS = ("accuracy", "nll", "brier", "ece", "mce", "sce", "ace", "auc")
@@ -191,22 +192,22 @@ def write_outputs(
     out: Path,
     results: dict[str, Any],
     *,
-    last: dict[str, Any],
-    posterior: dict[str, Any] | None,
-    extra: dict[str, dict[str, Any]] | None = None,
+    last: Evaluation,
+    posterior: Evaluation | None,
+    extra: Evaluations | None = None,
 ) -> None:
     """Write results.json (with the pooled reliability bins added), report.md and the plots.
 
     ``extra``: further evaluations (name -> evaluation) drawn on the reliability plot. When
     the sites kept their predictions (Flower, sites that do not share them), the pooled
     reliability bins come from their statistics and only history.png is drawn."""
-    if last.get("_probs") is None:
+    if not last.shared:
         results["reliability"] = {
             "note": "pooled from the sites' statistics: top-label confidence bins [lo, hi), "
             "the last one closed",
-            "last": bins_to_json(last["_reliability"]) if "_reliability" in last else None,
-            "posterior": bins_to_json(posterior["_reliability"])
-            if posterior is not None and "_reliability" in posterior
+            "last": None if last.reliability is None else bins_to_json(last.reliability),
+            "posterior": bins_to_json(posterior.reliability)
+            if posterior is not None and posterior.reliability is not None
             else None,
         }
         write_json(out / RESULTS, results)
@@ -219,21 +220,19 @@ def write_outputs(
                 title=f"{run_title(results)}, {results['privacy']['steps']} steps",
             )
         return
-    curves = {"last iterate": (last["_probs"].numpy(), last["_labels"].numpy())}
+    curves = {"last iterate": last.curve()}
     if posterior is not None:
         name = _average_label(results["metrics"].get("posterior") or {})
-        curves[name] = (posterior["_probs"].numpy(), posterior["_labels"].numpy())
+        curves[name] = posterior.curve()
     results["reliability"] = {
         "note": "pooled test split, top-label confidence bins [lo, hi), the last one closed",
         "last": bins_to_json(reliability_bins(*curves["last iterate"], N_BINS)),
         "posterior": None
         if posterior is None
-        else bins_to_json(
-            reliability_bins(posterior["_probs"].numpy(), posterior["_labels"].numpy(), N_BINS)
-        ),
+        else bins_to_json(reliability_bins(*posterior.curve(), N_BINS)),
     }
     for name, ev in (extra or {}).items():
-        curves[name] = (ev["_probs"].numpy(), ev["_labels"].numpy())
+        curves[name] = ev.curve()
     write_json(out / RESULTS, results)
     (out / "report.md").write_text(report_markdown(results))
     title = run_title(results)
@@ -248,7 +247,7 @@ def write_outputs(
     plot_reliability_overlay(
         curves, out / "reliability.png", title=f"{title}\n{steps}, pooled test"
     )
-    per_site = {f"site {k}": (p.numpy(), y.numpy()) for k, (p, y) in last["_site_probs"].items()}
+    per_site = {f"site {k}": c for k, c in last.site_curves().items()}
     per_site["pooled"] = curves["last iterate"]
     plot_site_grid(per_site, out / "reliability_sites.png", title=f"{title}, {steps}, last iterate")
     plot_confidence_histogram(

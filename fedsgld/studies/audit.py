@@ -50,7 +50,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -298,7 +298,7 @@ def make_audit(
 
 
 def audit_result(
-    audit: CanaryAudit, results: dict[str, Any], config: Config, start: float
+    audit: CanaryAudit, results: Mapping[str, Any], config: Config, start: float
 ) -> dict[str, Any]:
     """The audit's JSON (the keys of ``fedsgld audit``) after the run ``results``."""
     trained = time.perf_counter() - start

@@ -208,12 +208,12 @@ def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
                 "halt_reason": res["privacy"]["halt_reason"],
                 "pooled": res["metrics"]["pooled"],
                 "sites": res["metrics"]["sites"],
-                "out_dir": res["out_dir"],
+                "out_dir": str(res.out_dir),
             }
             rows.setdefault(method, []).append(entry)
-            ev = res["_eval"]
+            ev = res.evaluations
             if seed == bench["seeds"][0]:
-                curves[method] = (ev["last"]["_probs"].numpy(), ev["last"]["_labels"].numpy())
+                curves[method] = ev["last"].curve()
             for name, block, ev_key in derived_rows(method, res["metrics"]):
                 rows.setdefault(name, []).append(
                     {
@@ -226,7 +226,7 @@ def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
                 )
                 p = ev.get(ev_key)
                 if seed == bench["seeds"][0] and p is not None:
-                    curves[name] = (p["_probs"].numpy(), p["_labels"].numpy())
+                    curves[name] = p.curve()
     return rows, curves
 
 

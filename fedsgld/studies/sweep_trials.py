@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,9 @@ from fedsgld import engine
 from fedsgld.config import Config
 
 
-def summarize_trial(res: dict[str, Any]) -> dict[str, Any]:
-    """What the sweep keeps of one trial's results.json: per row, validation and test
-    metrics (pooled and per site), steps and epsilon."""
+def summarize_trial(res: Mapping[str, Any], out_dir: str) -> dict[str, Any]:
+    """What the sweep keeps of one trial's results.json (the run in ``out_dir``): per row,
+    validation and test metrics (pooled and per site), steps and epsilon."""
     m = res["metrics"]
     test = {"last": {"pooled": m["pooled"], "sites": m["sites"]}}
     for key in ("posterior", "swag", "recal"):
@@ -29,7 +30,7 @@ def summarize_trial(res: dict[str, Any]) -> dict[str, Any]:
         "steps": p["steps"],
         "epsilon": p["epsilon"].get(p.get("rigorous_accountant", "pld")),
         "halt_reason": p.get("halt_reason"),
-        "out_dir": res.get("out_dir"),
+        "out_dir": out_dir,
         "recal_temperature": (m.get("recal") or {}).get("temperature"),
         "posterior_suffix": (m.get("posterior") or {}).get("suffix"),
         "ledger": p.get("ledger", []),
@@ -42,14 +43,12 @@ def run_trial(flat: dict[str, Any], out_dir: str) -> dict[str, Any]:
     out = Path(out_dir)
     done = out / "results.json"
     if done.is_file():
-        res = json.loads(done.read_text())
-        res["out_dir"] = str(out)
-        return summarize_trial(res)
+        return summarize_trial(json.loads(done.read_text()), str(out))
     resume = (out / "checkpoint.pt").is_file() or (out / "ledger.json").is_file()
     res = engine.run(
         Config.from_flat(flat), out_dir=out, resume=resume, progress=False, log=lambda s: None
     )
-    return summarize_trial(res)
+    return summarize_trial(res, str(res.out_dir))
 
 
 class _Pool:

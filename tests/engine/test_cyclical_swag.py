@@ -120,7 +120,7 @@ def test_swag_block_in_results_report_and_benchmark_rows(tmp_path):
         "dpsgld+bma",
         "dpsgld+swag",
     ]
-    assert res["_eval"]["swag"]["_probs"].shape[0] == sum(s["n_test"] for s in on_disk["sites"])
+    assert res.evaluations["swag"].probs.shape[0] == sum(s["n_test"] for s in on_disk["sites"])
 
 
 def test_no_swag_for_variational_methods_or_when_off(tmp_path):

@@ -43,7 +43,7 @@ def _schedule(steps):
 
 
 def _theta(res):
-    return torch.load(res["out_dir"] + "/checkpoint.pt", weights_only=False)["server"]["theta"]
+    return torch.load(res.out_dir / "checkpoint.pt", weights_only=False)["server"]["theta"]
 
 
 def test_one_local_sgd_step_per_round_is_the_server_step(tmp_path):

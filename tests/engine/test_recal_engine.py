@@ -80,7 +80,7 @@ def test_result_file_shows_the_split_the_epsilons_and_ece_before_and_after(tmp_p
     report = (tmp_path / "r" / "report.md").read_text()
     assert "(`dpsgd+recal`)" in report and "ECE before -> after" in report
     assert "recalibration" in report and "composed" in report
-    assert res["_eval"]["recal"]["_probs"].shape == res["_eval"]["last"]["_probs"].shape
+    assert res.evaluations["recal"].probs.shape == res.evaluations["last"].probs.shape
 
 
 def test_halting_reserves_the_recalibration_in_the_one_budget(tmp_path):
