@@ -79,7 +79,9 @@ class Training:
     ``prenoise``: the numbers :func:`check_training` accepted (with noise at the sites the
     local steps' own come from the run config's schedule, held to the plan);
     ``randomness``: the sampler of the site's policy, which draws the Poisson samples,
-    pre-noise and noise of this request (never the server's)."""
+    pre-noise and noise of this request (never the server's); ``at_site``: the site adds
+    the noise (placement ``sites``: its local steps, charged to its ledger), else it
+    returns its clipped sum."""
 
     plan: TrainPlan
     site: Site
@@ -88,6 +90,7 @@ class Training:
     clip: float | None
     prenoise: float
     randomness: Randomness
+    at_site: bool = False
 
 
 # -- 2 and 3: the charge, then the draw ---------------------------------------------------------
@@ -243,9 +246,9 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
     request is the :class:`Training` the handler computes from."""
     config, rnd = plan.config, plan.round
     priv = config.privacy
-    placement = "sites" if priv.noise_placement == "sites" else "server"
-    check_placement(policy, site.site_id, placement)
-    if priv.noise_placement == "sites":
+    at_site = priv.noise_placement == "sites"
+    check_placement(policy, site.site_id, "sites" if at_site else "server")
+    if at_site:
         e = priv.local_steps
         if plan.local_steps != e or plan.first_step != rnd * e:
             raise PolicyRefused(
@@ -269,7 +272,7 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
     )
     theta = finite("theta", plan.theta_vector(site.fm.size))
     private = clip is not None and all(s > 0.0 for _, s in steps)
-    local = priv.noise_placement == "sites" and private
+    local = at_site and private
     if local and policy.epsilon is None:
         raise PolicyRefused(
             policy.budget_refusal(site.site_id)
@@ -283,7 +286,7 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
     sampler = policy.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
-    training = Training(plan, site, theta, steps[0][0], clip, float(prenoise), sampler)
+    training = Training(plan, site, theta, steps[0][0], clip, float(prenoise), sampler, at_site)
     return Admission(
         policy,
         site.site_id,

@@ -308,7 +308,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     _layers_check_from_state(context, hosted, site)
     rnd = t.plan.round
     theta = torch.from_numpy(t.theta)
-    if config.privacy.noise_placement == "sites":
+    if t.at_site:  # the placement the guard checked and charged
         reply = _local_round(msg, t, got.receipt, theta)
     else:
         total = site.clipped_sum(

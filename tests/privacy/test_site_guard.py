@@ -49,7 +49,8 @@ def _no_guard(msg: Message, context: Context, call_next) -> Message:
     p = decode_train(msg.content)
     site = hosted_site(hosted_sites(context, p.config), p.site_id)
     theta = np.frombuffer(p.theta, "<f4").copy()
-    request = Training(p, site, theta, p.sample_rate, p.clip, p.prenoise, site.randomness)
+    at_site = p.config.privacy.noise_placement == "sites"
+    request = Training(p, site, theta, p.sample_rate, p.clip, p.prenoise, site.randomness, at_site)
     receipt = charge(PrivacyAccountant(delta=1e-5, epsilon_budget=math.inf), None)
     with handing(msg, Admitted(request, receipt)):
         return call_next(msg, context)
