@@ -93,6 +93,18 @@ class Training:
     at_site: bool = False
 
 
+@dataclass(frozen=True)
+class Evaluating:
+    """An evaluation request as the guard admitted it: the hosted ``site``, the model
+    ``group`` (one per message), its parameter vectors (``vectors``, float32 of the site's
+    parameter count, finite, in order) and the run's ``config``."""
+
+    site: Site
+    group: str
+    vectors: list[np.ndarray]
+    config: Any
+
+
 # -- 2 and 3: the charge, then the draw ---------------------------------------------------------
 
 
@@ -328,6 +340,7 @@ __all__ = [
     "Admission",
     "LedgerMemory",
     "Release",
+    "Evaluating",
     "Training",
     "charge",
     "check_placement",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -32,11 +33,18 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fedsgld.clients import guard
-from fedsgld.clients.guard import Admission
+from fedsgld.clients.guard import Admission, Evaluating
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.flower import release
 from fedsgld.flower.handoff import Admitted, handing
-from fedsgld.flower.protocol import EVALUATE, QUERY, TRAIN, config_from_record, decode_train
+from fedsgld.flower.protocol import (
+    EVALUATE,
+    QUERY,
+    TRAIN,
+    config_from_record,
+    decode_evaluate,
+    decode_train,
+)
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 
 Handler = Callable[[Message, Context], Message]
@@ -144,17 +152,17 @@ def evaluation_admission(
 
 
 def _evaluate(msg: Message, context: Context) -> Admission:
-    ev = request_record(msg, "eval", ConfigRecord)
-    thetas = request_record(msg, "thetas", ArrayRecord)
-    config = config_from_record(request_record(msg, "run", ConfigRecord))
+    for name, kind in (("eval", ConfigRecord), ("thetas", ArrayRecord), ("run", ConfigRecord)):
+        request_record(msg, name, kind)
+    req = decode_evaluate(msg.content)  # the one decoding of the message
+    config = req.config
     policy = node_policy(context, config)
-    site = hosted_site(hosted_sites(context, config), ev.get("site-id"), required=True)
-    run_key = guard.run_key(ev)
-    groups = json.loads(str(ev.get("groups")))
-    n = len(thetas)
-    if not isinstance(groups, dict) or len(groups) != 1:
+    site = hosted_site(hosted_sites(context, config), req.site_id, required=True)
+    run_key = guard.run_key({"run-key": req.run_key})
+    thetas, n = req.thetas, len(req.thetas)
+    if len(req.groups) != 1:
         raise PolicyRefused("an evaluation message evaluates exactly one model (one group)")
-    ((group, idx),) = groups.items()
+    ((group, idx),) = req.groups.items()
     if not re.fullmatch(r"[A-Za-z0-9_]{1,64}", group):
         raise PolicyRefused(f"group name {group!r} refused: letters, digits and _ only")
     if idx != list(range(n)) or sorted(thetas.keys()) != sorted(str(i) for i in range(n)):
@@ -163,11 +171,14 @@ def _evaluate(msg: Message, context: Context) -> Admission:
         "parameter vectors", n, lo=1, hi=policy.max_models_per_evaluation,
         limit=f"policy max_models_per_evaluation is {policy.max_models_per_evaluation}",
     )  # fmt: skip
-    for k in thetas.keys():
+    vectors = [
         checked_array(
-            thetas, k, dtype="float32", shape=(site.fm.size,), name=f"parameter vector {k}"
+            thetas, str(i), dtype="float32", shape=(site.fm.size,), name=f"parameter vector {i}"
         )
-    return evaluation_admission(policy, site.site_id, run_key, group, run_secure=config.run.secure)
+        for i in range(n)
+    ]
+    adm = evaluation_admission(policy, site.site_id, run_key, group, run_secure=config.run.secure)
+    return replace(adm, request=Evaluating(site, group, vectors, config))
 
 
 DOORS: dict[str, Door] = {QUERY: _query, TRAIN: _train, EVALUATE: _evaluate}

@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsgld.config import Config
 from fedsgld.core.plan import VECTOR_DTYPE, TrainPlan, unpack_vector  # noqa: F401 - re-exported
@@ -282,6 +282,49 @@ def _plan_record(content: RecordDict) -> ConfigRecord:
     if not isinstance(rec, ConfigRecord):
         raise ValueError("request has no ConfigRecord 'plan'")
     return rec
+
+
+# -- the evaluate message: one codec --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """An ``evaluate`` message as decoded (:func:`decode_evaluate`): the site it asks (``site_id`` as sent, resolved by
+    the site's guard), the run key, the model groups ``{group: [indices]}``, the parameter
+    vectors (``thetas``, keyed "0", "1", ...; their dtype and size are checked by the
+    site's guard against its model) and the run's config."""
+
+    site_id: Any
+    run_key: Any
+    groups: dict[str, Any]
+    thetas: ArrayRecord
+    config: Config
+
+
+def encode_evaluate(
+    *, site_id: int, run_key: str, groups: dict[str, list[int]], thetas: ArrayRecord,
+    run: ConfigRecord,
+) -> RecordDict:  # fmt: skip
+    """The content of an ``evaluate`` message that :func:`decode_evaluate` reads (``run``:
+    the run config's record, shared by every message of the run)."""
+    rec = {"site-id": site_id, "groups": json.dumps(groups), "run-key": run_key}
+    return RecordDict({"thetas": thetas, "eval": ConfigRecord(rec), "run": run})
+
+
+def decode_evaluate(content: RecordDict) -> EvaluateRequest:
+    """The :class:`EvaluateRequest` an ``evaluate`` message carries (:func:`encode_evaluate`);
+    ``ValueError`` for a malformed one (a missing or mistyped record, groups that are not a
+    JSON object, a run config that does not parse)."""
+    parts = {"eval": ConfigRecord, "thetas": ArrayRecord, "run": ConfigRecord}
+    for name, kind in parts.items():
+        if not isinstance(content.get(name), kind):
+            raise ValueError(f"request has no {kind.__name__} {name!r}")
+    ev = content["eval"]
+    groups = json.loads(str(ev.get("groups")))
+    if not isinstance(groups, dict):
+        raise ValueError(f"groups must be a JSON object {{group: [indices]}}, got {groups!r}")
+    config = config_from_record(content["run"])
+    return EvaluateRequest(ev.get("site-id"), ev.get("run-key"), groups, content["thetas"], config)
 
 
 # -- the train.secagg message: one codec ----------------------------------------------------

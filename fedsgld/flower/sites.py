@@ -61,7 +61,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedsgld.calibration import calibration_report, pooling
-from fedsgld.clients.guard import Training
+from fedsgld.clients.guard import Evaluating, Training
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
@@ -368,18 +368,12 @@ def evaluation_records(
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """The mean softmax of the message's parameter vectors (one model: one vector, or a
-    posterior's samples) on the site's test split, evaluated AT the site."""
-    config = config_from_record(msg.content["run"])
-    _threads(config)
-    ev = msg.content["eval"]
-    site = hosted_site(hosted_sites(context, config), ev["site-id"], required=True)
-    thetas = msg.content["thetas"]
-    probs = {
-        str(name): site.predict(
-            [torch.from_numpy(thetas[str(i)].numpy().copy()) for i in idx]
-        ).numpy()
-        for name, idx in json.loads(str(ev["groups"])).items()
-    }
+    posterior's samples) on the site's test split, evaluated AT the site, from what the
+    site's guard admitted (:class:`~fedsgld.clients.guard.Evaluating`)."""
+    ev: Evaluating = admitted(msg).request
+    _threads(ev.config)
+    site = ev.site
+    probs = {ev.group: site.predict([torch.from_numpy(v.copy()) for v in ev.vectors]).numpy()}
     records = evaluation_records(site.site_id, site.y_test.numpy(), probs)
     return Message(RecordDict(records), reply_to=msg)
 

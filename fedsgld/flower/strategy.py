@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -52,6 +52,7 @@ from fedsgld.flower.protocol import (
     EVALUATE,
     TRAIN,
     config_from_record,
+    encode_evaluate,
     encode_train,
     pack_vector,
 )
@@ -264,11 +265,15 @@ class LangevinStrategy(Strategy):
             groups = json.dumps({k: [int(k)] for k in arrays.keys()})
         self._eval_groups = json.loads(str(groups))
         msgs = []
+        sent = []
         for sid, entry in self.directory.items():
-            rec = ConfigRecord({"site-id": sid, "groups": str(groups), "run-key": self.run_key})
-            content = RecordDict({"thetas": arrays, "eval": rec, "run": self.run})
+            content = encode_evaluate(
+                site_id=sid, run_key=self.run_key, groups=self._eval_groups, thetas=arrays,
+                run=self.run,
+            )  # fmt: skip
             msgs.append(Message(content, entry.node_id, EVALUATE, group_id=f"eval-{server_round}"))
-        self._sent = [(m, self.directory[int(m.content["eval"]["site-id"])]) for m in msgs]
+            sent.append((msgs[-1], entry))
+        self._sent = sent
         return msgs
 
     def aggregate_evaluate(

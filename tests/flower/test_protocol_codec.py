@@ -7,17 +7,20 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedsgld.config import Config
 from fedsgld.core.plan import RoundPlan, TrainPlan
 from fedsgld.flower.protocol import (
     SecureStep,
+    decode_evaluate,
     decode_secure,
     decode_train,
+    encode_evaluate,
     encode_secure,
     encode_train,
     pack_vector,
+    run_record,
     secagg_label,
 )
 from fedsgld.secagg import SecAggPlan
@@ -116,3 +119,33 @@ def test_a_secure_step_decodes_to_what_was_encoded():
         decode_secure(RecordDict({"plan": ConfigRecord({**rec, "secagg-bits": 2.5})}))
     with pytest.raises(ValueError, match="fields no site reads"):
         decode_secure(RecordDict({"plan": ConfigRecord({**rec, "noise-seed": 1})}))
+
+
+def test_an_evaluation_request_decodes_to_what_was_encoded():
+    thetas = ArrayRecord({str(i): Array(np.full(6, i, np.float32)) for i in range(2)})
+    content = encode_evaluate(
+        site_id=1, run_key="k", groups={"posterior": [0, 1]}, thetas=thetas,
+        run=run_record(CONFIG),
+    )  # fmt: skip
+    got = decode_evaluate(content)
+    assert (got.site_id, got.run_key, got.groups) == (1, "k", {"posterior": [0, 1]})
+    assert got.config == CONFIG
+    assert [got.thetas[str(i)].numpy().tolist() for i in range(2)] == [[0.0] * 6, [1.0] * 6]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda c: c.pop("thetas"), "no ArrayRecord 'thetas'"),
+        (lambda c: c.__setitem__("eval", ArrayRecord()), "no ConfigRecord 'eval'"),
+        (lambda c: c["eval"].__setitem__("groups", "[0, 1]"), "groups must be a JSON object"),
+    ],
+)
+def test_a_malformed_evaluation_request_is_refused_naming_the_part(change, words):
+    thetas = ArrayRecord({"0": Array(np.zeros(6, np.float32))})
+    content = encode_evaluate(
+        site_id=0, run_key="k", groups={"last": [0]}, thetas=thetas, run=run_record(CONFIG)
+    )
+    change(content)
+    with pytest.raises(ValueError, match=words):
+        decode_evaluate(content)

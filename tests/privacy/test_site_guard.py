@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 
 from fedsgld.apps import client_app
 from fedsgld.apps.client_app import site_guard
-from fedsgld.clients.guard import Training
+from fedsgld.clients.guard import Evaluating, Training
 from fedsgld.clients.release import STATS_SENSITIVITY, vote_sensitivity
 from fedsgld.config import Config
 from fedsgld.core import noise as noise_module
@@ -33,7 +33,13 @@ from fedsgld.core.release import charge
 from fedsgld.deploy.export_sites import export_sites
 from fedsgld.flower.handoff import Admitted, handing
 from fedsgld.flower.local_grid import LocalGrid
-from fedsgld.flower.protocol import decode_train, pack_vector, plan_record, run_record
+from fedsgld.flower.protocol import (
+    decode_evaluate,
+    decode_train,
+    pack_vector,
+    plan_record,
+    run_record,
+)
 from fedsgld.flower.sites import hosted_site, hosted_sites
 from fedsgld.privacy import PrivacyAccountant
 
@@ -43,7 +49,15 @@ UNGUARDED = os.environ.get("FEDSGLD_UNGUARDED") == "1"
 def _no_guard(msg: Message, context: Context, call_next) -> Message:
     """The control (``FEDSGLD_UNGUARDED=1``): a training handler gets the decoded request
     with nothing checked and nothing charged (its noise drawn through a receipt that spends
-    nothing), as it would with no guard in front of it."""
+    nothing), and an evaluation handler its decoded request unchecked, as they would with
+    no guard in front of them."""
+    if msg.metadata.message_type == "evaluate":
+        e = decode_evaluate(msg.content)
+        site = hosted_site(hosted_sites(context, e.config), e.site_id)
+        ((group, idx),) = e.groups.items()
+        vectors = [e.thetas[str(i)].numpy() for i in idx]
+        with handing(msg, Admitted(Evaluating(site, group, vectors, e.config), None)):
+            return call_next(msg, context)
     if msg.metadata.message_type != "train":
         return call_next(msg, context)
     p = decode_train(msg.content)
