@@ -44,12 +44,13 @@ from fedsgld.strategies import LangevinServer
 RUNTIMES = ("local", "ray")
 
 
-def _picklable(objects: UserObjects) -> None:
-    """ValueError in one line when Ray could not carry ``objects`` to its actors."""
+def _picklable(client_app: Any) -> None:
+    """ValueError in one line when Ray could not carry the ClientApp (with the user's
+    factory and records) to its actors."""
     import cloudpickle  # Ray's own serialiser of functions (a dependency of ray)
 
     try:
-        cloudpickle.dumps(objects.model_fn)
+        cloudpickle.dumps(client_app)
     except Exception as err:  # noqa: BLE001 - reported in one line
         first = (str(err).splitlines() or [""])[0]
         raise ValueError(
@@ -73,6 +74,9 @@ def run_user_apps(
     (default: one per site); the run's result and its server (theta, posterior)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}; got {runtime!r}")
+    # every node starts with the run, and a node that fails to build its sites fails for
+    # good: no reason to wait the deployment's 10 minutes for it
+    run_config = {"wait-for-sites": 30.0 if runtime == "local" else 180.0, **run_config}
     objects = UserObjects.of(model_fn, site_data)
     holder: dict[str, Any] = {}
     server_app = ServerApp()
@@ -93,7 +97,7 @@ def run_user_apps(
     if runtime == "local":
         run_local(run_config, server_app=server_app, client_app=client_app, num_nodes=n)
     else:
-        _picklable(objects)
+        _picklable(client_app)
         _run_ray(server_app, client_app, n)
     if "result" not in holder:
         raise RuntimeError("the Flower simulation ended without a result (see Flower's log)")

@@ -324,7 +324,7 @@ def serve(
     lc.train(
         exchanges.one_round,
         exchanges.evaluate,
-        progress=False,
+        progress="log",  # a line every few seconds in the server's log
         on_checkpoint=lambda: {"flower_drops": all_drops()},
         checkpoint_on=(TooFewSites, RoundAborted),
         contributors=lambda: strategy.last_train_sites,

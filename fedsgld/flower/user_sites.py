@@ -72,17 +72,27 @@ def active() -> UserObjects | None:
     return _ACTIVE.get()
 
 
-def user_objects_mod(objects: UserObjects) -> Callable[[Message, Context, Callable], Message]:
-    """A ClientApp mod that makes ``objects`` the node's while a message is handled."""
+class UserObjectsMod:
+    """A ClientApp mod that makes ``objects`` the node's while a message is handled.
 
-    def mod(msg: Message, context: Context, call_next: Callable) -> Message:
-        token = _ACTIVE.set(objects)
+    A class at module level, not a closure: Ray pickles the ClientApp with its mods to
+    its actors, and a closure would carry this module's context variable (which cannot
+    be pickled) by value; an instance carries only ``objects``."""
+
+    def __init__(self, objects: UserObjects) -> None:
+        self.objects = objects
+
+    def __call__(self, msg: Message, context: Context, call_next: Callable) -> Message:
+        token = _ACTIVE.set(self.objects)
         try:
             return call_next(msg, context)
         finally:
             _ACTIVE.reset(token)
 
-    return mod
+
+def user_objects_mod(objects: UserObjects) -> UserObjectsMod:
+    """The mod of ``objects`` (:class:`UserObjectsMod`)."""
+    return UserObjectsMod(objects)
 
 
 def cache_key(key: str) -> str:
@@ -143,6 +153,7 @@ def check_site_model(config: Config, node_config: dict[str, Any]) -> None:
 
 __all__ = [
     "UserObjects",
+    "UserObjectsMod",
     "active",
     "cache_key",
     "check_site_model",
