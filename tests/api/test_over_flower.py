@@ -110,3 +110,19 @@ def test_an_unpicklable_factory_is_refused_before_ray_starts():
         ValueError, match='cannot be sent to Flower.s Ray actors.*transport="flower"'
     ):
         fedsgld.simulate(factory, [_blobs(40, k) for k in range(2)], transport="ray", **SETTINGS)
+
+
+@pytest.mark.slow
+@pytest.mark.simulation
+def test_own_model_on_own_tensors_in_flowers_ray_simulation_equals_the_engine(monkeypatch):
+    """Flower's Ray simulation (run_simulation): the ClientApp, with the user's factory
+    (a class of this test module) and tensors, is pickled to Ray's actor processes."""
+    for var in ("FLWR_TELEMETRY_ENABLED", "FLWR_DISABLE_UPDATE_CHECK"):
+        monkeypatch.setenv(var, "0" if var == "FLWR_TELEMETRY_ENABLED" else "1")
+    sites = [_blobs(60, k) for k in range(3)]
+    small = {**SETTINGS, "rounds": 4, "eval_every": 0}
+    ref = fedsgld.simulate(Net, sites, progress=False, **small)
+    got = fedsgld.simulate(Net, sites, progress=False, transport="ray", nodes=2, **small)
+    assert len(set(got.results["flower"]["nodes"].values())) == 2
+    assert torch.equal(ref.theta, got.theta)
+    assert ref.epsilon == got.epsilon and ref.metrics == got.metrics
