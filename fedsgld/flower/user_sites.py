@@ -102,8 +102,8 @@ def cache_key(key: str) -> str:
 
 
 def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> HostedSites | None:
-    """The node's sites built from the active user objects (None: there are none, or they
-    bring a model only, whose sites are the config's; :func:`model_factory` serves that)."""
+    """The node's sites built from the active user objects (None: there are none; the
+    Python API always sends the records, the config's split where the user gave none)."""
     objects = active()
     if objects is None or objects.site_data is None:
         return None
@@ -129,12 +129,6 @@ def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> 
     return node.HostedSites(key, sites, info, first.num_classes)
 
 
-def model_factory() -> Callable[[], torch.nn.Module] | None:
-    """The active user model factory (None: the config's model)."""
-    objects = active()
-    return None if objects is None else objects.model_fn
-
-
 def check_site_model(config: Config, node_config: dict[str, Any]) -> None:
     """A deployed site builds an imported model factory (``model = "module:function"``)
     only when its own node config names the same one: the server cannot make a site
@@ -158,6 +152,5 @@ __all__ = [
     "cache_key",
     "check_site_model",
     "hosted_user_sites",
-    "model_factory",
     "user_objects_mod",
 ]
