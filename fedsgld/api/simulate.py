@@ -20,6 +20,7 @@ from torch import nn
 
 from fedsgld import engine
 from fedsgld.api.models import check_model
+from fedsgld.api.over_flower import check_transport, run_over_flower
 from fedsgld.api.result import Result
 from fedsgld.config import Config, load_config
 from fedsgld.data.user import user_sites
@@ -43,15 +44,15 @@ def make_config(
     return load_config(config, dict(settings))
 
 
-def _trained_model(fed, theta: torch.Tensor) -> nn.Module:
-    """The federation's module holding ``theta`` (the mean mu for variational methods)."""
-    fm = fed.sites[0].fm
-    params = dict(fed.model.named_parameters())
+def _trained_model(module: nn.Module, fm, theta: torch.Tensor) -> nn.Module:
+    """``module`` holding ``theta`` (the mean mu for variational methods); ``fm`` its
+    parameter view."""
+    params = dict(module.named_parameters())
     flat = theta[: fm.theta_size].to(next(iter(params.values())).device)
     with torch.no_grad():
         for name, chunk in zip(fm.names, flat.split(fm.numels), strict=True):
             params[name].copy_(chunk.view_as(params[name]))
-    return fed.model
+    return module
 
 
 def _run_dir(out_dir: str | Path | None) -> tuple[Path, Any]:
@@ -72,9 +73,11 @@ def simulate(
     resume: bool = False,
     progress: bool = True,
     on_round: Callable[[RoundInfo], Any] | None = None,
+    transport: str = "in-process",
+    nodes: int | None = None,
     **settings: Any,
 ) -> Result:
-    """Train one federation in this process and return its :class:`Result`.
+    """Train one federation and return its :class:`Result`.
 
     ``model``: a function returning any ``nn.Module`` that maps a batch of records to
     logits (called once, under the run's seed), or a built-in model's name; None: the
@@ -96,6 +99,13 @@ def simulate(
     checkpointing, in ``out_dir``, a run that released something (resume it with
     ``resume=True``); without ``out_dir`` nothing is kept.
 
+    ``transport``: ``"in-process"`` (the engine), ``"flower"`` (the project's ServerApp and
+    ClientApp exchanging Flower messages over Flower's Grid interface in this process) or
+    ``"ray"`` (the same apps in Flower's Ray simulation, ``run_simulation``; the factory
+    and records are pickled to its actors). Over Flower each of ``nodes`` nodes (default:
+    one per site) builds its sites from the user's records of those sites and the factory
+    under the run's seed; a seeded run gives the engine's numbers.
+
     Privacy caveat: a simulation seeds every party's noise from ``seed``; it is private only
     against parties who do not know the seed (see docs/privacy.md).
     """
@@ -111,6 +121,7 @@ def simulate(
         if isinstance(sites, (str, bytes)) or not isinstance(sites, Sequence):
             raise ValueError("sites: a list with one entry per site")
         settings = {**settings, "sites": len(sites)}
+    runtime = check_transport(transport)
     cfg = make_config(config, settings)  # every setting checked before any work
     if sites is not None:
         data = user_sites(
@@ -124,6 +135,8 @@ def simulate(
         check_model(model, data[0].x_train, data[0].y_train, data[0].num_classes)
     out, tmp = _run_dir(out_dir)
     log = print if progress else (lambda _line: None)
+    if runtime is not None:
+        return _over_flower(cfg, model, data, runtime, out, tmp, resume, nodes, log, on_round)
     built: dict[str, Any] = {}
     with warnings.catch_warnings():
         # the per-record gradient path in use is part of the result (Result.grad_path)
@@ -139,19 +152,39 @@ def simulate(
                 raise
             # a temporary directory goes with this call: nothing is kept to resume
             raise RunInterrupted(err.rounds, None) from None
+    fed = built["federation"]
     return _result(
-        res, built["federation"], built["server"], out, tmp,
+        res, built["server"], fed.model, fed.sites[0].fm, fed.sites[0].fm.grad_path, out, tmp,
+        user_model=model is not None, user_data=data is not None,
+    )  # fmt: skip
+
+
+def _over_flower(cfg, model, data, runtime, out, tmp, resume, nodes, log, on_round) -> Result:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="per-record gradients fall back")
+        try:
+            res, server, module, fm, path = run_over_flower(
+                cfg, model, data, runtime=runtime, out=out, resume=resume, nodes=nodes,
+                log=log, on_round=on_round,
+            )  # fmt: skip
+        except RunInterrupted as err:
+            if tmp is None:
+                raise
+            raise RunInterrupted(err.rounds, None) from None
+    return _result(
+        res, server, module, fm, path, out, tmp,
         user_model=model is not None, user_data=data is not None,
     )  # fmt: skip
 
 
 def _result(
-    run: RunResult, fed, server, out: Path, tmp, *, user_model: bool, user_data: bool
-) -> Result:
+    run: RunResult, server, module: nn.Module, fm, grad_path: str, out: Path, tmp, *,
+    user_model: bool, user_data: bool,
+) -> Result:  # fmt: skip
     """The :class:`Result`; results.json records where the model and records came from."""
     res = run.results
     source = {
-        "model": type(fed.model).__name__ if user_model else "config",
+        "model": type(module).__name__ if user_model else "config",
         "sites": "python" if user_data else "config",
     }
     res["python_api"] = source
@@ -160,11 +193,11 @@ def _result(
     result = Result(
         results=res,
         directory=out,
-        model=_trained_model(fed, theta),
+        model=_trained_model(module, fm, theta),
         theta=theta,
         samples=[t.detach().cpu().clone() for t in server.posterior.samples],
-        grad_path=fed.sites[0].fm.grad_path,
-        _flat=fed.sites[0].fm,
+        grad_path=grad_path,
+        _flat=fm,
         _keep=tmp,
     )
     if tmp is not None:

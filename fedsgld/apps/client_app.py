@@ -95,10 +95,11 @@ def _register(app: ClientApp) -> ClientApp:
     return app
 
 
-def build_app(inner_mods: Sequence = ()) -> ClientApp:
+def build_app(inner_mods: Sequence = (), outer_mods: Sequence = ()) -> ClientApp:
     """The ClientApp; ``inner_mods`` run inside the guard, after it has passed a message
-    (an audit's canaries: :mod:`fedsgld.studies.audit_flower`)."""
-    return _register(ClientApp(mods=[site_guard, *inner_mods]))
+    (an audit's canaries: :mod:`fedsgld.studies.audit_flower`); ``outer_mods`` before it
+    (a Python API user's own model and records: :mod:`fedsgld.flower.user_sites`)."""
+    return _register(ClientApp(mods=[*outer_mods, site_guard, *inner_mods]))
 
 
 app = build_app()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import typing
 from dataclasses import field
 from typing import Any
@@ -19,6 +20,17 @@ OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("iid", "dirichlet", "quantity")
 ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
+# or a user's model factory by its import path, "package.module:function" (fedsgld.models.imported)
+_IMPORT_PATH = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+)
+
+
+def is_import_path(name: object) -> bool:
+    """Whether ``name`` has the form ``"package.module:function"`` (a model factory)."""
+    return isinstance(name, str) and _IMPORT_PATH.fullmatch(name) is not None
+
+
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")

@@ -23,6 +23,7 @@ from fedsgld.config.checks import (
     _choice,
     _int,
     _num,
+    is_import_path,
     setting,
     unknown_settings_message,
 )
@@ -89,7 +90,8 @@ class RunSettings:
     model: str = setting(
         "cnn",
         "cnn (the paper's CNN) | mlp | logreg | timm_head (a frozen timm backbone and two "
-        "trainable dense layers)",
+        "trainable dense layers) | package.module:function (a factory returning an "
+        "nn.Module, imported where the model is built)",
     )
     backbone: str = setting(
         "efficientnet_b1", "timm model name of the frozen backbone (model timm_head)"
@@ -177,7 +179,8 @@ class RunSettings:
         _choice("partition", self.partition, PARTITIONS)
         _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
-        _choice("model", self.model, MODELS)
+        if not is_import_path(self.model):  # else a factory, imported where it is built
+            _choice("model", self.model, MODELS)
         _int("image_size", self.image_size, 8, 1024)
         _int("hidden", self.hidden, 1, 100_000)
         _int("rounds", self.rounds, 1)

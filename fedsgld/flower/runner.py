@@ -40,7 +40,7 @@ from flwr.serverapp import Grid
 from fedsgld.config import Config
 from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged
-from fedsgld.federation import initial_theta, make_server
+from fedsgld.federation import ModelFactory, initial_theta, make_server
 from fedsgld.flower.exchange import (
     ReplyPacer,
     discover,
@@ -53,6 +53,7 @@ from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.evaluation import Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.run.progress import RoundInfo
 from fedsgld.secagg import RoundAborted
 from fedsgld.strategies import LangevinServer
 from fedsgld.strategies.placement import PLACEMENT_SETTINGS
@@ -269,11 +270,15 @@ def serve(
     *,
     log: Callable[[str], None] | None = None,
     on_server: Callable[[LangevinServer], None] | None = None,
+    model_fn: ModelFactory | None = None,
+    on_round: Callable[[RoundInfo], Any] | None = None,
 ) -> RunResult:
     """Run one DP-SGLD federation over ``grid``; write its result directory and return its
     :class:`~fedsgld.run.evaluation.RunResult`.
     ``on_server``: called with the server before the first round (an audit reads its
-    releases there: :mod:`fedsgld.studies.audit_flower`)."""
+    releases there: :mod:`fedsgld.studies.audit_flower`). ``model_fn``: a user's model
+    factory (the Python API; the sites build theirs from the same one), whose seeded
+    parameters are theta_0; ``on_round``: called after every round."""
     log = log or _log.info
     config, opts = split_run_config(run_config)
     _refuse_engine_only_settings(config)
@@ -292,7 +297,7 @@ def serve(
     first = next(iter(directory.values()))
     server = make_server(
         config,
-        theta=initial_theta(config, first.input_shape, first.num_classes),
+        theta=initial_theta(config, first.input_shape, first.num_classes, model_fn=model_fn),
         site_sizes=[e.n_train for e in directory.values()],
         seed=lc.seed,
         randomness=lc.server_randomness(),
@@ -319,10 +324,11 @@ def serve(
     lc.train(
         exchanges.one_round,
         exchanges.evaluate,
-        progress=False,
+        progress="log",  # a line every few seconds in the server's log
         on_checkpoint=lambda: {"flower_drops": all_drops()},
         checkpoint_on=(TooFewSites, RoundAborted),
         contributors=lambda: strategy.last_train_sites,
+        on_round=on_round,
     )
     strategy.summary()
     return _finish(lc, exchanges, directory, all_drops)

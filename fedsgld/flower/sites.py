@@ -68,6 +68,7 @@ from fedsgld.config import Config
 from fedsgld.core.release import Charged
 from fedsgld.federation import Federation, backbone_features, build_site, seeded_model, site_device
 from fedsgld.files import json_default
+from fedsgld.flower import user_sites
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import config_from_record, data_fingerprint, pack_vector
 from fedsgld.flower.site_files import (
@@ -189,6 +190,7 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
         raise ValueError("node config site-data needs site-id")
     if deployed(node_config):
         config = refuse_server_files(config, node_config)
+        user_sites.check_site_model(config, node_config)  # an imported model: the site's choice
         shard, num_classes = _load_own(config, node_config, ids[0])
         sites = {ids[0]: _site_from_shard(config, shard, _model(config, shard, num_classes))}
         return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
@@ -248,14 +250,16 @@ def _from_state(context: Context, config: Config, key: str) -> HostedSites | Non
 def hosted_sites(context: Context, config: Config) -> HostedSites:
     """The sites this node hosts for ``config`` (built once, then cached)."""
     node_config = dict(context.node_config)
-    key = data_fingerprint(config, node_config)
+    key = user_sites.cache_key(data_fingerprint(config, node_config))
     hosted = _CACHE.get(key)
     if hosted is None:
         # a site-data file is read again in each new process (a few ms); carried in
         # context.state, its records would travel to and from the SuperNode with every
         # message. Shards split from a dataset are costly to rebuild: those are kept there.
         from_file = deployed(node_config)
-        hosted = None if from_file else _from_state(context, config, key)
+        hosted = user_sites.hosted_user_sites(config, node_config, key)  # the Python API's
+        if hosted is None and not from_file:
+            hosted = _from_state(context, config, key)
         if hosted is None:
             hosted = _build(config, node_config, key)
             if not from_file:

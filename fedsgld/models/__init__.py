@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedsgld.config.checks import is_import_path
 from fedsgld.models.backbone import DenseHead
 from fedsgld.models.cnn import PaperCNN
+from fedsgld.models.imported import build_imported
 
 
 class LogisticRegression(nn.Module):
@@ -52,6 +54,8 @@ def build_model(
 
     ``timm_head`` is the trainable part of a frozen-backbone model: its inputs are the
     backbone's features (see ``fedsgld.models.backbone``)."""
+    if is_import_path(name):  # a user's factory, "package.module:function"
+        return build_imported(name)
     in_features = 1
     for s in input_shape:
         in_features *= int(s)

@@ -198,7 +198,7 @@ class RunLifecycle:
         round_fn: Callable[[], Any],
         evaluate: Evaluate,
         *,
-        progress: bool = True,
+        progress: bool | str = True,
         on_checkpoint: Callable[[], dict[str, Any]] | None = None,
         checkpoint_on: tuple[type[BaseException], ...] = (),
         contributors: Callable[[], list[int]] | None = None,
@@ -215,6 +215,8 @@ class RunLifecycle:
         ``contributors()``: the sites whose replies the round just taken used (default:
         every site, as in the in-process engine); results.json's ``round_contributors``.
         ``on_round(info)``: called after every round (:class:`~fedsgld.run.progress.RoundInfo`).
+        ``progress``: True, a progress bar; ``"log"``, a line every few seconds; False,
+        nothing per round (:class:`~fedsgld.run.progress.Progress`).
         Ctrl-C raises :class:`~fedsgld.run.stops.RunInterrupted` (see :meth:`_interrupted`).
         """
         server = self.server
@@ -274,7 +276,7 @@ class RunLifecycle:
         self.checkpoint(**extra())
         return RunInterrupted(server.t, self.out)
 
-    def _progress(self, *, enabled: bool) -> Progress:
+    def _progress(self, *, enabled: bool | str) -> Progress:
         """Log what the budget allows; the progress display over the affordable rounds."""
         server, run = self.server, self.config.run
         affordable = server.affordable_rounds()

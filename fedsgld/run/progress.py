@@ -30,12 +30,21 @@ class Progress:
     cheap), and the last evaluation's test accuracy, labelled as such."""
 
     def __init__(
-        self, *, enabled: bool, total: int, initial: int, desc: str, log: Callable[[str], None]
+        self,
+        *,
+        enabled: bool | str,
+        total: int,
+        initial: int,
+        desc: str,
+        log: Callable[[str], None],
     ) -> None:
+        """``enabled``: True, a bar; ``"log"``, a line to ``log`` every few seconds (a
+        server's log); False, nothing per round."""
         self.log = log
         self.bar = None
         self.total = total
-        if enabled:
+        self.lines = enabled == "log"
+        if enabled is True:
             from tqdm.auto import tqdm  # only where a bar is shown (never at a site)
 
             self.bar = tqdm(total=total, initial=initial, desc=desc)
@@ -74,7 +83,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix(parts, refresh=False)
             self.bar.update(1)
-        elif force_log or time.monotonic() - self.last_log >= 5.0:
+        elif self.lines and (force_log or time.monotonic() - self.last_log >= 5.0):
             self.last_log = time.monotonic()
             info = ", ".join(f"{k} {v}" for k, v in parts.items())
             self.log(f"round {server.t}/{self.total}" + (f": {info}" if info else ""))
