@@ -63,7 +63,7 @@ from fedsgld.engine import run as engine_run
 from fedsgld.federation import Federation
 from fedsgld.privacy import audit_tradeoff as at
 from fedsgld.studies import audit_scores as sc
-from fedsgld.studies.audit_public import PublicGradient
+from fedsgld.studies.audit_public import PublicGradient, shrinkage
 
 #: key parts of the audit's generators (beside the sites' 1 + site_id and the server's 0)
 DIRECTION_STREAM = 0xA0D1
@@ -117,6 +117,7 @@ class CanaryAudit:
         self.config: Config | None = None  # the run's config (make_audit), for watch alone
         self.offsets: list[np.ndarray] = []  # r_hat_.t, subtracted from y_.t
         self.spreads: list[np.ndarray] = []  # s_.t, the records' part's variance
+        self.lasting: list[np.ndarray] = []  # e_.t, r_hat's error that persists
 
     def settings(self) -> dict[str, Any]:
         """What a site needs to insert these canaries (:meth:`from_settings`): the
@@ -226,7 +227,7 @@ class CanaryAudit:
         clip = plan.clip if plan.clip is not None else 1.0
         row = (g[self.coords] / clip).numpy().astype(np.float64)
         if self.public is not None:
-            est, spread = self.public.estimate(
+            est, spread, lasting = self.public.estimate(
                 before,
                 self.coords,
                 clip=plan.clip,
@@ -236,7 +237,7 @@ class CanaryAudit:
             )
             self.offsets.append(est)
             self.spreads.append(spread)
-            row = row - est
+            self.lasting.append(lasting)
         self.rows.append(row)
         weights = [privacy.step_size(t) / alpha for t in steps]
         self.variances.append(sc.round_variance(weights, [privacy.sigma(t) for t in steps]))
@@ -249,14 +250,18 @@ class CanaryAudit:
         if not self.rows:
             raise ValueError("the audit saw no released round (did the run take any step?)")
         y = np.stack(self.rows, axis=1)  # (m, T)
-        extra = np.stack(self.spreads, axis=1) if self.spreads else None
+        extra = None
+        if self.offsets:  # y - w r_hat (audit_public.shrinkage)
+            off = np.stack(self.offsets, axis=1)
+            y = y - shrinkage(off, np.stack(self.lasting, axis=1))[:, None] * off
+            extra = np.stack(self.spreads, axis=1)
         return sc.all_scores(y, self.sample_rate, self.variances, self.steps, extra)
 
     def _uncorrected(self, inc: np.ndarray) -> dict[str, Any]:
         """The likelihood ratio's separation without r_hat (a report; it reads who is IN)."""
         if not self.offsets:
             return {}
-        y = np.stack(self.rows, axis=1) + np.stack(self.offsets, axis=1)
+        y = np.stack(self.rows, axis=1)
         lr = sc.likelihood_ratio(y, self.sample_rate, self.variances, self.steps)
         return {"separation_uncorrected": {"likelihood_ratio": round(sc.separation(lr, inc), 4)}}
 

@@ -79,12 +79,15 @@ class PublicGradient:
         prenoise: float,
         batch: float,
         sample_rate: float,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(r_hat_.t, s_.t), each (m,), at the parameters ``theta`` of the round's start, in
-        units of C (squared for s): the records' expected part and its variance,
-        s_j = L (1 - q) mean_i x_ij^2 + L^2 var_i(x_ij) / n with x_ij = f_i (g_ij + rho z_ij)
-        (E[x_ij^2] = f_i^2 (g_ij^2 + rho^2)): the Poisson sample's spread and the
-        estimate's own error."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(r_hat_.t, s_.t, e_.t), each (m,), at the parameters ``theta`` of the round's
+        start, in units of C (squared for s and e): the records' expected part; its
+        variance s_j = L (1 - q) mean_i x_ij^2 + L^2 var_i(x_ij) / n with
+        x_ij = f_i (g_ij + rho z_ij) (E[x_ij^2] = f_i^2 (g_ij^2 + rho^2)), the Poisson
+        sample's spread and the estimate's own error; and e_j = L^2 var_i(x_ij)
+        (1 / n_pool + q / L), the variance of the part of the error that persists over the
+        rounds (the finite public pool's mean, and the finite records' mean, each off the
+        distribution's)."""
         if not (batch > 0 and math.isfinite(batch)):
             raise ValueError(f"the expected batch must be > 0, got {batch!r}")
         idx = torch.randperm(self.x.shape[0], generator=self._gen)[: self.sample]
@@ -102,5 +105,17 @@ class PublicGradient:
         c = clip if clip is not None else 1.0
         n = len(idx)
         mean, sq = first / n, second / n
-        var = batch * (1.0 - sample_rate) * sq + batch**2 * (sq - mean**2).clamp(min=0.0) / n
-        return (mean * batch / c).numpy(), (var / c**2).numpy()
+        spread = (sq - mean**2).clamp(min=0.0)
+        var = batch * (1.0 - sample_rate) * sq + batch**2 * spread / n
+        lasting = batch**2 * spread * (1.0 / self.x.shape[0] + sample_rate / batch)
+        return (mean * batch / c).numpy(), (var / c**2).numpy(), (lasting / c**2).numpy()
+
+
+def shrinkage(offsets: np.ndarray, lasting: np.ndarray) -> np.ndarray:
+    """w_j in [0, 1], the share of r_hat_j. to subtract: 1 - e_j / rbar_j^2 (James-Stein
+    towards 0) with rbar_j the mean of r_hat_jt over the rounds and e_j the mean lasting
+    error variance. Over many rounds an error that persists adds up like a signal, so
+    r_hat is subtracted only where the records' part stands well above the estimate's
+    lasting error (on MNIST-5k's CNN: mostly the last layer's parameters)."""
+    rbar = offsets.mean(axis=1)
+    return np.clip(1.0 - lasting.mean(axis=1) / (rbar * rbar + 1e-300), 0.0, 1.0)
