@@ -149,7 +149,15 @@ def saving(folder: str | None, name: str):
     def keep(self, **kw):
         out = result(self, **kw)
         Path(folder).mkdir(parents=True, exist_ok=True)
-        opt = {k: np.stack(v, axis=1) for k, v in (("offsets", self.offsets), ("spreads", self.spreads), ("lasting", self.lasting)) if v}
+        opt = {
+            k: np.stack(v, axis=1)
+            for k, v in (
+                ("offsets", self.offsets),
+                ("spreads", self.spreads),
+                ("lasting", self.lasting),
+            )
+            if v
+        }
         np.savez_compressed(
             Path(folder) / f"{name}.npz",
             rows=np.stack(self.rows, axis=1),

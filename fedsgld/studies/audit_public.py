@@ -57,7 +57,9 @@ class PublicGradient:
         if x.shape[0] != y.shape[0] or x.shape[0] < 1:
             raise ValueError(f"public records: {x.shape[0]} inputs, {y.shape[0]} labels")
         if not (isinstance(sample, int) and sample >= 1):
-            raise ValueError(f"sample must be an integer >= 1 (public records a round), got {sample!r}")
+            raise ValueError(
+                f"sample must be an integer >= 1 (public records a round), got {sample!r}"
+            )
         self.fm, self.x, self.y = fm, x, y
         self.sample = min(sample, int(x.shape[0]))
         self._gen = seeded_generator(int(seed), PUBLIC_STREAM)
