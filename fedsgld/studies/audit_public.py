@@ -118,6 +118,6 @@ def shrinkage(offsets: np.ndarray, lasting: np.ndarray) -> np.ndarray:
     towards 0) with rbar_j the mean of r_hat_jt over the rounds and e_j the mean lasting
     error variance. Over many rounds an error that persists adds up like a signal, so
     r_hat is subtracted only where the records' part stands well above the estimate's
-    lasting error (on MNIST-5k's CNN: mostly the last layer's parameters)."""
+    lasting error."""
     rbar = offsets.mean(axis=1)
     return np.clip(1.0 - lasting.mean(axis=1) / (rbar * rbar + 1e-300), 0.0, 1.0)
