@@ -133,6 +133,45 @@ def broken(name: str):
         raise ValueError(f"--breaks must be among none, clip4, rate4, noise_half; got {name!r}")
 
 
+@contextmanager
+def saving(folder: str | None, name: str):
+    """With ``--save-readings DIR``: each audit's readings, public estimates and inclusion
+    bits as DIR/name.npz (for scoring them otherwise later)."""
+    if folder is None:
+        yield
+        return
+    import numpy as np
+
+    from fedsgld.studies.audit import CanaryAudit
+
+    result = CanaryAudit.result
+
+    def keep(self, **kw):
+        out = result(self, **kw)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        opt = {
+            k: np.stack(v, axis=1)
+            for k, v in (
+                ("offsets", self.offsets),
+                ("spreads", self.spreads),
+                ("lasting", self.lasting),
+            )
+            if v
+        }
+        np.savez_compressed(
+            Path(folder) / f"{name}.npz",
+            rows=np.stack(self.rows, axis=1),
+            variances=np.asarray(self.variances),
+            included=self._included.numpy(),
+            sample_rate=self.sample_rate,
+            **opt,
+        )
+        return out
+
+    with patch.object(CanaryAudit, "result", keep):
+        yield
+
+
 def audit_row(method: str, eps: float, placement: str, brk: str, args) -> dict:
     """One audit of the demo (module docstring)."""
     over = {"method": method, "epsilon": eps, "noise_placement": placement}
@@ -144,9 +183,14 @@ def audit_row(method: str, eps: float, placement: str, brk: str, args) -> dict:
             dpsgd_sigma(eps, q=p.sample_rate, steps=cfg.run.rounds, delta=p.delta), 4
         )
         cfg = load_config(DEMO, over)
-    with broken(brk):
+    with broken(brk), saving(args.save_readings, f"{method}-{placement}-{eps:g}-{brk}"):
         r = run_audit(
-            cfg, canaries=args.canaries, inclusion_seed=0, progress=False, log=lambda s: None
+            cfg,
+            canaries=args.canaries,
+            inclusion_seed=0,
+            public_estimate=not args.no_public,
+            progress=False,
+            log=lambda s: None,
         )
     r["overrides"], r["break"] = over, brk
     return r
@@ -186,6 +230,12 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/audit-table.json")
     ap.add_argument("--ideal", action="store_true", help="the idealised games only")
+    ap.add_argument("--save-readings", metavar="DIR", help="keep every audit's readings here")
+    ap.add_argument(
+        "--no-public",
+        action="store_true",
+        help="the readings without the public estimate of the records' part",
+    )
     args = ap.parse_args()
     if args.ideal:
         for eps in args.epsilons:
@@ -211,7 +261,9 @@ def main() -> int:
                         f"{r['epsilon_lower_bound_one_run']:.3f}, f-DP "
                         f"{r['epsilon_lower_bound_fdp']:.3f}), accountant "
                         f"{r['epsilon_accountant']:.3f}, flagged {r['flagged']}, {r['steps']} "
-                        f"steps, {time.perf_counter() - t:.0f} s",
+                        f"steps, {time.perf_counter() - t:.0f} s; separation "
+                        f"{r['separation']} (without the public estimate: "
+                        f"{r.get('separation_uncorrected')})",
                         flush=True,
                     )
                     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -60,8 +60,10 @@ import torch
 from fedsgld.config import Config, load_config, parse_overrides
 from fedsgld.core.noise import seeded_generator
 from fedsgld.engine import run as engine_run
+from fedsgld.federation import Federation
 from fedsgld.privacy import audit_tradeoff as at
 from fedsgld.studies import audit_scores as sc
+from fedsgld.studies.audit_public import PublicGradient, shrinkage
 
 #: key parts of the audit's generators (beside the sites' 1 + site_id and the server's 0)
 DIRECTION_STREAM = 0xA0D1
@@ -81,10 +83,13 @@ class CanaryAudit:
         site: int = 0,
         raw_norm: float = 10.0,
         inclusion_seed: int | None = None,
+        public_estimate: bool = True,
     ) -> None:
         """``seed`` picks the canaries' parameters (the auditor's choice);
         ``inclusion_seed`` the inclusion bits and every step's sample (default: drawn from
-        the operating system, so the auditor cannot know them)."""
+        the operating system, so the auditor cannot know them); ``public_estimate``: read
+        y - r_hat, the records' part estimated from public records
+        (:mod:`fedsgld.studies.audit_public`)."""
         if not (isinstance(canaries, int) and canaries >= 2):
             raise ValueError(f"canaries must be an integer >= 2, got {canaries!r}")
         if not (isinstance(site, int) and site >= 0):
@@ -107,6 +112,12 @@ class CanaryAudit:
         self.variances: list[float] = []  # v_t: the public noise variance of round t's reading
         self.steps: list[int] = []  # E_t: the steps a round's release sums
         self.sample_rate = 1.0
+        self.public_estimate = bool(public_estimate)
+        self.public: PublicGradient | None = None  # r_hat's source, set by attach / watch
+        self.config: Config | None = None  # the run's config (make_audit), for watch alone
+        self.offsets: list[np.ndarray] = []  # r_hat_.t, subtracted from y_.t
+        self.spreads: list[np.ndarray] = []  # s_.t, the records' part's variance
+        self.lasting: list[np.ndarray] = []  # e_.t, r_hat's error that persists
 
     def settings(self) -> dict[str, Any]:
         """What a site needs to insert these canaries (:meth:`from_settings`): the
@@ -132,6 +143,8 @@ class CanaryAudit:
             raise ValueError(
                 f"site must be in [0, {len(fed.sites) - 1}] (the federation's sites), got {self.site_index}"
             )
+        if self.public_estimate:
+            self.public = PublicGradient.from_sites(fed.sites, seed=self.seed)
         self.watch(server)
         self.insert_at(fed.sites[self.site_index])
 
@@ -184,6 +197,10 @@ class CanaryAudit:
                 f"got {self.site_index}"
             )
         self.coords = self._draw_coords(int(server.theta.numel()))
+        if self.public_estimate and self.public is None and self.config is not None:
+            # another transport: the same seeded federation's public records and model
+            fed = Federation(self.config, log=lambda s: None)
+            self.public = PublicGradient.from_sites(fed.sites, seed=self.seed)
         self._server = server
         self._prev = server.theta.clone()
         server.on_release = lambda plan, thetas: self.released(plan, server, thetas)
@@ -208,7 +225,20 @@ class CanaryAudit:
             batch = privacy.sample_rate * server.site_sizes[self.site_index]
         g = ((before - after) / alpha - server.weight_decay * before) * batch
         clip = plan.clip if plan.clip is not None else 1.0
-        self.rows.append((g[self.coords] / clip).numpy().astype(np.float64))
+        row = (g[self.coords] / clip).numpy().astype(np.float64)
+        if self.public is not None:
+            est, spread, lasting = self.public.estimate(
+                before,
+                self.coords,
+                clip=plan.clip,
+                prenoise=plan.prenoise,
+                batch=batch,
+                sample_rate=privacy.sample_rate,
+            )
+            self.offsets.append(est)
+            self.spreads.append(spread)
+            self.lasting.append(lasting)
+        self.rows.append(row)
         weights = [privacy.step_size(t) / alpha for t in steps]
         self.variances.append(sc.round_variance(weights, [privacy.sigma(t) for t in steps]))
         self.steps.append(plan.local_steps)
@@ -220,7 +250,20 @@ class CanaryAudit:
         if not self.rows:
             raise ValueError("the audit saw no released round (did the run take any step?)")
         y = np.stack(self.rows, axis=1)  # (m, T)
-        return sc.all_scores(y, self.sample_rate, self.variances, self.steps)
+        extra = None
+        if self.offsets:  # y - w r_hat (audit_public.shrinkage)
+            off = np.stack(self.offsets, axis=1)
+            y = y - shrinkage(off, np.stack(self.lasting, axis=1))[:, None] * off
+            extra = np.stack(self.spreads, axis=1)
+        return sc.all_scores(y, self.sample_rate, self.variances, self.steps, extra)
+
+    def _uncorrected(self, inc: np.ndarray) -> dict[str, Any]:
+        """The likelihood ratio's separation without r_hat (a report; it reads who is IN)."""
+        if not self.offsets:
+            return {}
+        y = np.stack(self.rows, axis=1)
+        lr = sc.likelihood_ratio(y, self.sample_rate, self.variances, self.steps)
+        return {"separation_uncorrected": {"likelihood_ratio": round(sc.separation(lr, inc), 4)}}
 
     def result(
         self, *, delta: float, confidence: float = 0.95, ledger: list | None = None
@@ -261,6 +304,8 @@ class CanaryAudit:
             "score_of_bound": names[best.row],
             "scores": names,
             "separation": {n: round(sc.separation(scores[n], inc), 4) for n in names},
+            "public_estimate": bool(self.offsets),
+            **self._uncorrected(inc),
             "confidence": confidence,
             "delta": delta,
             "rounds_seen": len(self.rows),
@@ -276,6 +321,7 @@ def make_audit(
     raw_norm: float = 10.0,
     audit_seed: int | None = None,
     inclusion_seed: int | None = None,
+    public_estimate: bool = True,
 ) -> CanaryAudit:
     """The canaries of an audit of ``config`` (arguments checked; see :func:`run_audit`)."""
     if config.privacy.method not in AUDITABLE:
@@ -291,9 +337,14 @@ def make_audit(
             else int(np.random.SeedSequence().entropy % 2**62)
         )
     audit = CanaryAudit(
-        canaries, seed=audit_seed, site=site, raw_norm=raw_norm, inclusion_seed=inclusion_seed
+        canaries,
+        seed=audit_seed,
+        site=site,
+        raw_norm=raw_norm,
+        inclusion_seed=inclusion_seed,
+        public_estimate=public_estimate,
     )
-    audit.confidence = confidence
+    audit.confidence, audit.config = confidence, config
     return audit
 
 
@@ -335,6 +386,7 @@ def run_audit(
     raw_norm: float = 10.0,
     audit_seed: int | None = None,
     inclusion_seed: int | None = None,
+    public_estimate: bool = True,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -351,6 +403,7 @@ def run_audit(
         raw_norm=raw_norm,
         audit_seed=audit_seed,
         inclusion_seed=inclusion_seed,
+        public_estimate=public_estimate,
     )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedsgld-audit-") as tmp:

@@ -48,11 +48,15 @@ def round_variance(weights: Sequence[float], sigmas: Sequence[float]) -> float:
     return float(sum(w * w * s * s for w, s in zip(weights, sigmas, strict=True)))
 
 
-def likelihood_ratio(y: np.ndarray, q: float, variances: Sequence[float], steps=None) -> np.ndarray:
+def likelihood_ratio(
+    y: np.ndarray, q: float, variances: Sequence[float], steps=None, extra=None
+) -> np.ndarray:
     """sum_t log P[y_jt | IN] / P[y_jt | OUT] for readings ``y`` (m, T).
 
     ``variances``: v_t per round (the public noise of its reading); ``steps``: E_t, the
-    local steps per round (default 1). A round of E steps is modelled with equal weights
+    local steps per round (default 1); ``extra``: None or (m, T), a further variance
+    s_jt of canary j's reading in round t, IN or OUT alike (the records' part left after
+    the public estimate, :mod:`fedsgld.studies.audit_public`): v_t + s_jt replaces v_t. A round of E steps is modelled with equal weights
     1/E (its count of sampled steps k ~ Binomial(E, q) given IN): the ratio is
     sum_k Bin(k; E, q) exp((k/E) (y - k/(2E)) / v). One step: (1 - q) + q exp((y - 1/2)/v).
     """
@@ -64,6 +68,8 @@ def likelihood_ratio(y: np.ndarray, q: float, variances: Sequence[float], steps=
     if not 0.0 < q <= 1.0:
         raise ValueError(f"the sample rate q must be in (0, 1], got {q!r}")
     steps = [1] * y.shape[1] if steps is None else list(steps)
+    if extra is not None and np.shape(extra) != y.shape:
+        raise ValueError(f"extra variances {np.shape(extra)} must match the readings {y.shape}")
     out = np.zeros(y.shape[0])
     for t, (v, e) in enumerate(zip(variances, steps, strict=True)):
         if not v > 0.0:
@@ -71,7 +77,8 @@ def likelihood_ratio(y: np.ndarray, q: float, variances: Sequence[float], steps=
         k = np.arange(e + 1)
         log_prior = stats.binom.logpmf(k, e, q)  # log Bin(k; E, q)
         mean = k / e
-        terms = log_prior[None, :] + mean[None, :] * (y[:, t : t + 1] - mean[None, :] / 2) / v
+        vt = v if extra is None else v + np.clip(extra[:, t : t + 1], 0.0, None)
+        terms = log_prior[None, :] + mean[None, :] * (y[:, t : t + 1] - mean[None, :] / 2) / vt
         out += special.logsumexp(terms, axis=1)
     return out
 
@@ -117,12 +124,13 @@ def quiet_energy(y: np.ndarray) -> np.ndarray:
 
 
 def all_scores(
-    y: np.ndarray, q: float, variances: Sequence[float], steps=None
+    y: np.ndarray, q: float, variances: Sequence[float], steps=None, extra=None
 ) -> dict[str, np.ndarray]:
-    """Every score of :data:`SCORE_NAMES` for readings ``y`` (m, T); with fewer than 3
-    rounds (too few for a covariance) the likelihood ratio and the weighted sum only."""
+    """Every score of :data:`SCORE_NAMES` for readings ``y`` (m, T) (``extra``: the
+    likelihood ratio's per-canary variances); with fewer than 3 rounds (too few for a
+    covariance) the likelihood ratio and the weighted sum only."""
     out = {
-        "likelihood_ratio": likelihood_ratio(y, q, variances, steps),
+        "likelihood_ratio": likelihood_ratio(y, q, variances, steps, extra),
         "weighted_sum": weighted_sum(y),
     }
     if y.shape[1] >= 3:
