@@ -1,0 +1,86 @@
+"""In-process round time against the number of sites, at fixed total data.
+
+    python benchmarks/engine_sites.py [--sites 4 16 64 256 1024] [--rounds 4] [--json]
+
+The demo configuration (``simulations/demo.toml``: MNIST-5k, 5,000 records in all, the
+paper CNN, DP-SGLD with pre-noise, q = 0.064) split over each number of sites; for each,
+one federation is built and its rounds are run by the engine's round
+(:func:`fedsgld.engine.one_round`: plan, charge, every site's clipped sum, noise, step)
+with each site's own per-record pass (``site_pass = "per_site"``) and with one pass over
+all sites' records (``"batched"``), alternating, each from a fresh server. A number is the
+median wall time of rounds 2..``--rounds`` (round 1 warms up). ``ratio_to_4_sites`` divides
+each by the 4-site time of the same pass; ``batched / per_site`` compares the passes at
+the same number of sites. No evaluation rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+from fedsgld.config.loading import load_config
+from fedsgld.engine import one_round
+from fedsgld.federation import Federation
+
+PASSES = ("per_site", "batched")
+
+
+def round_times(fed: Federation, site_pass: str, rounds: int) -> list[float]:
+    """Wall time of each of ``rounds`` engine rounds from a fresh server."""
+    cfg = fed.config
+    fed.config = dataclasses.replace(cfg, perf=dataclasses.replace(cfg.perf, site_pass=site_pass))
+    server = fed.make_server()
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        if one_round(fed, server) is None:
+            raise RuntimeError("the run stopped before the rounds were timed")
+        out.append(time.perf_counter() - t)
+    fed.config = cfg
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sites", type=int, nargs="+", default=[4, 16, 64, 256, 1024])
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per pass, >= 2")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.rounds < 2:
+        raise ValueError(f"--rounds must be >= 2, got {args.rounds}")
+    table: dict[int, dict[str, float]] = {}
+    for k in args.sites:
+        cfg = load_config("simulations/demo.toml", {"sites": k, "eval_every": 0})
+        t0 = time.perf_counter()
+        fed = Federation(cfg, log=lambda *_: None)
+        build = time.perf_counter() - t0
+        row = {"build_s": build}
+        for p in PASSES:
+            row[p] = statistics.median(round_times(fed, p, args.rounds)[1:])
+        table[k] = row
+        if not args.json:
+            print(f"{k} sites: built in {build:.2f} s; " + ", ".join(
+                f"{p} {row[p]:.4f} s/round" for p in PASSES), flush=True)  # fmt: skip
+    base = table.get(4)
+    for row in table.values():
+        row["batched / per_site"] = row["batched"] / row["per_site"]
+        if base:
+            for p in PASSES:
+                row[f"{p} ratio_to_4_sites"] = row[p] / base[p]
+    if args.json:
+        print(json.dumps(table, indent=1))
+        return
+    print("\n| sites | per-site pass s/round | batched s/round | batched / per-site "
+          "| per-site / 4 sites | batched / 4 sites |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for k, row in table.items():
+        r4 = [f"{row[f'{p} ratio_to_4_sites']:.2f}" if base else "-" for p in PASSES]
+        print(f"| {k} | {row['per_site']:.4f} | {row['batched']:.4f} | "
+              f"{row['batched / per_site']:.2f} | {r4[0]} | {r4[1]} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
