@@ -1,7 +1,7 @@
 """In-process round time against the number of sites, at fixed total data.
 
     python benchmarks/engine_sites.py [--sites 4 16 64 256 1024] [--rounds 4]
-        [--per-site-up-to N] [--json]
+        [--per-site-up-to N] [--threads N] [--json]
 
 The demo configuration (``simulations/demo.toml``: MNIST-5k, 5,000 records in all (an IID
 split with 20 % of each site's records held out for testing), the paper CNN, DP-SGLD with pre-noise, q = 0.064) split over each number of sites; for each,
@@ -58,6 +58,7 @@ def main() -> None:
         default=1024,
         help="time the per-site pass only up to this many sites (it grows linearly)",
     )
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2:
@@ -65,7 +66,8 @@ def main() -> None:
     table: dict[int, dict[str, float]] = {}
     load = [os.getloadavg()[0]]
     for k in args.sites:
-        cfg = load_config("simulations/demo.toml", {"sites": k, "eval_every": 0})
+        over = {"sites": k, "eval_every": 0, "threads": args.threads}
+        cfg = load_config("simulations/demo.toml", over)
         t0 = time.perf_counter()
         # the demo's split (IID, 20 % test per site), with sites of >= 4 records so that
         # 1,024 sites fit in 5,000 records (the config's split asks for >= 10)
