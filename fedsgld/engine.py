@@ -21,7 +21,7 @@ import torch
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
-from fedsgld.clients.site import Site
+from fedsgld.clients.site import Site, clipped_sums
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.core.plan import RoundPlan
@@ -125,16 +125,18 @@ class InProcess:
         self.fed, self.server, self.drop = fed, server, drop
 
     def clipped_sums(self, plan: RoundPlan) -> list[torch.Tensor]:
-        return [
-            s.clipped_sum(
-                self.server.theta,
-                round=plan.round,
-                sample_rate=plan.sample_rate,
-                clip=plan.clip,
-                prenoise=plan.prenoise,
-            )
-            for s in self.fed.sites
-        ]
+        """Every site's S_k, each from its own generators; one per-record pass over all
+        sites' records where the ``site_pass`` setting says so (equal to float rounding)."""
+        sites = self.fed.sites
+        return clipped_sums(
+            sites,
+            self.server.theta,
+            round=plan.round,
+            sample_rate=plan.sample_rate,
+            clip=plan.clip,
+            prenoise=plan.prenoise,
+            batched=self.fed.config.perf.batched_sites(len(sites)),
+        )
 
     def local_rounds(self, plan: RoundPlan, paid: Charged) -> list[tuple[int, torch.Tensor]]:
         """Every site's local steps, drawn through the receipt of the round's charge."""

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from fedsgld.core import streams
-from fedsgld.core.mechanism import FlatModel, langevin_update, site_step
+from fedsgld.core.batched import SiteSample
+from fedsgld.core.mechanism import FlatModel, langevin_update, sample_site, site_step, site_sums
 from fedsgld.core.noise import Randomness
 from fedsgld.core.release import Charged
 from fedsgld.core.streams import LOCAL_NOISE_STREAM  # noqa: F401 - re-exported (older imports)
@@ -125,6 +126,35 @@ class Site:
         )
         return s.cpu()  # what leaves the site's device: the (P,) sum, for the server
 
+    def sample(
+        self,
+        *,
+        round: int,
+        sample_rate: float,
+        clip: float | None,
+        randomness: Randomness | None = None,
+    ) -> SiteSample:
+        """Round ``round``'s Poisson sample of this site's records (and canaries), with the
+        generator that drew it, which draws the records' pre-noise next: the first half of
+        :meth:`clipped_sum`, for a pass over many sites' samples at once
+        (:func:`clipped_sums`)."""
+        gen = self.generator(round, randomness)
+        idx, rows = sample_site(
+            self.num_train,
+            sample_rate=sample_rate,
+            generator=gen,
+            extra=self.extra_records,
+            clip=clip,
+        )
+        idx = idx.to(self.x_train.device)
+        return SiteSample(self.x_train[idx], self.y_train[idx], gen, rows)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether this site's sums can join a pass over many sites (not a variational
+        model, which draws its own eps per step and has its own gradients)."""
+        return not hasattr(self.fm, "begin_step") and self.fm.grads.custom is None
+
     def local_round(
         self,
         theta: torch.Tensor,
@@ -206,3 +236,50 @@ class Site:
             p = self.fm.predict_proba(th, x)
             probs = p if i == 0 else probs + p
         return probs / len(thetas)
+
+
+def can_batch(sites: Sequence[Site]) -> bool:
+    """Whether ``sites`` can share one per-record pass: two or more batchable sites with
+    one architecture on one device (the same module, or modules without buffers) and one
+    chunk size."""
+    if len(sites) < 2 or not all(s.batchable for s in sites):
+        return False
+    first = sites[0]
+    return all(
+        s.fm.device == first.fm.device
+        and s.fm.names == first.fm.names
+        and s.fm.shapes == first.fm.shapes
+        and s.chunk_size == first.chunk_size
+        and (s.fm.module is first.fm.module or not (s.fm.buffers or first.fm.buffers))
+        for s in sites
+    )
+
+
+def clipped_sums(
+    sites: Sequence[Site],
+    theta: torch.Tensor,
+    *,
+    round: int,
+    sample_rate: float,
+    clip: float | None,
+    prenoise: float,
+    batched: bool,
+) -> list[torch.Tensor]:
+    """Every site's :meth:`Site.clipped_sum` of round ``round``, in order, on the CPU.
+
+    ``batched``: each site draws its sample and pre-noise from its own generator as
+    alone, and all sites' records go through one per-record pass with per-site sums
+    (:func:`fedsgld.core.mechanism.site_sums`): the same sums to float rounding, not
+    bitwise. Sites that cannot share a pass (:func:`can_batch`) and plain sums (no clip,
+    no pre-noise) are computed site by site."""
+    if batched and can_batch(sites) and (clip is not None or prenoise > 0.0):
+        samples = [s.sample(round=round, sample_rate=sample_rate, clip=clip) for s in sites]
+        first = sites[0]
+        total = site_sums(
+            first.fm, theta, samples, clip=clip, prenoise=prenoise, chunk_size=first.chunk_size
+        )
+        return list(total.cpu().unbind(0))
+    return [
+        s.clipped_sum(theta, round=round, sample_rate=sample_rate, clip=clip, prenoise=prenoise)
+        for s in sites
+    ]

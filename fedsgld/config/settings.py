@@ -29,6 +29,10 @@ from fedsgld.config.checks import (
 )
 from fedsgld.config.privacy_settings import PrivacySettings
 
+SITE_PASSES = ("auto", "per_site", "batched")
+#: ``site_pass = "auto"`` batches the sites' per-record pass from this many sites up
+BATCHED_FROM_SITES = 8
+
 
 @dataclass(frozen=True, kw_only=True)
 class PerfSettings:
@@ -44,10 +48,24 @@ class PerfSettings:
         "when a GPU is visible, else cpu)",
     )
 
+    site_pass: str = setting(
+        "auto",
+        "in-process rounds: per_site (each site's own per-record pass) | batched (one pass "
+        f"over all sites' records, per-site sums; equal to float rounding) | auto (batched "
+        f"from {BATCHED_FROM_SITES} sites up)",
+    )
+
     def __post_init__(self) -> None:
         _int("chunk_size", self.chunk_size, 1)
+        _choice("site_pass", self.site_pass, SITE_PASSES)
         _int("threads", self.threads, 0, 256)
         _choice("device", self.device, DEVICES)
+
+    def batched_sites(self, sites: int) -> bool:
+        """Whether an in-process round over ``sites`` sites takes one per-record pass."""
+        if self.site_pass == "auto":
+            return sites >= BATCHED_FROM_SITES
+        return self.site_pass == "batched"
 
     def torch_device(self):
         """The torch.device to run on; ValueError for ``cuda`` on a machine without a GPU."""

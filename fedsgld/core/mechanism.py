@@ -42,7 +42,8 @@ import math
 import torch
 from torch import nn
 
-from fedsgld.core import per_record
+from fedsgld.core import batched, per_record
+from fedsgld.core.batched import SiteSample
 from fedsgld.core.device import check_generator, resolve_device
 from fedsgld.core.per_record import RecordGradients
 
@@ -196,6 +197,21 @@ def poisson_sample(n: int, *, sample_rate: float, generator: torch.Generator) ->
     return mask.nonzero(as_tuple=True)[0]
 
 
+def sample_site(
+    n: int, *, sample_rate: float, generator: torch.Generator, extra=None, clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A site's Poisson sample of its ``n`` records and of ``extra``'s records (an audit's
+    canaries, records n .. n + count - 1 of the same sample: one :func:`poisson_sample`
+    call for all): the sampled records' indices (on the generator's device) and the
+    sampled canaries' gradients (None if none was sampled). The first draw of a site
+    step; its pre-noise comes next from the same generator."""
+    count = 0 if extra is None else int(extra.count)
+    idx = poisson_sample(n + count, sample_rate=sample_rate, generator=generator)
+    taken = idx[idx >= n] - n
+    rows = extra.gradients(taken.cpu(), clip) if count and taken.numel() else None
+    return idx[idx < n], rows
+
+
 def site_step(
     fm: FlatModel,
     theta: torch.Tensor,
@@ -223,12 +239,10 @@ def site_step(
     (:func:`fedsgld.core.per_record.clipped_rows_sum`).
     """
     check_generator(generator, fm.device, "site_step")
-    n = x.shape[0]
-    count = 0 if extra is None else int(extra.count)
-    idx = poisson_sample(n + count, sample_rate=sample_rate, generator=generator)
-    taken = idx[idx >= n] - n
-    idx = idx[idx < n].to(x.device)
-    rows = extra.gradients(taken.cpu(), clip) if count and taken.numel() else None
+    idx, rows = sample_site(
+        x.shape[0], sample_rate=sample_rate, generator=generator, extra=extra, clip=clip
+    )
+    idx = idx.to(x.device)
     return per_record.clipped_sum(
         fm.grads,
         theta,
@@ -240,6 +254,33 @@ def site_step(
         generator=generator,
         chunk_size=chunk_size,
         rows=rows,
+    )
+
+
+def site_sums(
+    fm: FlatModel,
+    theta: torch.Tensor,
+    samples: list[SiteSample],
+    *,
+    clip: float | None,
+    prenoise: float,
+    chunk_size: int = 256,
+) -> torch.Tensor:
+    """Many sites' contributions at once: row k of the (K, P) result is site k's S_k over
+    its drawn sample ``samples[k]`` (:func:`sample_site`, then its own generator draws its
+    pre-noise), with one per-record pass over all sites' records and per-site sums
+    (:func:`fedsgld.core.batched.segment_clipped_sums`). The same S_k as :func:`site_step`
+    to float rounding; on ``fm.device``."""
+    for s in samples:
+        check_generator(s.generator, fm.device, "site_sums")
+    return batched.segment_clipped_sums(
+        fm.grads,
+        theta,
+        samples,
+        sizes=fm._block_sizes(),
+        clip=clip,
+        prenoise=prenoise,
+        chunk_size=chunk_size,
     )
 
 
