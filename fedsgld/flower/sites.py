@@ -28,9 +28,14 @@ come from, is set by the node's ``node_config``:
 ``state-dir``  where a node without a policy file keeps its sites' ledgers (default for
     a deployed node: ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``).
 
-A node prepares its shards once per run: in a process-level cache (simulation: the Ray
-actor lives on) and, for shards split from a dataset, in ``context.state`` (every message
-may start a new process, but the node's state persists for the whole run). A deployed
+A node builds its own sites and nothing of the others' (the partition is drawn over the
+whole dataset, once per process; only the node's shards are split off, its one seeded
+model made and its sites built). It prepares them once per run: in a process-level cache
+that holds every node the process serves in the run (simulation: a Ray actor lives on
+and serves many nodes in turn) and, for shards split from a dataset, in
+``context.state`` (every message may start a new process, but the node's state persists
+for the whole run), except in a Ray worker, which Ray sends that state to and back from
+with every message. A deployed
 site's ``site-data`` file is read again by each new process instead: the state travels
 between the SuperNode and the ClientApp process with every message, the file does not.
 Every computation is the core's: :meth:`fedsgld.clients.Site.clipped_sum` for training
@@ -54,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,6 +293,14 @@ def _from_state(context: Context, config: Config, key: str) -> HostedSites | Non
     return HostedSites(key, sites, info, num_classes)
 
 
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (Flower's simulation): it lives for the run and
+    keeps its cache, and Ray copies a node's ``context.state`` to and from the worker with
+    every message, so shards kept there would travel twice per message for nothing."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
 def hosted_sites(context: Context, config: Config) -> HostedSites:
     """The sites this node hosts for ``config`` (built once per process and run, then cached)."""
     node_config = dict(context.node_config)
@@ -302,7 +316,7 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
         hosted = None if from_file else _from_state(context, config, key)
         if hosted is None:
             hosted = _build(config, node_config, key)
-            if not from_file:
+            if not from_file and not _in_ray_worker():
                 _to_state(context, hosted)
         for old in [k for k in _CACHE if k[0] != run]:  # one run's shards per process
             del _CACHE[old]
