@@ -141,4 +141,3 @@ def test_an_unpaced_exchange_looks_again_soon_and_backs_off():
     grid = DelayedGrid(0.15)
     assert len(exchange(grid, messages(), timeout=10, poll=1.0)) == 3
     assert 3 <= grid.pulls <= 12
-
