@@ -16,7 +16,7 @@ same records, start from the same parameters and apply the same update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel
 from fedsgld.core.noise import Randomness, os_seed
 from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
-from fedsgld.data.datasets import subsample
+from fedsgld.data.datasets import ArrayDataset, subsample
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.secagg.identity import ephemeral_credentials
@@ -191,16 +191,34 @@ def hold_out(
     return kept, held
 
 
-def split_data(config: Config, *, seed: int, log: Log) -> DataSplit:
-    """Load the run's dataset and split it into sites, all from ``seed``: the same split on
-    every machine that has the dataset.
-
-    The validation split is carved first, then the calibration split, so a run with and
-    without recalibration validates alike."""
+def run_dataset(config: Config, *, seed: int) -> ArrayDataset:
+    """The run's dataset as the sites split it: loaded from ``seed`` (local files only),
+    subsampled to ``max_records`` where set."""
     run = config.run
     ds = load_dataset(run.dataset, path=run.data_path or None, seed=seed)
     if run.max_records:
         ds = subsample(ds, run.max_records, seed=seed)
+    return ds
+
+
+def split_data(
+    config: Config,
+    *,
+    seed: int,
+    log: Log,
+    only: Collection[int] | None = None,
+    dataset: ArrayDataset | None = None,
+) -> DataSplit:
+    """Load the run's dataset and split it into sites, all from ``seed``: the same split on
+    every machine that has the dataset.
+
+    The validation split is carved first, then the calibration split, so a run with and
+    without recalibration validates alike. ``only``: just these sites (a node's), with the
+    same records as in the whole split (the partition is drawn over the whole dataset; the
+    other sites' shards are neither split, copied nor featurised). ``dataset``: the
+    run's dataset already loaded (:func:`run_dataset`)."""
+    run = config.run
+    ds = run_dataset(config, seed=seed) if dataset is None else dataset
     site_data = make_sites(
         ds,
         sites=run.sites,
@@ -208,6 +226,7 @@ def split_data(config: Config, *, seed: int, log: Log) -> DataSplit:
         alpha=run.dirichlet_alpha,
         test_fraction=run.test_fraction,
         seed=seed,
+        only=only,
     )
     log(describe_sites(site_data))
     if run.model == "timm_head":
@@ -400,6 +419,7 @@ __all__ = [
     "make_server",
     "posterior_samples",
     "resolve_seed",
+    "run_dataset",
     "seeded_model",
     "site_device",
     "split_data",

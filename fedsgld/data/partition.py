@@ -22,8 +22,10 @@ sizes N_k are treated as public by the server (they set the expected batch size)
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +54,10 @@ def _indexed_dataset(labels: np.ndarray, order: np.ndarray):
     return Dataset.from_dict({"idx": order, "label": labels[order]}).with_format("arrow")
 
 
-def _partition_rows(partitioner, num: int) -> list[np.ndarray]:
-    """The original indices of each partition (read back from the ``idx`` column)."""
+def _partition_rows(partitioner, which: list[int]) -> list[np.ndarray]:
+    """The original indices of the partitions ``which`` (read back from the ``idx`` column)."""
     out = []
-    for k in range(num):
+    for k in which:
         column = partitioner.load_partition(k).with_format("arrow")[:]["idx"]
         out.append(np.sort(np.asarray(column.to_numpy(), dtype=np.int64)))
     return out
@@ -136,14 +138,41 @@ def partition_indices(
     alpha: float = 0.5,
     min_size: int = 10,
     seed: int = 0,
+    only: Collection[int] | None = None,
 ) -> list[np.ndarray]:
     """Split record indices 0..N-1 among ``sites`` sites (see the module docstring).
 
     Returns one sorted int64 array of indices per site; together they cover 0..N-1 exactly
-    once. Raises ``ValueError`` naming the setting for ``sites`` outside
-    [1, N // min_size], ``alpha <= 0``, ``min_size < 1``, or an unknown ``scheme``.
+    once. ``only``: the indices of just these sites, in increasing site order (the same
+    arrays as in the whole split: the partition is drawn over all N records; what a node
+    that hosts some of the sites needs). The latest splits are kept in the process
+    (read-only arrays), so nodes sharing a process draw the split once. Raises
+    ``ValueError`` naming the setting for ``sites`` outside [1, N // min_size],
+    ``alpha <= 0``, ``min_size < 1``, an unknown ``scheme``, or a site of ``only`` outside
+    [0, sites - 1].
     """
     labels, sites, min_size, alpha = _checked(labels, sites, scheme, alpha, min_size, seed)
+    which = _which_sites(sites, only)
+    key = (hashlib.sha256(labels.tobytes()).hexdigest(), sites, scheme, alpha, min_size, seed)
+    parts = _SPLITS.get(key)
+    if parts is None:
+        parts = _split_indices(labels, sites, scheme, alpha, min_size, seed)
+        while len(_SPLITS) >= _SPLITS_KEPT:
+            del _SPLITS[next(iter(_SPLITS))]
+        _SPLITS[key] = parts
+    return [parts[k] for k in which]
+
+
+# the latest splits made in this process (read-only arrays): the nodes of a simulation
+# that share a process each take their own sites of one split
+_SPLITS: dict[tuple, list[np.ndarray]] = {}
+_SPLITS_KEPT = 4
+
+
+def _split_indices(
+    labels: np.ndarray, sites: int, scheme: str, alpha: float, min_size: int, seed: int
+) -> list[np.ndarray]:
+    """Every site's indices (checked :func:`partition_indices` arguments), read-only."""
     n = int(labels.shape[0])
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
@@ -155,7 +184,7 @@ def partition_indices(
         with warnings.catch_warnings():
             # DirichletPartitioner warns on every redraw that missed min_size
             warnings.simplefilter("ignore", UserWarning)
-            parts = _partition_rows(partitioner, sites)
+            parts = _partition_rows(partitioner, list(range(sites)))
     except ValueError as err:
         if scheme != "dirichlet":
             raise
@@ -168,7 +197,22 @@ def partition_indices(
     covered = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if covered.shape[0] != n or np.unique(covered).shape[0] != n:
         raise RuntimeError(f"partition of {n} records is not exact (scheme={scheme!r})")
+    for p in parts:
+        p.setflags(write=False)
     return parts
+
+
+def _which_sites(sites: int, only: Collection[int] | None) -> list[int]:
+    """The sites ``only`` names, sorted and checked (None: every site 0..sites-1)."""
+    if only is None:
+        return list(range(sites))
+    ok = all(
+        not isinstance(k, bool) and isinstance(k, (int, np.integer)) and 0 <= k < sites
+        for k in only
+    )
+    if not ok:
+        raise ValueError(f"only: sites must be integers in [0, {sites - 1}], got {list(only)}")
+    return sorted({int(k) for k in only})
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,10 +283,14 @@ def make_sites(
     test_fraction: float = 0.2,
     seed: int = 0,
     min_size: int = 10,
+    only: Collection[int] | None = None,
 ) -> list[SiteData]:
     """Partition ``dataset`` into ``sites`` sites (:func:`partition_indices`) and split each
     shard into train and test (round(test_fraction * n_k) test records, at least one of
     each; stratified by label where possible). Deterministic by ``seed``.
+
+    ``only``: just these sites (sorted), the same records as in the whole split; only their
+    shards are split and copied (a node that hosts a few of many sites).
     """
     if not isinstance(dataset, ArrayDataset):
         raise TypeError(f"dataset must be an ArrayDataset, got {type(dataset).__name__}")
@@ -254,10 +302,10 @@ def make_sites(
         )
     labels = dataset.y.numpy()
     shards = partition_indices(
-        labels, sites=sites, scheme=scheme, alpha=alpha, min_size=min_size, seed=seed
+        labels, sites=sites, scheme=scheme, alpha=alpha, min_size=min_size, seed=seed, only=only
     )
     out = []
-    for k, shard in enumerate(shards):
+    for k, shard in zip(_which_sites(sites, only), shards, strict=True):
         train_pos, test_pos = _split_shard(labels[shard], float(test_fraction), seed, k)
         tr = torch.from_numpy(shard[train_pos])
         te = torch.from_numpy(shard[test_pos])

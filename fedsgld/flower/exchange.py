@@ -17,6 +17,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 DISCOVERY_POLL_S = 0.5
+FIRST_POLL_S = 0.002  # an unpaced exchange looks again after this, then backs off to ``poll``
 
 
 class SitesUnavailable(RuntimeError):
@@ -99,9 +100,14 @@ def exchange(
 ) -> list[Message]:
     """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed.
 
-    The same as ``Grid.send_and_receive`` but polling every ``poll`` seconds: Flower's
-    deployment grid sleeps 3 s between polls, a large share of a round on loopback. With
-    a ``pacer``, the first poll waits as it says, and a complete exchange is recorded.
+    The same as ``Grid.send_and_receive`` but polling every ``poll`` seconds at most:
+    Flower's deployment grid sleeps 3 s between polls, a large share of a round on
+    loopback. With a ``pacer`` (a deployment, where each poll is a request), the first poll
+    waits as it says, then every ``poll`` seconds, and a complete exchange is recorded.
+    Without one (a simulation, where a poll is a look in memory), replies are taken as
+    they arrive: the next look comes :data:`FIRST_POLL_S` after a look that found a reply,
+    and the wait doubles after each look that found none, up to ``poll`` (no busy loop:
+    a few looks per reply, at most about log2(poll / FIRST_POLL_S) + 1 per quiet stretch).
     Messages to a node that hosts several sites go in :func:`waves`, each with its own
     ``timeout``.
     """
@@ -117,6 +123,7 @@ def exchange(
         waited = max(0.0, min(pacer.first_wait(poll), deadline - time.monotonic()))
         time.sleep(waited)
     first_look = True
+    wait = poll if pacer is not None else min(FIRST_POLL_S, poll)
     while ids:
         got = list(grid.pull_messages(ids))
         replies.extend(got)
@@ -124,7 +131,9 @@ def exchange(
         if not ids or time.monotonic() >= deadline:
             break
         first_look = False
-        time.sleep(poll)
+        time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        if pacer is None:
+            wait = min(FIRST_POLL_S, poll) if got else min(2 * wait, poll)
     if pacer is not None and not ids:
         if waited > 0 and first_look:
             # every reply was in at the first look: the wait was too long by an unknown

@@ -84,7 +84,9 @@ FLOWER_KEYS: dict[str, Any] = {
     "resume": False,  # resume the run in `out` from its checkpoint
     "round-timeout": 600.0,  # seconds to wait for the replies of one round
     "wait-for-sites": 600.0,  # seconds to wait until every site has a connected node
-    "poll-interval": 0.2,  # seconds between polls for replies (Flower's own loop sleeps 3 s)
+    # the longest wait between polls for replies (a simulation looks again 2 ms after a
+    # reply and backs off; a deployment polls at this interval; Flower's own loop sleeps 3 s)
+    "poll-interval": 0.2,
 }
 
 TASKS = ("train", "pate")

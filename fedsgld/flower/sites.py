@@ -28,9 +28,14 @@ come from, is set by the node's ``node_config``:
 ``state-dir``  where a node without a policy file keeps its sites' ledgers (default for
     a deployed node: ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``).
 
-A node prepares its shards once per run: in a process-level cache (simulation: the Ray
-actor lives on) and, for shards split from a dataset, in ``context.state`` (every message
-may start a new process, but the node's state persists for the whole run). A deployed
+A node builds its own sites and nothing of the others' (the partition is drawn over the
+whole dataset, once per process; only the node's shards are split off, its one seeded
+model made and its sites built). It prepares them once per run: in a process-level cache
+that holds every node the process serves in the run (simulation: a Ray actor lives on
+and serves many nodes in turn) and, for shards split from a dataset, in
+``context.state`` (every message may start a new process, but the node's state persists
+for the whole run), except in a Ray worker, which Ray sends that state to and back from
+with every message. A deployed
 site's ``site-data`` file is read again by each new process instead: the state travels
 between the SuperNode and the ClientApp process with every message, the file does not.
 Every computation is the core's: :meth:`fedsgld.clients.Site.clipped_sum` for training
@@ -51,8 +56,10 @@ validated and charged the request, and which releases only what the policy lets 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +73,16 @@ from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.core.release import Charged
-from fedsgld.federation import Federation, backbone_features, build_site, seeded_model, site_device
+from fedsgld.data.datasets import ArrayDataset
+from fedsgld.federation import (
+    backbone_features,
+    build_site,
+    resolve_seed,
+    run_dataset,
+    seeded_model,
+    site_device,
+    split_data,
+)
 from fedsgld.files import json_default
 from fedsgld.flower import user_sites
 from fedsgld.flower.handoff import admitted
@@ -96,7 +112,16 @@ class HostedSites:
     num_classes: int
 
 
-_CACHE: dict[str, HostedSites] = {}
+# this process's nodes' sites for the current run, by (run id, data key, the whole run
+# config's key: the method sets the sites' parameter view): a simulation runs the
+# messages of many nodes in each of its few processes (Ray actors), interleaved, so one
+# entry per process would be replaced at almost every message
+_CACHE: dict[tuple[int, str, str], HostedSites] = {}
+
+
+def _config_key(config: Config) -> str:
+    flat = json.dumps(config.flat(), sort_keys=True, default=str)
+    return hashlib.sha256(flat.encode()).hexdigest()[:24]
 
 
 def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
@@ -184,7 +209,27 @@ def _load_own(config: Config, node_config: dict[str, Any], site_id: int) -> tupl
     return shard, shard.num_classes
 
 
+# the run's dataset as last loaded in this process, by its settings and seed: the nodes
+# of a simulation that share a process load it once
+_DATASET: dict[tuple[str, str, int, int], ArrayDataset] = {}
+
+
+def _split_own(config: Config, ids: list[int], seed: int) -> tuple[list[Any], int]:
+    """The records of the sites ``ids`` in the engine's split of the run's dataset (the
+    partition is drawn over the whole dataset; only these shards are made) and its
+    number of classes."""
+    run = config.run
+    key = (run.dataset, run.data_path, run.max_records, seed)
+    if key not in _DATASET:
+        _DATASET.clear()
+        _DATASET[key] = run_dataset(config, seed=seed)
+    split = split_data(config, seed=seed, log=log.debug, only=ids, dataset=_DATASET[key])
+    return split.site_data, split.num_classes
+
+
 def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites:
+    """The node's own sites, nothing of the others': their shards, one seeded model for
+    them, and the sites over it (as :class:`~fedsgld.federation.Federation` builds them)."""
     ids = hosted_site_ids(config.run.sites, node_config)
     if "site-data" in node_config and not deployed(node_config):
         raise ValueError("node config site-data needs site-id")
@@ -196,10 +241,13 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
         return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
     if "data-path" in node_config:
         config = Config.from_flat({**config.flat(), "data_path": str(node_config["data-path"])})
-    fed = Federation(config, log=log.info)  # the engine's data split, model and sites
-    sites = {k: fed.sites[k] for k in ids}
-    info = [_info(fed.site_data[k], fed.num_classes) for k in ids]
-    return HostedSites(key, sites, info, fed.num_classes)
+    seed, _ = resolve_seed(config)
+    shards, num_classes = _split_own(config, ids, seed)
+    shape = tuple(shards[0].x_train.shape[1:])
+    model = seeded_model(config, shape, num_classes, seed=seed)
+    device = site_device(config)
+    sites = {d.site_id: build_site(config, d, model, seed=seed, device=device) for d in shards}
+    return HostedSites(key, sites, [_info(d, num_classes) for d in shards], num_classes)
 
 
 def _to_state(context: Context, hosted: HostedSites) -> None:
@@ -247,11 +295,21 @@ def _from_state(context: Context, config: Config, key: str) -> HostedSites | Non
     return HostedSites(key, sites, info, num_classes)
 
 
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (Flower's simulation): it lives for the run and
+    keeps its cache, and Ray copies a node's ``context.state`` to and from the worker with
+    every message, so shards kept there would travel twice per message for nothing."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
 def hosted_sites(context: Context, config: Config) -> HostedSites:
-    """The sites this node hosts for ``config`` (built once, then cached)."""
+    """The sites this node hosts for ``config`` (built once per process and run, then cached)."""
     node_config = dict(context.node_config)
     key = user_sites.cache_key(data_fingerprint(config, node_config))
-    hosted = _CACHE.get(key)
+    run = int(context.run_id)
+    entry = (run, key, _config_key(config))
+    hosted = _CACHE.get(entry)
     if hosted is None:
         # a site-data file is read again in each new process (a few ms); carried in
         # context.state, its records would travel to and from the SuperNode with every
@@ -262,10 +320,11 @@ def hosted_sites(context: Context, config: Config) -> HostedSites:
             hosted = _from_state(context, config, key)
         if hosted is None:
             hosted = _build(config, node_config, key)
-            if not from_file:
+            if not from_file and not _in_ray_worker():
                 _to_state(context, hosted)
-        _CACHE.clear()  # one run's shards per process
-        _CACHE[key] = hosted
+        for old in [k for k in _CACHE if k[0] != run]:  # one run's shards per process
+            del _CACHE[old]
+        _CACHE[entry] = hosted
     return hosted
 
 

@@ -40,6 +40,7 @@ def round_time_summary(round_times: list[float]) -> dict[str, Any]:
         "median": statistics.median(round_times) if n else None,
         "first": round_times[0] if n else None,
         "mean_after_first": sum(round_times[1:]) / (n - 1) if n > 1 else None,
+        "median_after_first": statistics.median(round_times[1:]) if n > 1 else None,
     }
 
 

@@ -208,3 +208,25 @@ def test_describe_sites_is_an_aligned_table():
         assert [int(c) for c in cells[3:]] == s.label_histogram("train")
     total = table[-1].split()
     assert total[0] == "total" and int(total[1]) + int(total[2]) == 1000
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_some_sites_of_a_split_are_those_of_the_whole_split(scheme):
+    """A node that hosts sites 1 and 3 of 5 gets exactly their records of the whole split."""
+    ds = traced_dataset()
+    whole = make_sites(ds, sites=5, scheme=scheme, alpha=0.5, seed=7)
+    part = make_sites(ds, sites=5, scheme=scheme, alpha=0.5, seed=7, only=[3, 1])
+    assert [s.site_id for s in part] == [1, 3]
+    for s in part:
+        w = whole[s.site_id]
+        for name in ("x_train", "y_train", "x_test", "y_test"):
+            assert torch.equal(getattr(s, name), getattr(w, name))
+    idx = partition_indices(ds.y.numpy(), sites=5, scheme=scheme, alpha=0.5, seed=7, only=[3])
+    full = partition_indices(ds.y.numpy(), sites=5, scheme=scheme, alpha=0.5, seed=7)
+    assert len(idx) == 1 and np.array_equal(idx[0], full[3])
+
+
+@pytest.mark.parametrize("only", [[5], [-1], [True], [1.0]])
+def test_sites_outside_the_split_are_refused(only):
+    with pytest.raises(ValueError, match="only"):
+        make_sites(traced_dataset(), sites=5, only=only)

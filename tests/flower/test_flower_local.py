@@ -201,7 +201,6 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
 
 def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
     """Deployment starts a new process per message: the node's shards come from context.state."""
-    from fedsgld.federation import Federation
     from fedsgld.flower import sites as site_side
     from fedsgld.flower.local_grid import LocalGrid
     from fedsgld.flower.protocol import run_record
@@ -219,12 +218,48 @@ def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeyp
     def no_rebuild(*a, **k):
         raise AssertionError("the shard was rebuilt instead of read from context.state")
 
-    monkeypatch.setattr(Federation, "__init__", no_rebuild)
+    monkeypatch.setattr(site_side, "_build", no_rebuild)
     again = site_side.hosted_sites(ctx, config)
     assert sorted(again.sites) == [0, 2]
     after = again.sites[2].clipped_sum(theta, round=3, sample_rate=0.5, clip=1.0, prenoise=0.01)
     assert torch.equal(before, after)
     assert run_record(config)["seed"] == 3
+
+
+def test_a_node_builds_only_its_own_sites_once_per_process_and_run(tmp_path, monkeypatch):
+    """Of a 6-site federation, the node with partition 1 of 4 builds sites 1 and 5 (the
+    engine's records, model and generators) and nothing of the other sites; nodes whose
+    messages interleave in one process (Ray's actors) each build once for the run."""
+    from fedsgld.federation import Federation
+    from fedsgld.flower import sites as site_side
+    from fedsgld.flower.local_grid import LocalGrid
+
+    config = Config.from_flat({**SMALL, "sites": 6})
+    grid = LocalGrid.partitions(__import__("fedsgld.apps.client_app", fromlist=["app"]).app, 4)
+    ctxs = list(grid.contexts.values())
+    built: list[int] = []
+    real_build_site = site_side.build_site
+
+    def counted(config, data, *a, **k):
+        built.append(data.site_id)
+        return real_build_site(config, data, *a, **k)
+
+    monkeypatch.setattr(site_side, "build_site", counted)
+    site_side._CACHE.clear()
+    for _ in range(3):  # the nodes' messages, interleaved, three times
+        hosted = [site_side.hosted_sites(c, config) for c in ctxs]
+    assert sorted(built) == [0, 1, 2, 3, 4, 5]  # each site once, by its node alone
+    assert sorted(hosted[1].sites) == [1, 5]
+    fed = Federation(config, log=lambda s: None)
+    theta = fed.sites[0].fm.flatten() + 0.01
+    for k in (1, 5):
+        mine, ref = hosted[1].sites[k], fed.sites[k]
+        for name in ("x_train", "y_train", "x_test", "y_test"):
+            assert torch.equal(getattr(mine, name), getattr(ref, name))
+        assert torch.equal(mine.fm.flatten(), ref.fm.flatten())
+        got = mine.clipped_sum(theta, round=2, sample_rate=0.5, clip=1.0, prenoise=0.01)
+        want = ref.clipped_sum(theta, round=2, sample_rate=0.5, clip=1.0, prenoise=0.01)
+        assert torch.equal(got, want)
 
 
 def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passed(

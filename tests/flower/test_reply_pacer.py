@@ -132,3 +132,12 @@ def test_a_node_that_hosts_several_sites_gets_one_message_at_a_time():
     a, b, c, d = (SimpleNamespace(metadata=SimpleNamespace(dst_node_id=n)) for n in (1, 1, 2, 1))
     assert waves([a, b, c, d]) == [[a, c], [b], [d]]
     assert waves([a, c]) == [[a, c]]
+
+
+def test_an_unpaced_exchange_looks_again_soon_and_backs_off():
+    """A simulation's grid (no pacer): replies 0.15 s after the push with poll 1 s are
+    looked for several times before the interval's end (a fixed poll would look twice:
+    at 0 and at 1 s), and the looks back off (no busy loop)."""
+    grid = DelayedGrid(0.15)
+    assert len(exchange(grid, messages(), timeout=10, poll=1.0)) == 3
+    assert 3 <= grid.pulls <= 12
