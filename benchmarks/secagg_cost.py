@@ -24,6 +24,10 @@ planned; ``--max-dropouts`` to plan some), all parties in this one process. Repo
 ``server_received_kib`` / ``server_sent_kib``: the server's side of the same messages;
 ``bits``           the modulus 2^bits chosen by :func:`fedsgld.privacy.distributed.choose_ddg`.
 
+``--drop N`` makes the last N sites fall silent from ``masked_input`` on in every round
+(the server then rebuilds their mask keys and cancels their pairwise masks).
+``--no-accounting`` skips the accounting below.
+
 It also prints the accounting's price: epsilon of 60 and 600 DP-SGLD-like rounds
 (q = 0.064, delta = 1e-5) under the distributed discrete Gaussian against the central
 Gaussian (fedsgld's PLD accountant and RDP), and the noise multiplier the distributed
@@ -76,7 +80,7 @@ from fedsgld.secagg import encode, run_round
 SIGMA, CLIP, Q, DELTA = 1.46, 1.0, 0.064, 1e-5
 
 
-def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
+def one_size(sites: int, dim: int, rounds: int, max_dropouts: int, silent: int = 0) -> dict:
     p = choose_ddg(noise_multiplier=SIGMA, clip=CLIP, dim=dim, sites=sites,
                    max_dropouts=max_dropouts, signal_norm=5000.0 * CLIP)  # fmt: skip
     rng = np.random.default_rng(0)
@@ -84,7 +88,8 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
     rows = []
     for r in range(rounds):
         t0 = time.perf_counter()
-        res = run_round(xs, p, round_label=b"bench %d" % r, max_dropouts=max_dropouts)
+        drop = dict.fromkeys(range(sites - silent, sites), "masked_input")
+        res = run_round(xs, p, round_label=b"bench %d" % r, max_dropouts=max_dropouts, drop=drop)
         wall = time.perf_counter() - t0
         c1 = time.process_time()
         encode(xs[0], p, b"bench encode")
@@ -96,6 +101,8 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
     med = [statistics.median(c) for c in zip(*rows)]
     return {
         "sites": sites,
+        "max_dropouts": max_dropouts,
+        "silent": silent,
         "dim": dim,
         "padded_dim": p.dim,
         "bits": p.bits,
@@ -317,7 +324,14 @@ def main() -> None:
         "--rounds", type=int, default=None, help="default 3; --loopback: 4; --engine: 6"
     )
     ap.add_argument("--max-dropouts", type=int, default=0)
+    ap.add_argument(
+        "--drop",
+        type=int,
+        default=0,
+        help="sites silent from masked_input on in every round (<= --max-dropouts)",
+    )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-accounting", action="store_true", help="only the rounds' cost")
     ap.add_argument("--loopback", action="store_true", help="rounds of a real deployment")
     ap.add_argument("--cold", action="store_true", help="--loopback: no warm sites")
     ap.add_argument("--engine", action="store_true", help="rounds of the in-process engine")
@@ -331,20 +345,23 @@ def main() -> None:
         main_loopback(args)
         return
     args.rounds = args.rounds or 3
-    rows = [one_size(k, args.dim, args.rounds, args.max_dropouts) for k in args.sites]
-    acct = accounting(args.sites[0], args.dim)
+    rows = [one_size(k, args.dim, args.rounds, args.max_dropouts, args.drop) for k in args.sites]
+    acct = {} if args.no_accounting else accounting(args.sites[0], args.dim)
     if args.json:
         print(json.dumps({"rows": rows, "accounting": acct}, indent=2))
         return
-    print("| K | d (padded) | bits | site CPU s | of which encode | of which consistency (ms) "
+    print("| K | dropouts planned / silent | d (padded) | bits | site CPU s | of which encode "
+          "| of which consistency (ms) "
           "| server CPU s | in-process round wall s "
           "| sent KiB/site | received KiB/site | plain float32 KiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sites']} | {r['dim']} ({r['padded_dim']}) | {r['bits']} | {r['site_s']:.3f} "
+        print(f"| {r['sites']} | {r['max_dropouts']} / {r['silent']} | {r['dim']} ({r['padded_dim']}) | {r['bits']} | {r['site_s']:.3f} "
               f"| {r['encode_s']:.3f} | {1e3 * r['consistency_s']:.3f} | {r['server_s']:.3f} "
               f"| {r['round_s']:.2f} | "
               f"{r['sent_kib']:.0f} | {r['received_kib']:.1f} | {r['plain_kib']:.0f} |")  # fmt: skip
+    if not acct:
+        return
     print()
     print(f"accounting (q={Q}, sigma={SIGMA}, delta={DELTA}, K={args.sites[0]}):")
     for steps, a in acct.items():
