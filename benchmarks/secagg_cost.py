@@ -2,7 +2,7 @@
 
     python benchmarks/secagg_cost.py [--sites 4 8] [--dim 100000] [--rounds 3] [--json]
     python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--json]
-    python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--json]
+    python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
 on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no dropouts
@@ -36,9 +36,11 @@ mechanism needs to reach the central epsilon.
 ``--engine`` measures whole rounds of the in-process engine (:func:`fedsgld.engine.run`)
 on the model of ``simulations/demo.toml`` (MNIST-5k, the paper CNN, P = 26,010 padded to
 d = 32,768; DP-SGLD, q = 0.064; its rounds cut to ``--rounds``, no evaluation rounds, a
-budget that does not bind), for each K in ``--sites`` three times in a row: the ``sites``
-placement (every site adds its full noise), ``secure_aggregation = true`` and the
-``server`` placement. Reported: the median wall time of rounds 2..N of each (the first
+budget that does not bind), for each K in ``--sites``: the ``sites`` placement (every site
+adds its full noise), ``secure_aggregation = true`` and the ``server`` placement, one run
+of each, ``--repeats`` times, in the orders ABC CBA ... (so that a drift in the machine's
+load weighs on the three alike). Reported: the median wall time of rounds 2..N of each,
+pooled over its runs (the first
 includes warm-up: imports, key generation, the first accounting), the secure round's
 ratio to the other two, and where the last secure round's time went
 (:attr:`fedsgld.secagg.RoundResult.seconds`: the protocol's five steps, all parties, of
@@ -268,19 +270,28 @@ def engine_rounds(cfg: dict) -> tuple[list[float], list[float], object]:
     return wall, cpu, built["server"]
 
 
-def engine_cost(sites: int, rounds: int) -> dict:
-    """Median round seconds (rounds 2..N: wall and CPU) of the three placements."""
+def engine_cost(sites: int, rounds: int, repeats: int = 2) -> dict:
+    """Median round seconds (rounds 2..N of every run: wall and CPU) of the three
+    placements, run ``repeats`` times in the orders ABC CBA ABC ... (a drift of the
+    machine's load then weighs on all three alike)."""
     base = {**demo_config(), **ENGINE_RUN, "sites": sites, "rounds": rounds}
-    out: dict = {"sites": sites, "rounds": rounds}
-    for name, over in PLACEMENTS.items():
-        wall, cpu, server = engine_rounds({**base, **over})
-        out[f"{name}_round_s"] = statistics.median(wall[1:])
-        out[f"{name}_round_cpu_s"] = statistics.median(cpu[1:])
-        if name == "secure":
-            last = server.mode.last_round  # the last round's RoundResult
-            out["protocol_s"] = sum(last.seconds.values())
-            out["masked_input_s"] = last.seconds["masked_input"]
-            out["dim"] = int(last.total.shape[0])
+    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats}
+    wall: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    order = list(PLACEMENTS)
+    for rep in range(repeats):
+        for name in order if rep % 2 == 0 else order[::-1]:
+            w, c, server = engine_rounds({**base, **PLACEMENTS[name]})
+            wall[name] += w[1:]
+            cpu[name] += c[1:]
+            if name == "secure":
+                last = server.mode.last_round  # the last round's RoundResult
+                out["protocol_s"] = sum(last.seconds.values())
+                out["masked_input_s"] = last.seconds["masked_input"]
+                out["dim"] = int(last.total.shape[0])
+    for name in PLACEMENTS:
+        out[f"{name}_round_s"] = statistics.median(wall[name])
+        out[f"{name}_round_cpu_s"] = statistics.median(cpu[name])
     for unit in ("", "_cpu"):
         secure = out[f"secure_round{unit}_s"]
         out[f"secure_to_sites{unit}"] = secure / out[f"sites_round{unit}_s"]
@@ -306,7 +317,7 @@ def print_engine(rows: list[dict]) -> None:
 
 def main_engine(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
-    rows = [engine_cost(k, args.rounds) for k in args.sites]
+    rows = [engine_cost(k, args.rounds, args.repeats) for k in args.sites]
     load = (load, os.getloadavg()[0])
     if args.json:
         print(json.dumps({"engine": rows, "load_average": load}, indent=2))
@@ -335,6 +346,7 @@ def main() -> None:
     ap.add_argument("--loopback", action="store_true", help="rounds of a real deployment")
     ap.add_argument("--cold", action="store_true", help="--loopback: no warm sites")
     ap.add_argument("--engine", action="store_true", help="rounds of the in-process engine")
+    ap.add_argument("--repeats", type=int, default=2, help="--engine: runs of each placement")
     args = ap.parse_args()
     if args.engine:
         args.rounds = args.rounds or 6
