@@ -2,6 +2,7 @@
 
     python benchmarks/secagg_cost.py [--sites 4 8] [--dim 100000] [--rounds 3] [--json]
     python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--json]
+    python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
 on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no dropouts
@@ -23,10 +24,27 @@ planned; ``--max-dropouts`` to plan some), all parties in this one process. Repo
 ``server_received_kib`` / ``server_sent_kib``: the server's side of the same messages;
 ``bits``           the modulus 2^bits chosen by :func:`fedsgld.privacy.distributed.choose_ddg`.
 
+``--drop N`` makes the last N sites fall silent from ``masked_input`` on in every round
+(the server then rebuilds their mask keys and cancels their pairwise masks).
+``--no-accounting`` skips the accounting below.
+
 It also prints the accounting's price: epsilon of 60 and 600 DP-SGLD-like rounds
 (q = 0.064, delta = 1e-5) under the distributed discrete Gaussian against the central
 Gaussian (fedsgld's PLD accountant and RDP), and the noise multiplier the distributed
 mechanism needs to reach the central epsilon.
+
+``--engine`` measures whole rounds of the in-process engine (:func:`fedsgld.engine.run`)
+on the model of ``simulations/demo.toml`` (MNIST-5k, the paper CNN, P = 26,010 padded to
+d = 32,768; DP-SGLD, q = 0.064; its rounds cut to ``--rounds``, no evaluation rounds, a
+budget that does not bind), for each K in ``--sites``: the ``sites`` placement (every site
+adds its full noise), ``secure_aggregation = true`` and the ``server`` placement, one run
+of each, ``--repeats`` times, in the orders ABC CBA ... (so that a drift in the machine's
+load weighs on the three alike). Reported: the median wall time of rounds 2..N of each,
+pooled over its runs (the first
+includes warm-up: imports, key generation, the first accounting), the secure round's
+ratio to the other two, and where the last secure round's time went
+(:attr:`fedsgld.secagg.RoundResult.seconds`: the protocol's five steps, all parties, of
+which the ``masked_input`` step: each site's guard, encoding and masking).
 
 ``--loopback`` measures whole rounds of a real deployment instead
 (:class:`fedsgld.deploy.loopback.Loopback`: one stock ``flower-superlink`` and one stock
@@ -48,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -63,7 +82,7 @@ from fedsgld.secagg import encode, run_round
 SIGMA, CLIP, Q, DELTA = 1.46, 1.0, 0.064, 1e-5
 
 
-def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
+def one_size(sites: int, dim: int, rounds: int, max_dropouts: int, silent: int = 0) -> dict:
     p = choose_ddg(noise_multiplier=SIGMA, clip=CLIP, dim=dim, sites=sites,
                    max_dropouts=max_dropouts, signal_norm=5000.0 * CLIP)  # fmt: skip
     rng = np.random.default_rng(0)
@@ -71,7 +90,8 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
     rows = []
     for r in range(rounds):
         t0 = time.perf_counter()
-        res = run_round(xs, p, round_label=b"bench %d" % r, max_dropouts=max_dropouts)
+        drop = dict.fromkeys(range(sites - silent, sites), "masked_input")
+        res = run_round(xs, p, round_label=b"bench %d" % r, max_dropouts=max_dropouts, drop=drop)
         wall = time.perf_counter() - t0
         c1 = time.process_time()
         encode(xs[0], p, b"bench encode")
@@ -83,6 +103,8 @@ def one_size(sites: int, dim: int, rounds: int, max_dropouts: int) -> dict:
     med = [statistics.median(c) for c in zip(*rows)]
     return {
         "sites": sites,
+        "max_dropouts": max_dropouts,
+        "silent": silent,
         "dim": dim,
         "padded_dim": p.dim,
         "bits": p.bits,
@@ -217,35 +239,141 @@ def main_loopback(args: argparse.Namespace) -> None:
     print_loopback(rows)
 
 
+ENGINE_RUN = {"eval_every": 0, "checkpoint_every": 0, "burn_in": 1000, "max_samples": 0,
+              "epsilon": 1000.0}  # fmt: skip
+PLACEMENTS = {
+    "sites": {"secure_aggregation": False, "noise_placement": "sites", "local_steps": 1},
+    "secure": SECURE,
+    "server": PLAIN,
+}
+
+
+def engine_rounds(cfg: dict) -> tuple[list[float], list[float], object]:
+    """The wall and the CPU seconds (this process, all its threads) of every round of one
+    in-process run of ``cfg`` (between two per-round callbacks), and its server."""
+    from fedsgld import engine
+    from fedsgld.config import load_config
+
+    stamps: list[tuple[float, float]] = []
+    built: dict = {}
+
+    def stamp(info) -> None:
+        stamps.append((time.perf_counter(), time.process_time()))
+
+    with tempfile.TemporaryDirectory(prefix="fedsgld-secagg-") as tmp:
+        t0 = (time.perf_counter(), time.process_time())
+        engine.run(load_config(None, cfg), out_dir=tmp, progress=False, log=lambda s: None,
+                   on_round=stamp, built=built)  # fmt: skip
+    pairs = list(zip([t0, *stamps[:-1]], stamps, strict=True))
+    wall = [b[0] - a[0] for a, b in pairs]
+    cpu = [b[1] - a[1] for a, b in pairs]
+    return wall, cpu, built["server"]
+
+
+def engine_cost(sites: int, rounds: int, repeats: int = 2) -> dict:
+    """Median round seconds (rounds 2..N of every run: wall and CPU) of the three
+    placements, run ``repeats`` times in the orders ABC CBA ABC ... (a drift of the
+    machine's load then weighs on all three alike)."""
+    base = {**demo_config(), **ENGINE_RUN, "sites": sites, "rounds": rounds}
+    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats}
+    wall: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
+    order = list(PLACEMENTS)
+    for rep in range(repeats):
+        for name in order if rep % 2 == 0 else order[::-1]:
+            w, c, server = engine_rounds({**base, **PLACEMENTS[name]})
+            wall[name] += w[1:]
+            cpu[name] += c[1:]
+            if name == "secure":
+                last = server.mode.last_round  # the last round's RoundResult
+                out["protocol_s"] = sum(last.seconds.values())
+                out["masked_input_s"] = last.seconds["masked_input"]
+                out["dim"] = int(last.total.shape[0])
+    for name in PLACEMENTS:
+        out[f"{name}_round_s"] = statistics.median(wall[name])
+        out[f"{name}_round_cpu_s"] = statistics.median(cpu[name])
+    for unit in ("", "_cpu"):
+        secure = out[f"secure_round{unit}_s"]
+        out[f"secure_to_sites{unit}"] = secure / out[f"sites_round{unit}_s"]
+        out[f"secure_to_server{unit}"] = secure / out[f"server_round{unit}_s"]
+    return out
+
+
+def print_engine(rows: list[dict]) -> None:
+    print("| K | rounds | `sites` round s | secure round s | `server` round s "
+          "| secure / sites | secure / server | the same in CPU s: sites / secure / server "
+          "| CPU ratios: secure / sites, secure / server "
+          "| secure: protocol s (last round) | of which masked_input s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['sites']} | {r['rounds']} | {r['sites_round_s']:.3f} | "
+              f"{r['secure_round_s']:.3f} | {r['server_round_s']:.3f} | "
+              f"{r['secure_to_sites']:.2f} | {r['secure_to_server']:.2f} | "
+              f"{r['sites_round_cpu_s']:.3f} / {r['secure_round_cpu_s']:.3f} / "
+              f"{r['server_round_cpu_s']:.3f} | {r['secure_to_sites_cpu']:.2f}, "
+              f"{r['secure_to_server_cpu']:.2f} | "
+              f"{r['protocol_s']:.3f} | {r['masked_input_s']:.3f} |")  # fmt: skip
+
+
+def main_engine(args: argparse.Namespace) -> None:
+    load = os.getloadavg()[0]
+    rows = [engine_cost(k, args.rounds, args.repeats) for k in args.sites]
+    load = (load, os.getloadavg()[0])
+    if args.json:
+        print(json.dumps({"engine": rows, "load_average": load}, indent=2))
+        return
+    print(f"in-process engine, demo CNN; load average {load[0]:.1f} at the start, "
+          f"{load[1]:.1f} at the end:")  # fmt: skip
+    print_engine(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sites", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--dim", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=None, help="default 3; --loopback: 4")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="default 3; --loopback: 4; --engine: 6"
+    )
     ap.add_argument("--max-dropouts", type=int, default=0)
+    ap.add_argument(
+        "--drop",
+        type=int,
+        default=0,
+        help="sites silent from masked_input on in every round (<= --max-dropouts)",
+    )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-accounting", action="store_true", help="only the rounds' cost")
     ap.add_argument("--loopback", action="store_true", help="rounds of a real deployment")
     ap.add_argument("--cold", action="store_true", help="--loopback: no warm sites")
+    ap.add_argument("--engine", action="store_true", help="rounds of the in-process engine")
+    ap.add_argument("--repeats", type=int, default=2, help="--engine: runs of each placement")
     args = ap.parse_args()
+    if args.engine:
+        args.rounds = args.rounds or 6
+        main_engine(args)
+        return
     if args.loopback:
         args.rounds = args.rounds or 4
         main_loopback(args)
         return
     args.rounds = args.rounds or 3
-    rows = [one_size(k, args.dim, args.rounds, args.max_dropouts) for k in args.sites]
-    acct = accounting(args.sites[0], args.dim)
+    rows = [one_size(k, args.dim, args.rounds, args.max_dropouts, args.drop) for k in args.sites]
+    acct = {} if args.no_accounting else accounting(args.sites[0], args.dim)
     if args.json:
         print(json.dumps({"rows": rows, "accounting": acct}, indent=2))
         return
-    print("| K | d (padded) | bits | site CPU s | of which encode | of which consistency (ms) "
+    print("| K | dropouts planned / silent | d (padded) | bits | site CPU s | of which encode "
+          "| of which consistency (ms) "
           "| server CPU s | in-process round wall s "
           "| sent KiB/site | received KiB/site | plain float32 KiB |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sites']} | {r['dim']} ({r['padded_dim']}) | {r['bits']} | {r['site_s']:.3f} "
+        print(f"| {r['sites']} | {r['max_dropouts']} / {r['silent']} | {r['dim']} ({r['padded_dim']}) | {r['bits']} | {r['site_s']:.3f} "
               f"| {r['encode_s']:.3f} | {1e3 * r['consistency_s']:.3f} | {r['server_s']:.3f} "
               f"| {r['round_s']:.2f} | "
               f"{r['sent_kib']:.0f} | {r['received_kib']:.1f} | {r['plain_kib']:.0f} |")  # fmt: skip
+    if not acct:
+        return
     print()
     print(f"accounting (q={Q}, sigma={SIGMA}, delta={DELTA}, K={args.sites[0]}):")
     for steps, a in acct.items():

@@ -77,12 +77,19 @@ def randomized_round(
     """
     floor = np.floor(x)
     frac = x - floor
-    bound = rounding_norm_bound(float(np.linalg.norm(x)), x.shape[0], beta)
+    # beta = 0 checks nothing (the bound holds for every draw); norms without BLAS, whose
+    # threads would spin on a busy machine for a one-off dot product
+    bound = rounding_norm_bound(_norm(x), x.shape[0], beta) if beta != 0.0 else math.inf
     while True:
         u = np.frombuffer(randbytes(8 * x.shape[0]), dtype="<u8") >> np.uint64(11)
         rounded = floor.astype(np.int64) + (u * 2.0**-53 < frac)
-        if beta == 0.0 or np.linalg.norm(rounded.astype(np.float64)) <= bound:
+        if beta == 0.0 or _norm(rounded.astype(np.float64)) <= bound:
             return rounded
+
+
+def _norm(x: np.ndarray) -> float:
+    """||x||_2 by a pairwise sum (no BLAS call)."""
+    return math.sqrt(float(np.add.reduce(x * x)))
 
 
 def quantise(
