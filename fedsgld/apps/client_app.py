@@ -28,7 +28,8 @@ from fedsgld.clients.guard import Admission
 from fedsgld.flower.guard import DOORS, Door, make_site_guard
 from fedsgld.flower.protocol import SECAGG
 from fedsgld.flower.secure_site import handle_secagg, secagg_door
-from fedsgld.flower.sites import handle_evaluate, handle_query, handle_train
+from fedsgld.flower.site_evaluation import handle_evaluate
+from fedsgld.flower.sites import handle_query, handle_train
 
 SECURE = SECAGG.split(".")[1]  # train.secagg: one step of a secure-aggregation round
 PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate

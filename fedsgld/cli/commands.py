@@ -75,7 +75,7 @@ SUBCOMMANDS = (
         "audit",
         "empirical privacy audit: a run with canaries, a lower bound on epsilon",
         "fedsgld.cli.options:audit",
-        "fedsgld.studies.audit:main_audit",
+        "fedsgld.studies.audit_cli:main_audit",
         description="Run the configured federation with m gradient canaries (each included "
         "with probability 1/2) and turn an attacker's guesses into lower bounds on epsilon "
         "(Steinke et al. 2023; f-DP, Mahloujifar et al. 2024), next to the accountant's "

@@ -63,12 +63,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
-from fedsgld.calibration import calibration_report, pooling
-from fedsgld.clients.guard import Evaluating, Training
+from fedsgld.clients.guard import Training
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
@@ -83,7 +81,6 @@ from fedsgld.federation import (
     site_device,
     split_data,
 )
-from fedsgld.files import json_default
 from fedsgld.flower import user_sites
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import config_from_record, data_fingerprint, pack_vector
@@ -343,7 +340,7 @@ def hosted_site(hosted: HostedSites, site_id: Any, *, required: bool = False) ->
     return hosted.sites[site_id]
 
 
-def _threads(config: Config) -> None:
+def threads(config: Config) -> None:
     if config.perf.threads:
         torch.set_num_threads(config.perf.threads)
 
@@ -365,7 +362,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     got = admitted(msg)
     t: Training = got.request
     config = t.plan.config
-    _threads(config)
+    threads(config)
     hosted = hosted_sites(context, config)
     site = t.site
     _layers_check_from_state(context, hosted, site)
@@ -410,42 +407,9 @@ def _local_round(
     return Message(RecordDict({"theta": ConfigRecord(reply)}), reply_to=msg)
 
 
-def evaluation_records(
-    site_id: int, labels: np.ndarray, probs: dict[str, np.ndarray]
-) -> dict[str, Any]:
-    """The records of an evaluation at a site, exact and complete (the guard decides what
-    leaves): ``meta`` (site-id), ``labels``, and per group ``pred-<group>``, the site's
-    calibration report (``reports``) and pooling statistics (``stats``)."""
-    reports = {g: calibration_report(p, labels) for g, p in probs.items()}
-    stats = {g: pooling.pooling_stats(p, labels) for g, p in probs.items()}
-    records: dict[str, Any] = {
-        "meta": MetricRecord({"site-id": int(site_id)}),
-        "labels": ArrayRecord({"labels": Array(labels.astype(np.int64, copy=False))}),
-        "reports": ConfigRecord({"json": json.dumps(reports, default=json_default)}),
-        "stats": ConfigRecord({"json": json.dumps(stats, default=json_default)}),
-    }
-    for g, p in probs.items():
-        records[f"pred-{g}"] = ArrayRecord({"probs": Array(p.astype(np.float32, copy=False))})
-    return records
-
-
-def handle_evaluate(msg: Message, context: Context) -> Message:
-    """The mean softmax of the message's parameter vectors (one model: one vector, or a
-    posterior's samples) on the site's test split, evaluated AT the site, from what the
-    site's guard admitted (:class:`~fedsgld.clients.guard.Evaluating`)."""
-    ev: Evaluating = admitted(msg).request
-    _threads(ev.config)
-    site = ev.site
-    probs = {ev.group: site.predict([torch.from_numpy(v.copy()) for v in ev.vectors]).numpy()}
-    records = evaluation_records(site.site_id, site.y_test.numpy(), probs)
-    return Message(RecordDict(records), reply_to=msg)
-
-
 __all__ = [
     "HostedSites",
     "SiteShard",
-    "evaluation_records",
-    "handle_evaluate",
     "handle_query",
     "handle_train",
     "hosted_site",

@@ -45,9 +45,7 @@ every guess of the grid counts as a try in the Bonferroni correction.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -57,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsgld.config import Config, load_config, parse_overrides
+from fedsgld.config import Config
 from fedsgld.core.noise import seeded_generator
 from fedsgld.engine import run as engine_run
 from fedsgld.federation import Federation
@@ -417,44 +415,3 @@ def run_audit(
     if progress:
         log(f"audit: scoring {canaries} canaries over {len(audit.rows)} released rounds")
     return audit_result(audit, results, config, start)
-
-
-def main_audit(args) -> int:
-    """``fedsgld audit``: run, print the bounds (or JSON), write audit.json with --out."""
-    config = load_config(args.config, parse_overrides(args.set))
-    if not (isinstance(args.canaries, int) and args.canaries >= 2):
-        raise ValueError(f"--canaries must be an integer >= 2, got {args.canaries!r}")
-    progress = not args.no_progress
-    log = (lambda s: print(s, file=sys.stderr)) if args.json else print
-    out = run_audit(
-        config,
-        canaries=args.canaries,
-        confidence=args.confidence,
-        out_dir=args.out,
-        site=args.site,
-        progress=progress,
-        log=log if progress else (lambda s: None),
-    )
-    if args.out is not None:
-        path = Path(args.out) / "audit.json"
-        path.write_text(json.dumps(out, indent=2) + "\n")
-        log(f"wrote {path}")
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(
-            f"{out['method']} ({out['noise_placement']} noise), {out['steps']} rounds: epsilon "
-            f"lower bound {out['epsilon_lower_bound']:.3f} at confidence {out['confidence']:g} "
-            f"(one-run {out['epsilon_lower_bound_one_run']:.3f}, f-DP against the "
-            f"{out['curve']} curve {out['epsilon_lower_bound_fdp']:.3f}; mu-GDP, assumed "
-            f"Gaussian, {out['epsilon_lower_bound_gdp']:.3f}); accountant "
-            f"{out['epsilon_accountant']:.3f} "
-            f"({out['accountant']}, delta {out['delta']:g}); {out['correct']} of "
-            f"{out['guesses']} guesses correct, {out['canaries']} canaries; {out['seconds']:.1f} s"
-        )
-        if out["flagged"]:
-            print(
-                "flagged: the lower bound exceeds the accountant's epsilon: the mechanism "
-                "leaks more than it claims"
-            )
-    return 0

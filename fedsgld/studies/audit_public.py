@@ -40,8 +40,8 @@ import math
 import numpy as np
 import torch
 
+from fedsgld.core.clipping import clip_factors
 from fedsgld.core.noise import seeded_generator
-from fedsgld.core.per_record import clip_factors
 
 #: key part of the generator of the public subsets (beside the audit's other streams)
 PUBLIC_STREAM = 0xA0D3

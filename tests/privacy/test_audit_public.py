@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
+from fedsgld.core.clipping import clip_factors
 from fedsgld.core.mechanism import FlatModel
-from fedsgld.core.per_record import clip_factors
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.audit_tradeoff import audit_run
 from fedsgld.studies.audit_public import PublicGradient, shrinkage
