@@ -60,7 +60,6 @@ import hashlib
 import json
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -83,6 +82,7 @@ from fedsgld.federation import (
 )
 from fedsgld.flower import user_sites
 from fedsgld.flower.handoff import admitted
+from fedsgld.flower.hosted import HostedSites, hosted_site_ids, site_info
 from fedsgld.flower.protocol import config_from_record, data_fingerprint, pack_vector
 from fedsgld.flower.site_files import (
     SiteShard,
@@ -99,16 +99,6 @@ STATE_SHARD = "fedsgld.shard-{}"
 STATE_LIMIT_BYTES = 256 * 2**20  # shards larger than this are rebuilt, not kept in context.state
 
 
-@dataclass
-class HostedSites:
-    """The sites one node hosts, ready to train."""
-
-    key: str
-    sites: dict[int, Site]
-    info: list[dict[str, Any]]
-    num_classes: int
-
-
 # this process's nodes' sites for the current run, by (run id, data key, the whole run
 # config's key: the method sets the sites' parameter view): a simulation runs the
 # messages of many nodes in each of its few processes (Ray actors), interleaved, so one
@@ -121,25 +111,6 @@ def _config_key(config: Config) -> str:
     return hashlib.sha256(flat.encode()).hexdigest()[:24]
 
 
-def hosted_site_ids(n_sites: int, node_config: dict[str, Any]) -> list[int]:
-    """The sites 0..n_sites-1 that a node hosts, from its ``node_config`` (module docstring)."""
-    k = n_sites
-    if "site-id" in node_config:
-        sid = node_config["site-id"]
-        if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < k:
-            raise ValueError(f"node config site-id must be an integer in [0, {k - 1}], got {sid!r}")
-        return [sid]
-    if "partition-id" in node_config and "num-partitions" in node_config:
-        pid, npart = node_config["partition-id"], node_config["num-partitions"]
-        if not (isinstance(pid, int) and isinstance(npart, int) and 0 <= pid < npart):
-            raise ValueError(f"bad node config partition-id={pid!r} num-partitions={npart!r}")
-        return [s for s in range(k) if s % npart == pid]
-    raise ValueError(
-        "node config must name the site(s) this node hosts: site-id=K, or "
-        "partition-id=P num-partitions=N (set by Flower's simulation)"
-    )
-
-
 def _model(config: Config, shard: Any, num_classes: int) -> torch.nn.Module:
     """The run's seeded model for a site's records (as the engine builds it)."""
     return seeded_model(config, tuple(shard.x_train.shape[1:]), num_classes, seed=config.run.seed)
@@ -149,19 +120,6 @@ def _site_from_shard(config: Config, shard: Any, model: torch.nn.Module) -> Site
     """A site over ``shard``, seeded by the run (its training requests draw from the
     sampler of the node's policy, which the guard admits with them)."""
     return build_site(config, shard, model, seed=config.run.seed, device=site_device(config))
-
-
-def _info(shard: Any, num_classes: int) -> dict[str, Any]:
-    """What a node knows about a site (the guard lets the label histogram out only where
-    the site's policy shares it)."""
-    return {
-        "site": int(shard.site_id),
-        "n_train": int(shard.x_train.shape[0]),
-        "n_test": int(shard.x_test.shape[0]),
-        "num_classes": int(num_classes),
-        "input_shape": [int(s) for s in shard.x_train.shape[1:]],
-        "label_histogram": shard.label_histogram("train"),
-    }
 
 
 def node_policy(context: Context, config: Config) -> SitePolicy:
@@ -235,7 +193,7 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
         user_sites.check_site_model(config, node_config)  # an imported model: the site's choice
         shard, num_classes = _load_own(config, node_config, ids[0])
         sites = {ids[0]: _site_from_shard(config, shard, _model(config, shard, num_classes))}
-        return HostedSites(key, sites, [_info(shard, num_classes)], num_classes)
+        return HostedSites(key, sites, [site_info(shard, num_classes)], num_classes)
     if "data-path" in node_config:
         config = Config.from_flat({**config.flat(), "data_path": str(node_config["data-path"])})
     seed, _ = resolve_seed(config)
@@ -244,7 +202,7 @@ def _build(config: Config, node_config: dict[str, Any], key: str) -> HostedSites
     model = seeded_model(config, shape, num_classes, seed=seed)
     device = site_device(config)
     sites = {d.site_id: build_site(config, d, model, seed=seed, device=device) for d in shards}
-    return HostedSites(key, sites, [_info(d, num_classes) for d in shards], num_classes)
+    return HostedSites(key, sites, [site_info(d, num_classes) for d in shards], num_classes)
 
 
 def _to_state(context: Context, hosted: HostedSites) -> None:

@@ -28,7 +28,7 @@ import hashlib
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from flwr.app import Context, Message
@@ -36,10 +36,8 @@ from flwr.app import Context, Message
 from fedsgld.config import Config
 from fedsgld.data.partition import SiteData
 from fedsgld.federation import build_site, seeded_model, site_device
+from fedsgld.flower.hosted import HostedSites, hosted_site_ids, site_info
 from fedsgld.models.imported import is_import_path
-
-if TYPE_CHECKING:
-    from fedsgld.flower.sites import HostedSites
 
 
 @dataclass(frozen=True)
@@ -107,12 +105,10 @@ def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> 
     objects = active()
     if objects is None or objects.site_data is None:
         return None
-    from fedsgld.flower import sites as node  # the module that calls this one
-
     data = objects.site_data
     if len(data) != config.run.sites:
         raise ValueError(f"sites: {config.run.sites} in the run, {len(data)} given")
-    ids = node.hosted_site_ids(config.run.sites, node_config)
+    ids = hosted_site_ids(config.run.sites, node_config)
     first = data[ids[0]]
     model = seeded_model(
         config,
@@ -125,8 +121,8 @@ def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> 
     sites = {
         k: build_site(config, data[k], model, seed=config.run.seed, device=device) for k in ids
     }
-    info = [node._info(data[k], data[k].num_classes) for k in ids]
-    return node.HostedSites(key, sites, info, first.num_classes)
+    info = [site_info(data[k], data[k].num_classes) for k in ids]
+    return HostedSites(key, sites, info, first.num_classes)
 
 
 def check_site_model(config: Config, node_config: dict[str, Any]) -> None:

@@ -49,9 +49,9 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
+from fedsgld.flower.hosted import hosted_site_ids
 from fedsgld.flower.site_evaluation import evaluation_records
 from fedsgld.flower.site_files import deployed, own_records
-from fedsgld.flower.sites import hosted_site_ids
 from fedsgld.pate.aggregation import site_histogram
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import PateSplit, pate_split

@@ -41,9 +41,36 @@ from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged
 from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, subsampled_steps
 
-if TYPE_CHECKING:  # the server holds its mode; the mode only reads and steps it
+if TYPE_CHECKING:
+    from fedsgld.config import PrivacySettings
+    from fedsgld.core.noise import Randomness
+    from fedsgld.privacy import PrivacyAccountant
     from fedsgld.privacy.distributed import DDGParameters
-    from fedsgld.strategies.server import LangevinServer
+
+
+class ServerState(Protocol):
+    """What a round mode reads and steps of the server that holds it
+    (:class:`~fedsgld.strategies.server.LangevinServer`): the server builds its mode, the
+    mode never builds a server."""
+
+    theta: torch.Tensor
+    t: int
+    rounds: int
+    privacy: PrivacySettings
+    accountant: PrivacyAccountant | None
+    site_sizes: list[int]
+    run_key: str
+    noise: Randomness
+
+    def schedule_point(self, t: int) -> tuple[float, float]: ...
+
+    def charge(self, event: DpEvent | None) -> Charged: ...
+
+    def step(self, plan: RoundPlan, noisy: torch.Tensor) -> torch.Tensor: ...
+
+    def advance(
+        self, plan: RoundPlan, theta: torch.Tensor, site_thetas: list[torch.Tensor] | None
+    ) -> torch.Tensor: ...
 
 
 class Transport(Protocol):
@@ -71,7 +98,7 @@ class RoundMode(ABC):
     if_failed: ClassVar[str] = "no privacy was spent"  # a failed round's cost, in words
     local_steps: int = 1  # steps per round (the ledger's steps per round)
 
-    def __init__(self, server: LangevinServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         self.server = server
 
     # -- planning ----------------------------------------------------------------------
@@ -184,7 +211,7 @@ class SiteNoise(RoundMode):
     settings = "noise_placement = 'sites', secure_aggregation = false"
     if_failed = "its local steps stay counted in the ledger"
 
-    def __init__(self, server: LangevinServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         super().__init__(server)
         # round r runs local steps r E .. r E + E - 1 at every site
         self.local_steps = server.privacy.local_steps

@@ -8,20 +8,15 @@ placement is read here only, once per server; everything else asks the mode.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from fedsgld.strategies.modes import RoundMode, ServerNoise, SiteNoise
+from fedsgld.strategies.modes import RoundMode, ServerNoise, ServerState, SiteNoise
 from fedsgld.strategies.secure_sum import SecureSum
-
-if TYPE_CHECKING:
-    from fedsgld.strategies.server import LangevinServer
 
 MODES: tuple[type[RoundMode], ...] = (ServerNoise, SecureSum, SiteNoise)
 # a placement, and the run-config settings that choose it, in the order of their accuracy
 PLACEMENT_SETTINGS = {m.placement: m.settings for m in MODES}
 
 
-def round_mode(server: LangevinServer) -> RoundMode:
+def round_mode(server: ServerState) -> RoundMode:
     """The round mode of ``server``'s placement (``server.privacy.placement``)."""
     by_name = {m.placement: m for m in MODES}
     placement = server.privacy.placement

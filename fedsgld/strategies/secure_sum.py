@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,10 +28,7 @@ from fedsgld.privacy.ddg_ledger import ACCOUNTING
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg
 from fedsgld.privacy.events import Composed, DistributedDiscreteGaussianStep, DpEvent, Repeated
 from fedsgld.secagg import SecAggPlan
-from fedsgld.strategies.modes import RoundMode, Transport
-
-if TYPE_CHECKING:
-    from fedsgld.strategies.server import LangevinServer
+from fedsgld.strategies.modes import RoundMode, ServerState, Transport
 
 MECHANISM = "distributed discrete Gaussian"
 
@@ -42,7 +39,7 @@ class SecureSum(RoundMode):
     placement = "secure"
     settings = "noise_placement = 'sites', secure_aggregation = true"
 
-    def __init__(self, server: LangevinServer) -> None:
+    def __init__(self, server: ServerState) -> None:
         super().__init__(server)
         p = server.privacy
         if not p.secure_aggregation:
