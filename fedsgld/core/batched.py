@@ -30,7 +30,7 @@ import torch
 
 from fedsgld.core.clipping import clip_factors, param_blocks
 from fedsgld.core.noise import gaussian_noise
-from fedsgld.core.per_record import RecordGradients, UnsupportedModel, clipped_rows_sum
+from fedsgld.core.per_record import RecordGradients, add_rows, clipped_rows_sum
 from fedsgld.core.prenoise import draw_in_background, sharing_threads
 
 __all__ = ["SiteSample", "segment_clipped_sums"]
@@ -104,24 +104,12 @@ def _blocks(draws: list[torch.Tensor] | None, pieces, sizes, device) -> list[tor
 def _gradients(grads: RecordGradients, theta, x, y, draws):
     """The records' per-record gradients, computed while ``draws`` may run beside them:
     a function adding them into a batch's blocks (layer registry, else ``torch.func``)."""
-    if grads.custom is None and grads.ready(theta, x, y):
-        try:
-            with sharing_threads(draws):
-                terms = grads.layers.terms(grads.leaf_forward(theta), x, y)
-        except UnsupportedModel as err:
-            grads.drop_layers(err)
-        else:
-            return lambda blocks: grads.layers.add_into(blocks, terms)
+    terms = grads.layer_terms(theta, x, y, draws)
+    if terms is not None:
+        return lambda blocks: grads.layers.add_into(blocks, terms)
     with sharing_threads(draws):
         g = grads.per_record(theta, x, y)
-
-    def add(blocks: list[torch.Tensor]) -> None:
-        pos = 0
-        for blk in blocks:
-            blk += g[:, pos : pos + blk.shape[1]]
-            pos += blk.shape[1]
-
-    return add
+    return lambda blocks: add_rows(blocks, g)
 
 
 def _batch(grads, theta, pieces, *, sizes, clip, prenoise, chunk_size, total, rows_after):

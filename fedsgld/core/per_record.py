@@ -193,27 +193,39 @@ class RecordGradients:
         if noise is None and clip is None:
             raise ValueError("chunk_sum needs clip or pre-noise")
         b = x.shape[0]
-        if self.custom is None and self.ready(theta, x, y):
-            try:
-                with sharing_threads(noise):
-                    terms = self.layers.terms(self.leaf_forward(theta), x, y)
-            except UnsupportedModel as err:
-                self.drop_layers(err)
-            else:
-                if noise is None:
-                    return self.layers.clipped_sum_norm_first(terms, clip, b)
-                blocks = param_blocks(noise.result(), b, self.numels)
-                return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
+        terms = self.layer_terms(theta, x, y, noise)
+        if terms is not None:
+            if noise is None:
+                return self.layers.clipped_sum_norm_first(terms, clip, b)
+            blocks = param_blocks(noise.result(), b, self.numels)
+            return clip_blocks_and_sum(LayerGrads.add_into(blocks, terms), clip)
         with sharing_threads(noise):
             g = self.per_record(theta, x, y)
         if noise is None:
             return clip_blocks_and_sum([g], clip)
-        blocks = param_blocks(noise.result(), b, sizes)
-        pos = 0
-        for blk in blocks:
-            blk += g[:, pos : pos + blk.shape[1]]
-            pos += blk.shape[1]
-        return clip_blocks_and_sum(blocks, clip)
+        return clip_blocks_and_sum(add_rows(param_blocks(noise.result(), b, sizes), g), clip)
+
+    def layer_terms(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, draws):
+        """The layer registry's terms of these records, computed while ``draws`` (pre-noise
+        rows, or None) may be drawn beside them; None where the model takes the
+        ``torch.func`` path (a custom gradient, a layer the registry lacks)."""
+        if self.custom is None and self.ready(theta, x, y):
+            try:
+                with sharing_threads(draws):
+                    return self.layers.terms(self.leaf_forward(theta), x, y)
+            except UnsupportedModel as err:
+                self.drop_layers(err)
+        return None
+
+
+def add_rows(blocks: list[torch.Tensor], g: torch.Tensor) -> list[torch.Tensor]:
+    """Add the per-record gradient rows ``g`` (B, P) into ``blocks`` (the same B rows laid
+    out parameter block by parameter block), in place; returns ``blocks``."""
+    pos = 0
+    for blk in blocks:
+        blk += g[:, pos : pos + blk.shape[1]]
+        pos += blk.shape[1]
+    return blocks
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
