@@ -31,7 +31,9 @@ Every message passes the site's guard first (:mod:`fedsgld.pate.guard` admits PA
 messages; :mod:`fedsgld.flower.guard`): the noise and what is shared are the site's
 policy's decisions, not the server's.
 
-This module holds the messages' settings and the site's handlers. The server
+The messages' codecs and typed requests are in :mod:`fedsgld.pate.protocol`; the site's
+guard decodes each request once and its handler here computes from what the guard
+admitted (:class:`~fedsgld.pate.protocol.AtSite`), never from the raw record. The server
 (:func:`fedsgld.pate.server.serve_pate`) takes its public queries from
 :func:`~fedsgld.pate.data.pate_split` (the same seeded split as in-process), checks every
 histogram and drops a bad one with a logged reason; the analysis covers whatever
@@ -42,68 +44,36 @@ histograms were summed. A seeded run equals the in-process
 from __future__ import annotations
 
 import json
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 
+from fedsgld.flower.handoff import admitted
 from fedsgld.flower.hosted import hosted_site_ids
 from fedsgld.flower.site_evaluation import evaluation_records
 from fedsgld.flower.site_files import deployed, own_records
 from fedsgld.pate.aggregation import site_histogram
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import PateSplit, pate_split
+from fedsgld.pate.protocol import (
+    EVALUATE,
+    QUERY,
+    RUN_CONFIG_FIELDS,
+    STUDENT,
+    TRAIN,
+    AtSite,
+    PateTask,
+    StudentRequest,
+    VoteRequest,
+    Votes,
+    encode_sites,
+    encode_votes,
+    pate_config_from_run_config,
+    pate_record,
+)
 from fedsgld.pate.teachers import new_model, predict_proba, train_site_teachers
-
-PREFIX = "pate."
-QUERY = "query.pate"
-TRAIN = "train.pate"
-EVALUATE = "evaluate.pate"
-STUDENT = "student"  # the group name of a student's evaluation
-RUN_CONFIG_FIELDS = tuple(f.name for f in fields(PateConfig))
-
-
-# -- the PATE settings in a run config / ConfigRecord -----------------------------------
-
-
-def pate_config_from_run_config(run_config: dict[str, Any]) -> PateConfig:
-    """:class:`PateConfig` from the ``pate.*`` keys (unknown ``pate.*`` keys raise)."""
-    raw = {k[len(PREFIX) :]: v for k, v in run_config.items() if k.startswith(PREFIX)}
-    unknown = sorted(set(raw) - set(RUN_CONFIG_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"unknown PATE run-config keys: {', '.join(PREFIX + k for k in unknown)} "
-            f"(valid: {', '.join(PREFIX + k for k in RUN_CONFIG_FIELDS)})"
-        )
-    if "mechanisms" in raw:
-        m = raw["mechanisms"]
-        if not isinstance(m, str):
-            raise ValueError(f"pate.mechanisms must be a comma-separated string, got {m!r}")
-        raw["mechanisms"] = tuple(x.strip() for x in m.split(",") if x.strip())
-    if "dataset_options" in raw:
-        o = raw["dataset_options"]
-        try:
-            raw["dataset_options"] = json.loads(o) if isinstance(o, str) else None
-        except json.JSONDecodeError:
-            raw["dataset_options"] = None
-        if not isinstance(raw["dataset_options"], dict):
-            raise ValueError(f"pate.dataset_options must be a JSON object string, got {o!r}")
-    return PateConfig(**raw)
-
-
-def pate_record(config: PateConfig) -> ConfigRecord:
-    rec: dict[str, Any] = {}
-    for name in RUN_CONFIG_FIELDS:
-        v = getattr(config, name)
-        if name == "mechanisms":
-            v = ",".join(v)
-        elif name == "dataset_options":
-            v = json.dumps(v, sort_keys=True)
-        rec[PREFIX + name] = v
-    return ConfigRecord(rec)
-
 
 # -- the site side (the ClientApp's @query("pate") / @train("pate") / @evaluate("pate")) --
 
@@ -132,23 +102,20 @@ def site_records(config: PateConfig, node_config: dict[str, Any]) -> dict[int, A
     return {k: split.sites[k] for k in ids}
 
 
-def _setup(msg: Message) -> PateConfig:
-    config = pate_config_from_run_config(dict(msg.content["pate"].items()))
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    return config
-
-
-def _shard(config: PateConfig, context: Context, msg: Message) -> tuple[int, Any]:
-    sid = msg.content["task"]["site-id"]
-    shards = site_records(config, dict(context.node_config))
-    if isinstance(sid, bool) or not isinstance(sid, int) or sid not in shards:
-        raise ValueError(f"this node does not host site {sid!r} (it hosts {sorted(shards)})")
-    return sid, shards[sid]
+def _setup(msg: Message, kind: type = PateTask) -> AtSite:
+    """What the site's guard admitted for ``msg``, a request of type ``kind`` (its
+    settings' threads applied)."""
+    got = admitted(msg).request
+    if not isinstance(got, AtSite) or not isinstance(got.request, kind):
+        raise RuntimeError(f"{msg.metadata.message_type}: not a PATE request the guard admitted")
+    if got.task.config.threads:
+        torch.set_num_threads(got.task.config.threads)
+    return got
 
 
 def handle_query(msg: Message, context: Context) -> Message:
-    config = _setup(msg)
+    """The public sizes of the sites this node hosts."""
+    config = _setup(msg).task.config
     info = [
         {
             "site": k,
@@ -159,41 +126,35 @@ def handle_query(msg: Message, context: Context) -> Message:
         }
         for k, s in site_records(config, dict(context.node_config)).items()
     ]
-    return Message(RecordDict({"sites": ConfigRecord({"json": json.dumps(info)})}), reply_to=msg)
+    return Message(encode_sites(info), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
     """The site's teachers vote on the public queries; only the histogram is returned."""
-    config = _setup(msg)
-    sid, s = _shard(config, context, msg)
-    x_q = torch.from_numpy(np.ascontiguousarray(msg.content["queries"]["x"].numpy(), np.float32))
+    got = _setup(msg, VoteRequest)
+    req, s = got.request, got.records
+    config, sid = req.task.config, int(req.task.site_id)
+    x_q = torch.from_numpy(np.ascontiguousarray(req.queries, np.float32))
     k = int(s.num_classes)
     preds, acc = train_site_teachers(
         config, site_id=sid, x_train=s.x_train, y_train=s.y_train, x_test=s.x_test,
         y_test=s.y_test, x_query=x_q, num_classes=k,
     )  # fmt: skip
     counts = site_histogram(preds, num_classes=k).numpy().astype(np.int64)
-    return Message(
-        RecordDict(
-            {
-                "histogram": ArrayRecord({"counts": Array(counts)}),
-                "teachers": ConfigRecord({"site-id": sid, "accuracy": json.dumps(acc)}),
-            }
-        ),
-        reply_to=msg,
-    )
+    return Message(encode_votes(Votes(sid, counts, tuple(acc))), reply_to=msg)
 
 
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """The student's evaluation on the site's test split (group ``student``)."""
-    config = _setup(msg)
-    sid, s = _shard(config, context, msg)
+    got = _setup(msg, StudentRequest)
+    req, s = got.request, got.records
+    config = req.task.config
     student = new_model(
         config.student_model, tuple(s.x_train.shape[1:]), int(s.num_classes), config.hidden, 0
     )
-    student.load_state_dict(msg.content["student"].to_torch_state_dict())
+    student.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in req.student.items()})
     probs = predict_proba(student, s.x_test).numpy().astype(np.float32)
-    records = evaluation_records(sid, s.y_test.numpy(), {STUDENT: probs})
+    records = evaluation_records(int(req.task.site_id), s.y_test.numpy(), {STUDENT: probs})
     return Message(RecordDict(records), reply_to=msg)
 
 

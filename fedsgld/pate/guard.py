@@ -12,52 +12,77 @@ the site's model layout and is released as one evaluation (:mod:`fedsgld.flower.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message
 
 from fedsgld.clients import guard
 from fedsgld.clients.guard import Admission
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import noisy_votes, vote_sensitivity
 from fedsgld.flower import release
-from fedsgld.flower.guard import Door, checked_array, evaluation_admission, request_record
+from fedsgld.flower.guard import Door, evaluation_admission
 from fedsgld.flower.site_files import read_node_policy
 from fedsgld.pate.config import PateConfig
-from fedsgld.pate.flower import EVALUATE, QUERY, TRAIN, pate_config_from_run_config, site_records
+from fedsgld.pate.flower import site_records
+from fedsgld.pate.protocol import (
+    EVALUATE,
+    QUERY,
+    TRAIN,
+    AtSite,
+    PateTask,
+    StudentRequest,
+    decode_evaluate,
+    decode_query,
+    decode_train,
+    decode_votes,
+    encode_votes,
+)
 from fedsgld.pate.teachers import new_model
 from fedsgld.privacy.events import GaussianRelease
 
 
-def _pate(msg: Message, context: Context, *, shard: bool = True):
-    """(config, policy, site id, the site's records) of a PATE message."""
-    config = pate_config_from_run_config(dict(request_record(msg, "pate", ConfigRecord).items()))
-    policy = read_node_policy(dict(context.node_config), run_epsilon=None, run_delta=config.delta)
-    if not shard:
-        return config, policy, None, None
-    sid = request_record(msg, "task", ConfigRecord).get("site-id")
-    shards = site_records(config, dict(context.node_config))
-    if isinstance(sid, bool) or not isinstance(sid, int) or sid not in shards:
-        raise PolicyRefused(f"this node does not host site {sid!r} (it hosts {sorted(shards)})")
-    return config, policy, sid, shards[sid]
+def _policy(task: PateTask, context: Context) -> SitePolicy:
+    return read_node_policy(
+        dict(context.node_config), run_epsilon=None, run_delta=task.config.delta
+    )
+
+
+def _site(task: PateTask, context: Context) -> Any:
+    """The records of the site ``task`` asks, if this node hosts it, else a refusal."""
+    shards = site_records(task.config, dict(context.node_config))
+    if task.site_id not in shards:
+        raise PolicyRefused(
+            f"this node does not host site {task.site_id!r} (it hosts {sorted(shards)})"
+        )
+    return shards[task.site_id]
 
 
 def _query_pate(msg: Message, context: Context) -> Admission:
-    _, policy, _, _ = _pate(msg, context, shard=False)
-    return Admission(policy, release=partial(release.sites_info, label_histogram=None))
+    task = decode_query(msg.content)  # the one decoding of the message
+    return Admission(
+        _policy(task, context),
+        release=partial(release.sites_info, label_histogram=None),
+        request=AtSite(task),
+    )
 
 
 def _train_pate(msg: Message, context: Context) -> Admission:
-    config, policy, sid, s = _pate(msg, context)
-    x = request_record(msg, "queries", ArrayRecord)
-    shape = tuple(x["x"].shape) if "x" in x else ()
-    n_queries = shape[0] if shape else 0
-    if n_queries < 1:
-        raise PolicyRefused("train.pate needs at least one public query")
-    checked_array(x, "x", dtype="float32", shape=(n_queries, *s.x_train.shape[1:]), name="queries")
-    return _vote_admission(config, policy, sid, n_queries, int(s.num_classes))
+    req = decode_train(msg.content)  # the one decoding of the message
+    policy, s = _policy(req.task, context), _site(req.task, context)
+    want = (req.queries.shape[0], *s.x_train.shape[1:])
+    if tuple(req.queries.shape) != want:
+        raise PolicyRefused(
+            f"queries are float32{tuple(req.queries.shape)}, expected float32{want} (the site's records)"
+        )
+    queries = guard.finite("queries", req.queries)
+    adm = _vote_admission(
+        req.task.config, policy, int(req.task.site_id), want[0], int(s.num_classes)
+    )
+    return replace(adm, request=AtSite(replace(req, queries=queries), s))
 
 
 def _vote_admission(
@@ -85,22 +110,27 @@ def _vote_admission(
 
 
 def _evaluate_pate(msg: Message, context: Context) -> Admission:
-    config, policy, sid, s = _pate(msg, context)
-    run_key = guard.run_key(request_record(msg, "task", ConfigRecord))
-    student = request_record(msg, "student", ArrayRecord)
+    req = decode_evaluate(msg.content)  # the one decoding of the message
+    config, policy, s = req.task.config, _policy(req.task, context), _site(req.task, context)
+    run_key = guard.run_key({"run-key": req.task.run_key})
     shape = tuple(s.x_train.shape[1:])
     ref = new_model(config.student_model, shape, int(s.num_classes), config.hidden, 0)
     want = ref.state_dict()
-    if sorted(student.keys()) != sorted(want):
+    if sorted(req.student) != sorted(want):
         raise PolicyRefused(
-            f"student has parameters {sorted(student.keys())}, expected {sorted(want)}"
+            f"student has parameters {sorted(req.student)}, expected {sorted(want)}"
         )
+    student = {}
     for k, t in want.items():
-        dtype = str(t.numpy().dtype)
-        checked_array(
-            student, k, dtype=dtype, shape=tuple(t.shape), name=f"student parameter {k!r}"
-        )
-    return evaluation_admission(policy, sid, run_key, "student", run_secure=False)
+        arr, dtype = req.student[k], str(t.numpy().dtype)
+        if str(arr.dtype) != dtype or tuple(arr.shape) != tuple(t.shape):
+            raise PolicyRefused(
+                f"student parameter {k!r} is {arr.dtype}{tuple(arr.shape)}, expected "
+                f"{dtype}{tuple(t.shape)} (the site's model)"
+            )
+        student[k] = guard.finite(f"student parameter {k!r}", arr)
+    adm = evaluation_admission(policy, int(req.task.site_id), run_key, "student", run_secure=False)
+    return replace(adm, request=AtSite(StudentRequest(req.task, student), s))
 
 
 def votes(
@@ -114,21 +144,15 @@ def votes(
 ) -> Message:
     """A PATE site's vote histogram (noised unless ``noise`` is None) and, where the policy
     releases exact evaluations, its teachers' test accuracies (else an empty list)."""
-    c = reply.content
-    counts = c["histogram"]["counts"].numpy()
-    if noise is not None:
-        counts = noisy_votes(counts, noise, teachers)
-    acc = str(c["teachers"]["accuracy"]) if share_accuracy else "[]"
-    rec: dict[str, Any] = {
-        "site-id": c["teachers"]["site-id"],
-        "accuracy": acc,
-        "vote-noise-std": noise_std,
-    }
-    out = {
-        "histogram": ArrayRecord({"counts": Array(np.ascontiguousarray(counts, dtype=np.int64))}),
-        "teachers": ConfigRecord(rec),
-    }
-    return Message(RecordDict(out), reply_to=msg)
+    got = decode_votes(reply.content)
+    counts = got.counts if noise is None else noisy_votes(got.counts, noise, teachers)
+    released = replace(
+        got,
+        counts=np.ascontiguousarray(counts, dtype=np.int64),
+        accuracy=got.accuracy if share_accuracy else (),
+        noise_std=noise_std,
+    )
+    return Message(encode_votes(released), reply_to=msg)
 
 
 ADMISSIONS: dict[str, Door] = {

@@ -11,7 +11,6 @@ messages: :mod:`fedsgld.pate.flower`.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedsgld.flower.evaluation import EvalReply, decode_eval_reply, pool_evaluations
 from fedsgld.flower.exchange import discover, exchange
@@ -31,13 +30,19 @@ from fedsgld.flower.protocol import split_flower_options
 from fedsgld.flower.replies import SiteEntry
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.data import pate_split
-from fedsgld.pate.flower import (
+from fedsgld.pate.protocol import (
     EVALUATE,
     QUERY,
     STUDENT,
     TRAIN,
+    PateTask,
+    Votes,
+    decode_sites,
+    decode_votes,
+    encode_evaluate,
+    encode_query,
+    encode_train,
     pate_config_from_run_config,
-    pate_record,
 )
 from fedsgld.pate.train import release_and_learn
 from fedsgld.run.layout import new_run_dir
@@ -49,24 +54,25 @@ class PateSitesFailed(RuntimeError):
     """No site returned a usable vote histogram."""
 
 
-def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers: int):
-    """(counts, accuracies) of a ``train.pate`` reply, or ValueError naming what is wrong."""
+def check_histogram(msg: Message, *, n_queries: int, num_classes: int, teachers: int) -> Votes:
+    """The checked :class:`~fedsgld.pate.protocol.Votes` of a ``train.pate`` reply, or
+    ValueError naming what is wrong."""
     if msg.has_error():
         raise ValueError(f"error reply: {str(msg.error.reason or '')[-500:]}")
     try:
-        counts = msg.content["histogram"]["counts"].numpy()
-        acc = json.loads(str(msg.content["teachers"]["accuracy"]))
+        got = decode_votes(msg.content)  # the reply's one decoding
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"malformed reply ({err})") from None
+    counts, acc = got.counts, list(got.accuracy)
     if counts.shape != (n_queries, num_classes) or counts.dtype != np.int64:
         raise ValueError(
             f"counts are {counts.dtype}{counts.shape}, expected int64{(n_queries, num_classes)}"
         )
     if counts.min(initial=0) < 0 or np.any(counts.sum(axis=1) != teachers):
         raise ValueError(f"every row must be {teachers} non-negative votes (one per teacher)")
-    if not isinstance(acc, list) or len(acc) not in (0, teachers):
+    if len(acc) not in (0, teachers):
         raise ValueError(f"expected {teachers} teacher accuracies, or none")
-    return counts, [float(a) for a in acc]
+    return got
 
 
 def check_student_reply(
@@ -102,21 +108,19 @@ def serve_pate(
     if config.threads:
         torch.set_num_threads(config.threads)
     split = pate_split(config)  # the server's public queries
-    ask = _Asker(grid, pate_record(config), secrets.token_hex(8), opts)
+    ask = _Asker(grid, config, secrets.token_hex(8), opts)
     sites = discover(
         grid,
         sites=config.sites,
-        message=lambda n: Message(RecordDict({"pate": ask.rec}), n, QUERY, group_id="pate"),
-        entries=lambda r: [
-            (int(e["site"]), e) for e in json.loads(str(r.content["sites"]["json"]))
-        ],
+        message=lambda n: Message(encode_query(config), n, QUERY, group_id="pate"),
+        entries=lambda r: [(e["site"], e) for e in decode_sites(r.content)],
         timeout=opts["wait-for-sites"],
         poll=opts["poll-interval"],
         log=log,
     )
     log("PATE sites: " + ", ".join(f"{s}@node {n}" for s, (n, _) in sites.items()))
-    queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
-    got = dict(ask(sites, TRAIN, "queries", queries))
+    queries = split.x_query.numpy().astype(np.float32)
+    got = dict(ask(sites, partial(encode_train, queries=queries), TRAIN))
     votes = _Votes.collect(got, sites, config, split.num_classes, opts, log, t0)
     results = release_and_learn(
         config,
@@ -148,22 +152,20 @@ def serve_pate(
 class _Asker:
     """Sends one PATE message to every site and gathers the replies by site."""
 
-    def __init__(self, grid: Any, rec: ConfigRecord, run_key: str, opts: dict[str, Any]):
-        self.grid, self.rec, self.opts = grid, rec, opts
+    def __init__(self, grid: Any, config: PateConfig, run_key: str, opts: dict[str, Any]):
+        self.grid, self.config, self.opts = grid, config, opts
         self.run_key = run_key  # names this run to the sites (their evaluations per run)
 
     def __call__(
-        self, sites: dict[int, tuple[int, Any]], kind: str, name: str, record: Any
+        self,
+        sites: dict[int, tuple[int, Any]],
+        encode: Callable[[PateTask], RecordDict],
+        kind: str,
     ) -> list[tuple[int | None, Message]]:
-        """Every reply to ``kind`` (with the record ``name``) and the site it answers (None:
-        none asked), in the order they came."""
+        """Every reply to the ``kind`` request that ``encode`` writes for each site's task,
+        and the site it answers (None: none asked), in the order they came."""
         msgs = [
-            Message(
-                RecordDict({"pate": self.rec, "task": self.task(s), name: record}),
-                node,
-                kind,
-                group_id="pate",
-            )  # fmt: skip
+            Message(encode(self.task(s)), node, kind, group_id="pate")
             for s, (node, _) in sites.items()
         ]
         replies = exchange(
@@ -172,8 +174,8 @@ class _Asker:
         by_id = {m.metadata.message_id: s for m, s in zip(msgs, sites)}  # ids are set at push
         return [(by_id.get(r.metadata.reply_to_message_id), r) for r in replies]
 
-    def task(self, s: int) -> ConfigRecord:
-        return ConfigRecord({"site-id": s, "run-key": self.run_key})
+    def task(self, s: int) -> PateTask:
+        return PateTask(self.config, s, self.run_key)
 
 
 @dataclass
@@ -192,7 +194,7 @@ class _Votes:
             try:
                 if s not in got:
                     raise ValueError(f"no reply within round-timeout {opts['round-timeout']:g} s")
-                counts, acc = check_histogram(
+                reply = check_histogram(
                     got[s], n_queries=config.queries, num_classes=k,
                     teachers=config.teachers_per_site,
                 )  # fmt: skip
@@ -200,10 +202,12 @@ class _Votes:
                 votes.dropped.append({"site": s, "reason": str(err)})
                 log(f"site {s}: histogram dropped: {err}")
                 continue
-            votes.histograms.append(counts)
-            votes.teacher_acc += acc
-            votes.noise_std[s] = float(got[s].content["teachers"].get("vote-noise-std", 0.0))
-            log(f"site {s}: {len(acc)} teachers' histogram in ({time.perf_counter() - t0:.1f}s)")
+            votes.histograms.append(reply.counts)
+            votes.teacher_acc += list(reply.accuracy)
+            votes.noise_std[s] = reply.noise_std
+            log(
+                f"site {s}: {len(reply.accuracy)} teachers' histogram in ({time.perf_counter() - t0:.1f}s)"
+            )
         if not votes.histograms:
             raise PateSitesFailed("no site returned a usable vote histogram: " + "; ".join(
                 f"site {d['site']}: {d['reason']}" for d in votes.dropped
@@ -215,7 +219,7 @@ def _evaluate_student(
     ask: _Asker, sites: dict[int, tuple[int, Any]], k: int, log, student: torch.nn.Module
 ):
     """The student's evaluation at every site: (pooled report, per-site reports)."""
-    res = ask(sites, EVALUATE, "student", ArrayRecord(student.state_dict()))
+    res = ask(sites, partial(encode_evaluate, student=ArrayRecord(student.state_dict())), EVALUATE)
     got: dict[int, EvalReply] = {}
     for s, r in res:
         try:

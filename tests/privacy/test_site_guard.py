@@ -58,6 +58,8 @@ def _no_guard(msg: Message, context: Context, call_next) -> Message:
         vectors = [e.thetas[str(i)].numpy() for i in idx]
         with handing(msg, Admitted(Evaluating(site, group, vectors, e.config), None)):
             return call_next(msg, context)
+    if msg.metadata.message_type.endswith(".pate"):
+        return _pate_unguarded(msg, context, call_next)
     if msg.metadata.message_type != "train":
         return call_next(msg, context)
     p = decode_train(msg.content)
@@ -67,6 +69,22 @@ def _no_guard(msg: Message, context: Context, call_next) -> Message:
     request = Training(p, site, theta, p.sample_rate, p.clip, p.prenoise, site.randomness, at_site)
     receipt = charge(PrivacyAccountant(delta=1e-5, epsilon_budget=math.inf), None)
     with handing(msg, Admitted(request, receipt)):
+        return call_next(msg, context)
+
+
+def _pate_unguarded(msg: Message, context: Context, call_next) -> Message:
+    """The control for PATE: the handler gets the decoded request, nothing checked."""
+    from fedsgld.pate import protocol
+    from fedsgld.pate.flower import site_records
+
+    kind = msg.metadata.message_type
+    decode = {"query.pate": protocol.decode_query, "train.pate": protocol.decode_train,
+              "evaluate.pate": protocol.decode_evaluate}[kind]  # fmt: skip
+    req = decode(msg.content)
+    task = req if isinstance(req, protocol.PateTask) else req.task
+    shards = site_records(task.config, dict(context.node_config))
+    records = shards.get(task.site_id) if task.site_id is not None else None
+    with handing(msg, Admitted(protocol.AtSite(req, records), None)):
         return call_next(msg, context)
 
 
