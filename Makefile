@@ -38,7 +38,7 @@ readme-numbers: demo
 SLOW_SUBSET ?= tests/engine/test_readme_numbers.py::test_demo_dpsgld_matches_the_readme \
 	tests/flower/test_site_sovereignty_deploy.py
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 	$(BIN)/python -m pytest -q $(SLOW_SUBSET)
 
 test-all: setup

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import math
+
 import numpy as np
 
 from fedsgld.privacy.ledger import LedgerKey, Plan, append
@@ -109,7 +111,9 @@ def single_step_delta_lower_bound(key: Iterable[tuple[float, float, int]], eps: 
     """
     from scipy.special import log_ndtr, ndtr
 
-    arr = np.asarray([(q, s) for q, s, _ in key], dtype=np.float64)
+    arr = np.asarray([(q, s) for q, s, _ in key if q > 0.0], dtype=np.float64)
+    if eps == math.inf or arr.size == 0:  # delta(inf) = 0, and a step at rate 0 releases nothing
+        return 0.0
     q, sigma = arr[:, 0], arr[:, 1]
     with np.errstate(divide="ignore"):
         log1mq = np.where(q < 1.0, np.log1p(-np.minimum(q, 1.0 - 1e-300)), -np.inf)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -30,3 +31,12 @@ def test_the_single_step_bound_never_exceeds_the_accountants_delta(q, sigma):
     # and it is not vacuous: q = 1 is the plain Gaussian, whose delta the bound gives exactly
     if q == 1.0:
         assert lower == pytest.approx(1e-5, rel=1e-2)
+
+
+def test_the_single_step_bound_is_a_number_at_an_infinite_budget_and_at_rate_zero():
+    # delta(inf) is 0 for every mechanism; a step at rate 0 releases nothing; neither may
+    # turn the bound into NaN and hide another step's overspending
+    assert single_step_delta_lower_bound([(1.0, 4.5e-7, 1)], math.inf) == 0.0
+    with_zero = single_step_delta_lower_bound([(0.0, 1.0, 3), (0.5, 0.3, 1)], 1.0)
+    alone = single_step_delta_lower_bound([(0.5, 0.3, 1)], 1.0)
+    assert with_zero == alone > 0.1
