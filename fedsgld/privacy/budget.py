@@ -30,9 +30,8 @@ steps of a :class:`~fedsgld.privacy.ledger.Plan` that a budget check ``within(ke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 import math
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
