@@ -42,8 +42,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fedsgld.privacy import pld_fft
-from fedsgld.privacy.approx_ledger import ApproxLedger, DDGLedgerWithApprox
 from fedsgld.privacy.accountant_state import check_same_settings, read_state, saved_mu2, write_state
+from fedsgld.privacy.approx_ledger import ApproxLedger, DDGLedgerWithApprox
 from fedsgld.privacy.budget import BudgetExhausted, dominates, single_step_delta_lower_bound
 from fedsgld.privacy.ddg_ledger import DDGLedger
 from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, UnsupportedEvent, releases

@@ -200,7 +200,9 @@ class ApproxLedger:
                     raise ValueError(f"unknown kind {kind!r}")
                 count = int(count)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"privacy accountant state: approx entry {i} is invalid ({err})")
+                raise ValueError(
+                    f"privacy accountant state: approx entry {i} is invalid ({err})"
+                ) from None
             releases += [r] * count
         self.key = _append((), releases)
 

@@ -92,6 +92,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="noise multiplier of each released validation score (default 20)")  # fmt: skip
     g.add_argument("--selection-seed", type=int, default=None,
                    help="seed the draws (simulations only; default: the operating system)")  # fmt: skip
+    g.add_argument(
+        "--site-ledgers", default=None, metavar="DIR_OR_POLICY",
+        help="charge the selection, before any trial, to every site's own ledger file: a "
+        "directory of fedsgld-site-<k>.json (a simulation's state-dir) or a site policy file",
+    )  # fmt: skip
     p.add_argument("--address", default=None, help="an existing Ray cluster (default: local Ray)")
     p.add_argument(
         "--workers", type=int, default=2, help="CPUs of the local Ray instance (default 2)"

@@ -154,7 +154,9 @@ def test_site_ledger_file_round_trips_and_only_grows(tmp_path):
                   round_of=("selection:x", 0, 0))  # fmt: skip
         eps = led.accountant.rigorous_epsilon()
     state = json.loads(path.read_text())
-    assert state["ledger"]["approx"][0][0] == "rdp_curve" and state["ledger"]["approx"][0][2] == "sel"
+    assert (
+        state["ledger"]["approx"][0][0] == "rdp_curve" and state["ledger"]["approx"][0][2] == "sel"
+    )
     with SiteLedger.open(3, pol, path) as again:
         assert again.accountant.rigorous_epsilon() == pytest.approx(eps, rel=1e-12)
         assert again.spent_steps == 101
