@@ -20,7 +20,10 @@ and converts it to an (epsilon, delta) guarantee with these accountants:
 * ``"dp_accounting_pld"``: the reference, ``dp_accounting``'s PLD accountant, one PLD per
   distinct (q, sigma): accurate but slow. Only computed when chosen as ``accountant``.
 
-The accountant holds two ledgers and hands each event to the first that ``supports`` it:
+The accountant holds three ledgers and hands each event to the first that ``supports`` it:
+the ledger of releases known only by an (epsilon, delta) guarantee or an RDP curve
+(:class:`~fedsgld.privacy.approx_ledger.ApproxLedger`; once it holds any, every epsilon is
+the whole ledger's PLD composed with their worst-case pairs, :mod:`fedsgld.privacy.approx_dp`),
 the distributed discrete Gaussian ledger (:class:`~fedsgld.privacy.ddg_ledger.DDGLedger`,
 every event with such a round) and the Gaussian ledger
 (:class:`~fedsgld.privacy.gaussian_ledger.GaussianLedger`, events of Gaussian steps only;
@@ -240,7 +243,7 @@ class PrivacyAccountant:
         return gdp_mu(self._key(ledger))
 
     # -- spending: every release is an event, taken by the ledger that supports it ------
-    def ledger_for(self, event: DpEvent) -> DDGLedger | GaussianLedger:
+    def ledger_for(self, event: DpEvent) -> ApproxLedger | DDGLedger | GaussianLedger:
         """The first of :attr:`ledgers` that supports ``event``.
 
         Raises:

@@ -176,3 +176,23 @@ def test_site_ledger_file_round_trips_and_only_grows(tmp_path):
     verify(tmp_path, full, None, None)
     with pytest.raises(ValueError, match="not the last write"):
         verify(tmp_path, first, None, None)
+
+
+def test_with_distributed_discrete_gaussian_rounds_the_whole_ledger_counts_both():
+    from fedsgld.privacy.distributed import choose_ddg, ddg_epsilon
+    from fedsgld.privacy.events import DistributedDiscreteGaussianStep
+
+    params = choose_ddg(noise_multiplier=1.0, clip=1.0, dim=1000, sites=4, signal_norm=4.0)
+    acc = PrivacyAccountant(delta=DELTA, epsilon_budget=10.0)
+    acc.spend(Repeated(DistributedDiscreteGaussianStep(params, 0.01), 50))
+    rounds_only = acc.rigorous_epsilon()
+    assert rounds_only == pytest.approx(ddg_epsilon([(0.01, params, 50)], DELTA).epsilon)
+    acc.spend(ApproxDpRelease(0.5, 1e-6))
+    both = acc.rigorous_epsilon()
+    assert both > rounds_only and both > composed_epsilon([], [ApproxDpRelease(0.5, 1e-6)], DELTA)
+    assert acc.epsilon() == dict.fromkeys(("gdp", "pld", "rdp"), both)
+    # a later round is checked with the release counted, and the state round-trips
+    acc.spend(DistributedDiscreteGaussianStep(params, 0.01))
+    again = PrivacyAccountant.from_state_dict(acc.state_dict())
+    assert again.rigorous_epsilon() == pytest.approx(acc.rigorous_epsilon(), rel=1e-12)
+    assert again.rigorous_epsilon() > both
