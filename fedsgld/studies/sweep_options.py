@@ -26,7 +26,9 @@ of trials (Papernot & Steinke 2022; ``--selection-mean``, ``--selection-shape``)
 grid point and seed drawn at random, releases a noisy validation score per model
 (``--score-noise``) and keeps the best; the whole procedure's epsilon (training,
 recalibration, scores, selection) is accounted, charged to every site and written to
-OUT/selection.json, and the sweep refuses before any trial when it exceeds E.
+OUT/selection.json, and the sweep refuses before any trial when it exceeds E. With
+``--site-ledgers`` the charge is written into every site's own ledger file before any
+trial (:mod:`fedsgld.studies.sweep_charge`), once per selection.
 
 Written: OUT/sweep.json (every trial, the selection, the table), OUT/sweep.md (the table,
 per-site results and a sentence on which private model is best calibrated at which
