@@ -84,6 +84,7 @@ from fedsgld.core.noise import Randomness
 from fedsgld.core.release import Charged, charge
 from fedsgld.files import write_json
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
+from fedsgld.privacy.approx_dp import approx_releases
 from fedsgld.privacy.events import DpEvent, ddg_steps
 from fedsgld.secagg.identity import SIMULATED, Consortium, parse_peers
 
@@ -304,11 +305,22 @@ def _placements(value: Any) -> tuple[str, ...]:
 STATE_VERSION = 2
 
 
+def _release_count(event: DpEvent) -> int:
+    """How many releases ``event`` holds: approximate-DP releases (an (epsilon, delta)
+    guarantee or an RDP curve, :mod:`fedsgld.privacy.approx_dp`), else Gaussian steps and
+    distributed discrete Gaussian rounds."""
+    approx = approx_releases(event)
+    return len(approx) if approx is not None else sum(map(len, ddg_steps(event)))
+
+
 class SiteLedger:
     """One site's persistent state: which rounds it answered (request numbering: run key,
     epoch, round, increasing), how many evaluations it released per run key, and its
     privacy ledger: one :class:`PrivacyAccountant` for every release the site noises itself
     (local DP-SGLD steps in the ``sites`` placement, evaluation statistics, PATE votes),
+    every round it answers, and every procedure on its records whose cost is known only
+    as an (epsilon, delta) guarantee or an RDP curve (a private hyper-parameter
+    selection: :mod:`fedsgld.privacy.approx_dp`, composed with the rest by the same PLD),
     capped by the policy's ``epsilon`` where it has one.
 
     ``state_path``: a JSON file persisted (temporary file, fsync, rename, fsync of the
@@ -415,7 +427,7 @@ class SiteLedger:
                     f"site {self.site_id} already answered {done} evaluations of run "
                     f"{evaluation_of}; policy max_evaluations is {pol.max_evaluations}"
                 )
-        n = 0 if event is None else sum(map(len, ddg_steps(event)))
+        n = 0 if event is None else _release_count(event)
         if n and pol.epsilon is not None:
             fits = acc.affordable(event)
             if fits < n:

@@ -20,7 +20,10 @@ and converts it to an (epsilon, delta) guarantee with these accountants:
 * ``"dp_accounting_pld"``: the reference, ``dp_accounting``'s PLD accountant, one PLD per
   distinct (q, sigma): accurate but slow. Only computed when chosen as ``accountant``.
 
-The accountant holds two ledgers and hands each event to the first that ``supports`` it:
+The accountant holds three ledgers and hands each event to the first that ``supports`` it:
+the ledger of releases known only by an (epsilon, delta) guarantee or an RDP curve
+(:class:`~fedsgld.privacy.approx_ledger.ApproxLedger`; once it holds any, every epsilon is
+the whole ledger's PLD composed with their worst-case pairs, :mod:`fedsgld.privacy.approx_dp`),
 the distributed discrete Gaussian ledger (:class:`~fedsgld.privacy.ddg_ledger.DDGLedger`,
 every event with such a round) and the Gaussian ledger
 (:class:`~fedsgld.privacy.gaussian_ledger.GaussianLedger`, events of Gaussian steps only;
@@ -43,6 +46,7 @@ from typing import Any
 
 from fedsgld.privacy import pld_fft
 from fedsgld.privacy.accountant_state import check_same_settings, read_state, saved_mu2, write_state
+from fedsgld.privacy.approx_ledger import ApproxLedger, DDGLedgerWithApprox
 from fedsgld.privacy.budget import BudgetExhausted, dominates, single_step_delta_lower_bound
 from fedsgld.privacy.ddg_ledger import DDGLedger
 from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, UnsupportedEvent, releases
@@ -118,15 +122,33 @@ class PrivacyAccountant:
             accountant=accountant,
             sigma_rel_grid=sigma_rel_grid,
             pld_discretization=pld_discretization,
-            whole_run=lambda key: self.ddg.whole_run(key),
+            whole_run=self._whole_run,
         )
-        self.ddg = DDGLedger(
+        self.ddg = DDGLedgerWithApprox(
             delta=delta,
             epsilon_budget=epsilon_budget,
             names=("gdp", "pld", "rdp", accountant),
             gaussian=self.gaussian,
+            approx=lambda: self.approx,
         )
-        self.ledgers = (self.ddg, self.gaussian)  # the first that supports an event takes it
+        self.approx = ApproxLedger(
+            delta=delta,
+            epsilon_budget=epsilon_budget,
+            gaussian=self.gaussian,
+            ddg=lambda: self.ddg.key,
+        )
+        # the first that supports an event takes it
+        self.ledgers: tuple[ApproxLedger | DDGLedger | GaussianLedger, ...] = (
+            self.approx,
+            self.ddg,
+            self.gaussian,
+        )
+
+    def _whole_run(self, key: LedgerKey) -> float | None:
+        """The whole ledger's epsilon with the Gaussian ledger at ``key`` where another
+        ledger holds releases (approximate-DP releases, DDG rounds); else None."""
+        joint = self.approx.whole_run(key)
+        return joint if joint is not None else self.ddg.whole_run(key)
 
     def __repr__(self) -> str:
         return (
@@ -148,9 +170,15 @@ class PrivacyAccountant:
         return self.ddg.entries
 
     @property
+    def approx_ledger(self) -> list:
+        """The approximate-DP releases recorded, [(release, count), ...] in order."""
+        return self.approx.entries
+
+    @property
     def steps(self) -> int:
-        """Total number of recorded steps (Gaussian steps and DDG rounds)."""
-        return self.gaussian.steps + self.ddg.steps
+        """Total number of recorded releases (Gaussian steps, DDG rounds, approximate-DP
+        releases)."""
+        return self.gaussian.steps + self.ddg.steps + self.approx.steps
 
     def bucket(self, sigma: float) -> float:
         """sigma rounded DOWN onto the grid (1 + r)^k, r = ``sigma_rel_grid``; always <= sigma.
@@ -180,6 +208,9 @@ class PrivacyAccountant:
         every value is the epsilon of the whole run by :mod:`fedsgld.privacy.ddg_ledger`.
         """
         key = self._key(ledger)
+        if self.approx.key:  # every value the whole ledger's (fedsgld.privacy.approx_ledger)
+            v = self.approx.epsilon(key, self.ddg.key)
+            return dict.fromkeys(("gdp", "pld", "rdp", self.rigorous_name), v)
         if self.ddg.key:
             return self.ddg.epsilons(key)
         return self.gaussian.epsilons(key, recorded=ledger is None)
@@ -198,6 +229,8 @@ class PrivacyAccountant:
         if epsilon < 0.0:
             raise ValueError(f"epsilon must be >= 0, got {epsilon!r}")
         key = self._key(ledger)
+        if self.approx.key:
+            return self.approx.delta_at(key, self.ddg.key, epsilon)
         if not key:
             return 0.0
         return pld_fft.compose(key, delta=self.delta, sigma_merge=_MERGE).delta(epsilon)
@@ -210,7 +243,7 @@ class PrivacyAccountant:
         return gdp_mu(self._key(ledger))
 
     # -- spending: every release is an event, taken by the ledger that supports it ------
-    def ledger_for(self, event: DpEvent) -> DDGLedger | GaussianLedger:
+    def ledger_for(self, event: DpEvent) -> ApproxLedger | DDGLedger | GaussianLedger:
         """The first of :attr:`ledgers` that supports ``event``.
 
         Raises:
@@ -282,6 +315,8 @@ class PrivacyAccountant:
         state = write_state(self.gaussian.key, self.gaussian.mu2, self._settings())
         if self.ddg.key:
             state["ddg"] = self.ddg.state()
+        if self.approx.key:
+            state["approx"] = self.approx.state()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -300,6 +335,7 @@ class PrivacyAccountant:
             normalise((q, self.bucket(s), c) for q, s, c in key), saved_mu2(state, key)
         )
         self.ddg.load(state)
+        self.approx.load(state)
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> PrivacyAccountant:

@@ -23,6 +23,7 @@ from fedsgld.files import write_json
 from fedsgld.run.layout import new_run_dir
 from fedsgld.studies.benchmark import load_benchmark
 from fedsgld.studies.sweep_accounting import SelectionSettings
+from fedsgld.studies.sweep_charge import charge_selection, selection_release
 from fedsgld.studies.sweep_grid import (
     method_points,
     parse_grid,
@@ -36,6 +37,7 @@ from fedsgld.studies.sweep_private import (
     choose,
     draw_trials,
     plan_selection,
+    selection_event,
     selection_record,
 )
 from fedsgld.studies.sweep_report import plot_accuracy_ece, sweep_markdown
@@ -150,10 +152,14 @@ def run_sweep(
     progress: bool = True,
     private: SelectionSettings | None = None,
     selection_seed: int | None = None,
+    site_ledgers: str | Path | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Run a sweep (see :mod:`fedsgld.studies.sweep_options`); with ``private`` a selection
-    whose privacy is accounted (:mod:`fedsgld.studies.sweep_private`) instead of the table."""
+    whose privacy is accounted (:mod:`fedsgld.studies.sweep_private`) instead of the table,
+    charged to the sites' ledger files in ``site_ledgers`` (:mod:`fedsgld.studies.sweep_charge`)."""
+    if site_ledgers is not None and private is None:
+        raise ValueError("--site-ledgers charges a private selection: add --private-selection")
     _check_options(select if private is None else "nll", validation_fraction, recal, workers)
     base, bench = _settings(config_path, sets, methods, seeds)
     grid = parse_grid(grid_items, bench["methods"])
@@ -161,7 +167,7 @@ def run_sweep(
     if private is not None:
         return _run_private(base, bench, grid, root, private, validation_fraction, recal,
                             selection_seed, dict(ray=use_ray, address=address, workers=workers,
-                                                 log=log), progress, log)  # fmt: skip
+                                                 log=log), progress, log, site_ledgers)  # fmt: skip
     (root / "trials").mkdir(parents=True, exist_ok=True)
     job = functools.partial(_job, base, bench, root, validation_fraction)
     jobs = [
@@ -218,8 +224,9 @@ def run_sweep(
 
 
 def _run_private(base, bench, grid, root, settings, validation_fraction, recal, seed, pool_kw,
-                 progress, log) -> dict[str, Any]:  # fmt: skip
-    """The accounted selection: plan (or refuse), draw, run the drawn trials, choose."""
+                 progress, log, site_ledgers=None) -> dict[str, Any]:  # fmt: skip
+    """The accounted selection: plan (or refuse), draw, charge the sites' ledgers, run the
+    drawn trials, choose."""
     job = functools.partial(_job, base, bench, root, validation_fraction)
     cands = [(m, p, job(m, p, 0, "private", recal)[1])
              for m in bench["methods"] for p in method_points(grid, m)]  # fmt: skip
@@ -229,6 +236,12 @@ def _run_private(base, bench, grid, root, settings, validation_fraction, recal, 
     log(f"sweep: private selection over {len(cands)} grid points, epsilon_total "
         f"{plan['epsilon_total']:.4f} (one trial {plan['epsilon_trial']:.4f}) at delta "
         f"{settings.delta:g}; running the drawn trials")  # fmt: skip
+    release = selection_release(plan["rdp_total"], selection_event(settings, plan))
+    ledgers = charge_selection(root / "selection_plan.json", drawn, release, site_ledgers,
+                               sites=int(base["sites"]), delta=float(base["delta"]))  # fmt: skip
+    if ledgers is not None:
+        log(f"sweep: the selection is charged to {len(ledgers)} sites' ledgers at "
+            f"{drawn['site_ledgers']}")  # fmt: skip
     jobs = []
     for i, (c, s) in enumerate(zip(drawn["picks"], drawn["seeds"], strict=True)):
         m, p, _ = cands[c]
@@ -248,7 +261,7 @@ def _run_private(base, bench, grid, root, settings, validation_fraction, recal, 
         raise RuntimeError(f"{len(failed)} trial(s) failed; rerun the same command to resume")
     check_ledgers(trials, plan["curves"])
     chosen = choose(trials, settings, drawn["score_entropy"])
-    record = selection_record(settings, plan, drawn, chosen, int(base["sites"]))
+    record = selection_record(settings, plan, drawn, chosen, int(base["sites"]), ledgers)
     record["wall_time_s"] = time.perf_counter() - t0
     write_json(root / "selection.json", record)
     log(f"sweep: selection written to {root / 'selection.json'}")
@@ -282,7 +295,7 @@ def main(args: argparse.Namespace) -> int:
             seeds=args.seeds, select=args.select or "nll", validation_fraction=args.validation_fraction,
             recal=args.recal, out=args.out, use_ray=not args.no_ray, address=args.address,
             workers=args.workers, progress=not args.no_progress, private=private,
-            selection_seed=args.selection_seed,
+            selection_seed=args.selection_seed, site_ledgers=args.site_ledgers,
         )  # fmt: skip
     except (ValueError, OSError, RuntimeError) as err:
         print(f"fedsgld sweep: error: {err}", file=sys.stderr)

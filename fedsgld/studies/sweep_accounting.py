@@ -253,13 +253,22 @@ def planned_ledger(flat: dict[str, Any]) -> list[tuple[float, float, int]]:
     return [(q, s, c) for (q, s), c in out.items()]
 
 
+def selection_curve(
+    curves: list[np.ndarray], settings: SelectionSettings, orders: np.ndarray = DEFAULT_ORDERS
+) -> np.ndarray:
+    """The whole selection's RDP curve at ``orders``: the worst grid point's one-trial
+    curve, repeated and selected (what every site is charged)."""
+    worst = np.max(np.stack(curves), axis=0)
+    return repeat_and_select_rdp(worst, mean=settings.mean, shape=settings.shape, orders=orders)
+
+
 def selection_epsilon(
     curves: list[np.ndarray], settings: SelectionSettings, orders: np.ndarray = DEFAULT_ORDERS
 ) -> dict[str, float]:
     """epsilon_trial (the worst point's one trial) and epsilon_total (the selection) at
     the settings' delta, from the grid points' one-trial curves."""
     worst = np.max(np.stack(curves), axis=0)
-    total = repeat_and_select_rdp(worst, mean=settings.mean, shape=settings.shape, orders=orders)
+    total = selection_curve(curves, settings, orders)
     return {
         "epsilon_trial": rdp_epsilon(worst, settings.delta, orders)[0],
         "epsilon_total": rdp_epsilon(total, settings.delta, orders)[0],

@@ -26,7 +26,9 @@ of trials (Papernot & Steinke 2022; ``--selection-mean``, ``--selection-shape``)
 grid point and seed drawn at random, releases a noisy validation score per model
 (``--score-noise``) and keeps the best; the whole procedure's epsilon (training,
 recalibration, scores, selection) is accounted, charged to every site and written to
-OUT/selection.json, and the sweep refuses before any trial when it exceeds E.
+OUT/selection.json, and the sweep refuses before any trial when it exceeds E. With
+``--site-ledgers`` the charge is written into every site's own ledger file before any
+trial (:mod:`fedsgld.studies.sweep_charge`), once per selection.
 
 Written: OUT/sweep.json (every trial, the selection, the table), OUT/sweep.md (the table,
 per-site results and a sentence on which private model is best calibrated at which
@@ -92,6 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="noise multiplier of each released validation score (default 20)")  # fmt: skip
     g.add_argument("--selection-seed", type=int, default=None,
                    help="seed the draws (simulations only; default: the operating system)")  # fmt: skip
+    g.add_argument(
+        "--site-ledgers", default=None, metavar="DIR_OR_POLICY",
+        help="charge the selection, before any trial, to every site's own ledger file: a "
+        "directory of fedsgld-site-<k>.json (a simulation's state-dir) or a site policy file",
+    )  # fmt: skip
     p.add_argument("--address", default=None, help="an existing Ray cluster (default: local Ray)")
     p.add_argument(
         "--workers", type=int, default=2, help="CPUs of the local Ray instance (default 2)"

@@ -42,6 +42,7 @@ from fedsgld.studies.sweep_accounting import (
     ledger_rdp,
     noisy_score,
     planned_ledger,
+    selection_curve,
     selection_epsilon,
     trial_rdp,
 )
@@ -78,7 +79,8 @@ def plan_selection(
             f"expected), more than --total-epsilon {settings.total_epsilon:g}; lower the "
             "per-trial epsilon (--set epsilon=...), --selection-mean, or raise --score-noise"
         )
-    return {"ledgers": ledgers, "rows": rows, "curves": curves, **eps}
+    total = selection_curve(curves, settings)
+    return {"ledgers": ledgers, "rows": rows, "curves": curves, "rdp_total": total, **eps}
 
 
 def _rows(flat: dict[str, Any]) -> int:
@@ -99,6 +101,9 @@ def draw_trials(
                 f"{path} holds the draws of a different selection; use a new --out (a selection "
                 "cannot be drawn again on the same data)"
             )
+        if "selection_id" not in drawn:  # drawn before sites were charged: name it now
+            drawn["selection_id"] = secrets.token_hex(8)
+            write_json(path, drawn)
         return drawn
     entropy = seed if seed is not None else secrets.randbits(128)
     rng = np.random.default_rng(entropy)
@@ -106,6 +111,7 @@ def draw_trials(
     picks = [int(rng.integers(len(candidates))) for _ in range(k)]
     seeds = [int(rng.integers(2**31 - 1)) for _ in range(k)]
     drawn = {
+        "selection_id": secrets.token_hex(8),  # the sites' request key: charged once
         "settings": _settings_dict(settings),
         "candidates": len(candidates),
         "trials": k,
@@ -161,15 +167,26 @@ def check_ledgers(trials: list[dict[str, Any]], curves: list[np.ndarray]) -> Non
             )
 
 
+def selection_event(settings: SelectionSettings, plan: dict[str, Any]) -> str:
+    """The selection's event, in words (also the label of the sites' ledger entries)."""
+    return (f"RepeatAndSelect(one trial: training + recalibration + {max(plan['rows'])} score "
+            f"releases at sigma_v {settings.score_noise:g}; {settings.distribution()['name']} "
+            f"number of trials, mean {settings.mean:g})")  # fmt: skip
+
+
 def selection_record(
     settings: SelectionSettings, plan: dict[str, Any], drawn: dict[str, Any],
-    chosen: dict | None, sites: int,
+    chosen: dict | None, sites: int, ledgers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """What ``OUT/selection.json`` holds."""
+    """What ``OUT/selection.json`` holds. ``ledgers``: the charges written into the sites'
+    own ledger files (:mod:`fedsgld.studies.sweep_charge`), None where they have none."""
     total = plan["epsilon_total"]
-    event = (f"RepeatAndSelect(one trial: training + recalibration + {max(plan['rows'])} score "
-             f"releases at sigma_v {settings.score_noise:g}; {settings.distribution()['name']} "
-             f"number of trials, mean {settings.mean:g})")  # fmt: skip
+    event = selection_event(settings, plan)
+    on_file = {c["site"]: c for c in ledgers or []}
+    none = {
+        "ledger": None,
+        "status": "stated only: the sites have no ledger files (--site-ledgers)",
+    }
     return {
         "epsilon_total": total,
         "epsilon_trial": plan["epsilon_trial"],
@@ -182,10 +199,22 @@ def selection_record(
         "trials_run": drawn["trials"],
         "randomness": drawn["randomness"],
         "chosen": chosen,
+        "selection_id": drawn.get("selection_id"),
         "site_charges": [
-            {"site": k, "event": event, "epsilon": total, "delta": settings.delta}
+            {
+                "site": k,
+                "event": event,
+                "epsilon": total,
+                "delta": settings.delta,
+                **on_file.get(k, none),
+            }
             for k in range(sites)
         ],  # fmt: skip
+        "site_ledger_charge": "each site's ledger file records the selection's RDP curve as "
+        "one release (charged before any trial ran), composed there with its other releases "
+        "by PLD as the (epsilon, delta) pair the curve gives at a share of the site's delta"
+        if ledgers
+        else None,
         "note": "epsilon_total covers the whole procedure: every trial's training and "
         "recalibration steps and its noisy validation scores, repeated a random number of "
         "times and the best released. epsilon_trial is one trial's (the worst grid point, "
