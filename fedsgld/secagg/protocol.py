@@ -153,10 +153,14 @@ def pairwise_masks(
     """sum over peers v (id -> mask public key) of +PRG(s_uv) (v > u) or -PRG(s_uv)
     (v < u), mod 2^bits, u = ``own_site``: the masks cancel in the sum over all sites."""
     total = np.zeros(plan.length, dtype=np.uint64)
-    for v, pk in peers.items():
+    for v, pk in peers.items():  # in place; uint64 wraps modulo 2^64, a multiple of 2^bits
         m = crypto.mask(_pair_seed(own_key, pk, plan), plan.length, plan.bits)
-        total = total + m if v > own_site else total - m
-    return total & crypto.modulus_mask(plan.bits)
+        if v > own_site:
+            total += m
+        else:
+            total -= m
+    total &= crypto.modulus_mask(plan.bits)
+    return total
 
 
 class SiteParty:
