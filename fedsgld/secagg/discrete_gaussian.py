@@ -51,7 +51,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exact_exp import FAST_BITS, LazyUniform, exp_table
+from .exact_exp import LazyUniform, exp_table
+
+FAST_BITS = 16  #: the width of the tabled path's words (undecided: 2 in 2^16 at most)
 
 RandBytes = Callable[[int], bytes]
 _MAX_T = 1 << 26  # 2 t (t - 1) * k stays far below 2^63
@@ -225,96 +227,111 @@ def discrete_laplace(t: int, size: int, src: Entropy) -> np.ndarray:
     return out
 
 
-_TABLE_T = 1 << 16  #: the largest t sampled with tables (their size grows like 7.7 t)
-#: bytes one draw takes on the tabled path, by t (measured over 131,072 draws: 26.8 at
-#: t = 2, 24.5 at 255, 27.0 at 1000, 28.1 at 13,215 and 26,430, 26.9 at 65,536)
-_TABLED_BYTES_PER_DRAW = ((256, 28), (_TABLE_T, 30))
+_TABLE_T = 1 << 16  #: the largest t sampled with tables
+#: bytes one draw takes on the tabled path, by t (measured: 24.2 at t = 3 and 25.4 at
+#: t = 13,215 over 32,768 draws, 23.6 and 24.8 over 131,072)
+_TABLED_BYTES_PER_DRAW = ((256, 27), (_TABLE_T, 27))
+_GAUSS_TAIL = 23  # exp(-23) < 2^-32: a Gaussian step beyond 23 (2 t (t - 1)) never accepts
+# but with probability below 2^-32, which the bounds (0, 1) leave to the exact fallback
 
 
 @dataclass(frozen=True)
-class _Tables:
-    """Bounds at precision 2^32 of every exp(-x) the sampler of one t compares with:
-    ``lap``: exp(-u/t), u < t (the Laplace proposal's acceptance); ``geo``: exp(-v),
-    v = 1, 2, ... (its geometric part), down to below 2^-32; ``gauss``: exp(-a^2 / (2 t
-    (t - 1))), a = |Y| - (t - 1) in absolute value, down to below 2^-32 (the last entry's
-    lower bound set to 0, so that it bounds every larger a too)."""
+class _Factor:
+    """Bounds at precision 2^FAST_BITS of exp(-j num / den) for j < len(lo)."""
 
-    lap: tuple[np.ndarray, np.ndarray]
-    geo: tuple[np.ndarray, np.ndarray]
-    gauss: tuple[np.ndarray, np.ndarray]
+    lo: np.ndarray
+    hi: np.ndarray
+    num: int
+    den: int
 
 
-@functools.lru_cache(maxsize=4)
-def _tables(t: int) -> _Tables:
-    geo_lo, geo_hi = exp_table(24, (1, 1))  # exp(-23) < 2^-32
-    gauss_count = math.isqrt(23 * 2 * t * (t - 1)) + 2  # exp(-23) < 2^-32 at the end
-    g_lo, g_hi = exp_table(gauss_count, (1, 2 * t * (t - 1)), quadratic=True)
-    g_lo[-1] = 0
-    for a in (geo_lo, geo_hi, g_lo, g_hi):
-        a.flags.writeable = False
-    lap = exp_table(t, (1, t))
-    for a in lap:
-        a.flags.writeable = False
-    return _Tables(lap=lap, geo=(geo_lo[1:], geo_hi[1:]), gauss=(g_lo, g_hi))
+def _factor(count: int, num: int, den: int) -> _Factor:
+    lo, hi = exp_table(count, (num, den))
+    lo.flags.writeable = hi.flags.writeable = False
+    return _Factor(lo, hi, num, den)
 
 
-def _decide(w: np.ndarray, lo: np.ndarray, hi: np.ndarray, exact) -> np.ndarray:
-    """U < p for every row: ``w`` the first 32 bits of each U, [lo, hi] bounds on 2^32 p;
-    ``exact(i)`` decides row i where the bounds do not (lo <= w < hi)."""
-    out = w < lo
-    for i in np.flatnonzero(~out & (w < hi)):
-        out[i] = exact(i)
+@functools.lru_cache(maxsize=16)
+def _tables(t: int) -> tuple[tuple[_Factor, ...], tuple[_Factor, ...]]:
+    """The factors of the two acceptance probabilities of one t, each a few thousand
+    entries at most (built in milliseconds: t changes every round of DP-SGLD):
+
+    * exp(-u/t), u < t, as exp(-u1 B / t) exp(-u0 / t), u = u1 B + u0, B = ceil(sqrt t);
+    * exp(-m / (2 t (t - 1))), m = a^2 < M = 23 (2 t (t - 1)), as the product of
+      exp(-m_i C^i / den) over the base-C digits m_2 m_1 m_0 of m, C = ceil(M^(1/3))."""
+    b = math.isqrt(t - 1) + 1
+    lap = (_factor(-(-t // b), b, t), _factor(b, 1, t))
+    den = 2 * t * (t - 1)
+    top = _GAUSS_TAIL * den
+    c = round(top ** (1 / 3)) + 2
+    while c**3 < top:
+        c += 1
+    gauss = (_factor(c, c * c, den), _factor(c, c, den), _factor(c, 1, den))
+    return lap, gauss
+
+
+@functools.lru_cache(maxsize=1)
+def _geometric_bounds() -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on 2^FAST_BITS exp(-v), v = 1, 2, ... while exp(-v) >= 2^-FAST_BITS."""
+    lo, hi = exp_table(13, (1, 1))  # exp(-12) < 2^-16
+    return lo[1:], hi[1:]
+
+
+def _bernoulli_product(digits: list[np.ndarray], factors, src: Entropy) -> np.ndarray:
+    """Bernoulli(prod_i exp(-d_i num_i / den_i)) per row: the AND of independent trials,
+    one per factor (a product of independent Bernoullis is the Bernoulli of the product),
+    each a fresh word against the factor's bounds, undecided words settled exactly
+    (:class:`~.exact_exp.LazyUniform`); a row stops at its first failure."""
+    out = np.ones(digits[0].size, dtype=bool)
+    live = np.arange(out.size)
+    for d, f in zip(digits, factors, strict=True):
+        j = d[live]
+        w = src.words(live.size, FAST_BITS)
+        ok = w < f.lo[j]
+        for i in np.flatnonzero(~ok & (w < f.hi[j])):
+            ok[i] = LazyUniform(int(w[i]), FAST_BITS, src).below_exp(int(j[i]) * f.num, f.den)
+        out[live[~ok]] = False
+        live = live[ok]
     return out
 
 
-def _geometric(w: np.ndarray, tab: _Tables, src: Entropy) -> np.ndarray:
-    """V = max{v : U < exp(-v)} per word: j = #{v : w < lo_v} thresholds are passed for
-    sure (the thresholds fall with v); V = j when w >= hi_(j+1), else decided exactly."""
-    lo, hi = tab.geo
+def _geometric(n: int, src: Entropy) -> np.ndarray:
+    """n draws of V = max{v : U < exp(-v)}, one word each: j = #{v : w < lo_v} thresholds
+    are passed for sure (they fall with v); V = j when w >= hi_(j+1), else exactly."""
+    lo, hi = _geometric_bounds()
+    w = src.words(n, FAST_BITS)
     j = (lo.size - np.searchsorted(lo[::-1], w, side="right")).astype(np.int64)
-    unsure = np.flatnonzero((j == lo.size) | (w < hi[np.minimum(j, lo.size - 1)]))
-    for i in unsure:
+    for i in np.flatnonzero((j == lo.size) | (w < hi[np.minimum(j, lo.size - 1)])):
         j[i] = LazyUniform(int(w[i]), FAST_BITS, src).geometric()
     return j
 
 
-def _tabled_laplace(t: int, size: int, tab: _Tables, src: Entropy) -> np.ndarray:
-    """:func:`discrete_laplace`'s law, each Bernoulli decided by one 32-bit word against
-    the tables (exactly: :mod:`.exact_exp`)."""
-    out = np.empty(size, dtype=np.int64)
-    done = 0
-    while done < size:
-        n = _proposals(size - done, _LAPLACE_ACCEPT)
-        u = uniform_below(t, src, n)
-        w = src.words(n, FAST_BITS)
-        keep = _decide(w, tab.lap[0][u], tab.lap[1][u],
-                       lambda i, w=w, u=u: LazyUniform(int(w[i]), FAST_BITS, src).below_exp(
-                           int(u[i]), t))  # fmt: skip
-        u = u[keep]
-        x = u + t * _geometric(src.words(u.size, FAST_BITS), tab, src)
-        sign = src.bits(u.size)
-        got = np.where(sign == 1, -x, x)[~((sign == 1) & (x == 0))][: size - done]
-        out[done : done + got.size] = got
-        done += got.size
-    return out
-
-
 def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
-    """:func:`discrete_gaussian` for t <= _TABLE_T: the same rejection sampler, each
-    Bernoulli(exp(-x)) decided by a 32-bit word against exact bounds on 2^32 exp(-x)."""
-    tab = _tables(t)
-    den = 2 * t * (t - 1)
-    last = tab.gauss[0].size - 1
+    """:func:`discrete_gaussian` for t <= _TABLE_T: the same rejection sampler (a Laplace
+    proposal y = +-(u + t V), accepted with probability exp(-u/t), then with probability
+    exp(-(|y| - t + 1)^2 / (2 t (t - 1)))), each Bernoulli(exp(-x)) decided by words of
+    FAST_BITS bits against exact bounds (:mod:`.exact_exp`)."""
+    lap, gauss = _tables(t)
+    den, b, c = 2 * t * (t - 1), lap[1].lo.size, gauss[1].lo.size
     out = np.empty(size, dtype=np.int64)
     done = 0
     while done < size:
-        y = _tabled_laplace(t, _proposals(size - done, _GAUSS_ACCEPT), tab, src)
-        a = np.abs(np.abs(y) - (t - 1))
-        idx = np.minimum(a, last)
-        w = src.words(y.size, FAST_BITS)
-        accept = _decide(w, tab.gauss[0][idx], tab.gauss[1][idx],
-                         lambda i, w=w, a=a: LazyUniform(int(w[i]), FAST_BITS, src).below_exp(
-                             int(a[i]) ** 2, den))  # fmt: skip
+        y = np.empty(0, dtype=np.int64)
+        need = _proposals(size - done, _GAUSS_ACCEPT)
+        while y.size < need:  # Laplace proposals
+            u = uniform_below(t, src, _proposals(need - y.size, _LAPLACE_ACCEPT))
+            u = u[_bernoulli_product([u // b, u % b], lap, src)]
+            x = u + t * _geometric(u.size, src)
+            sign = src.bits(u.size)
+            y = np.concatenate([y, np.where(sign == 1, -x, x)[~((sign == 1) & (x == 0))]])
+        y = y[:need]
+        m = (np.abs(y) - (t - 1)) ** 2  # a^2 < 2^62 for every |y| the Laplace step reaches
+        far = m >= _GAUSS_TAIL * den
+        mc = np.where(far, 0, m)
+        accept = _bernoulli_product([mc // (c * c), mc // c % c, mc % c], gauss, src) & ~far
+        for i in np.flatnonzero(far):  # p < 2^-32: settled by the exact comparison
+            w = int(src.words(1, 32)[0])
+            accept[i] = LazyUniform(w, 32, src).below_exp(int(abs(y[i]) - (t - 1)) ** 2, den)
         got = y[accept][: size - done]
         out[done : done + got.size] = got
         done += got.size

@@ -9,15 +9,14 @@ lo <= 2^k p <= hi (:func:`exp_bounds`, exact integer arithmetic), the trial is d
 and otherwise (lo <= w < hi: at most hi - lo of the 2^k words, hi - lo <= 4) 64 more bits
 of the same U are drawn and compared at precision k + 64, and so on
 (:class:`LazyUniform`). The outcome is exactly U < p: no floating point decides it, and
-each trial reads fresh words. At k = 32 the fast path decides all but about 2^-30 of
+each trial reads fresh words. At k = 16 the fast path decides all but about 2^-15 of
 the trials; the rest go through Python's unbounded integers.
 
 The bounds come from the alternating Taylor series of exp(-r/b), 0 <= r/b < 1 (its
 partial sums alternate around the limit, terms non-increasing), and powers of exp(-1)
 in fixed point with every product rounded down for the lower bound and up for the
-upper one. :func:`exp_table` builds the bounds of a whole arithmetic family
-exp(-(c + s j)) by the same directed rounding, for the sampler's tables
-(:mod:`fedsgld.secagg.discrete_gaussian`).
+upper one. :func:`exp_table` builds the bounds of a whole family exp(-j s) by the same
+directed rounding, for the sampler's tables (:mod:`fedsgld.secagg.discrete_gaussian`).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-FAST_BITS = 32  #: the width of the fast path's words
+FAST_BITS = 16  #: the default width of the fast path's words
 
 
 class WordSource(Protocol):
@@ -116,31 +115,20 @@ class LazyUniform:
 
 
 def exp_table(
-    count: int, step: tuple[int, int], *, quadratic: bool = False, prec: int = FAST_BITS
+    count: int, step: tuple[int, int], prec: int = FAST_BITS
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) uint64 arrays of the bounds at precision ``prec`` of exp(-x_j), j < count.
-
-    Linear (``quadratic`` False): x_j = j s, s = step[0] / step[1].
-    Quadratic: x_j = j^2 s, built as x_{j+1} = x_j + (2 j + 1) s. Fixed point 2^q with
-    q = prec + 2 bits(count) + 24, every product rounded down (lo) or up (hi); the
-    accumulated rounding (at most about count^2 units of 2^-q) stays below 2^-(prec + 8),
-    so hi - lo <= 2 at precision ``prec``."""
-    q = prec + 2 * max(count, 1).bit_length() + 24
+    """(lo, hi) uint64 arrays: lo_j <= 2^prec exp(-j s) <= hi_j for j < ``count``,
+    s = step[0] / step[1], by the recurrence x_(j+1) = x_j exp(-s) in fixed point 2^q,
+    q = prec + bits(count) + 24, every product rounded down (lo) or up (hi); the rounding
+    accumulated over ``count`` products stays below 2^-(prec + 20), so hi_j - lo_j <= 2."""
+    q = prec + max(count, 1).bit_length() + 24
     s_lo, s_hi = exp_bounds(step[0], step[1], q)
     lo = np.empty(count, dtype=np.uint64)
     hi = np.empty(count, dtype=np.uint64)
     shift = q - prec
-    one = 1 << q
-    g_lo = g_hi = one
-    if quadratic:
-        c_lo, c_hi = exp_bounds(2 * step[0], step[1], q)  # exp(-2 s): the increment's ratio
-        f_lo, f_hi = s_lo, s_hi  # exp(-(2 j + 1) s)
+    g_lo = g_hi = 1 << q
     for j in range(count):
         lo[j] = g_lo >> shift
         hi[j] = -((-g_hi) >> shift)
-        if quadratic:
-            g_lo, g_hi = (g_lo * f_lo) >> q, -((-g_hi * f_hi) >> q)
-            f_lo, f_hi = (f_lo * c_lo) >> q, -((-f_hi * c_hi) >> q)
-        else:
-            g_lo, g_hi = (g_lo * s_lo) >> q, -((-g_hi * s_hi) >> q)
+        g_lo, g_hi = (g_lo * s_lo) >> q, -((-g_hi * s_hi) >> q)
     return lo, hi

@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from fedsgld.secagg import discrete_gaussian as dg
-from fedsgld.secagg.exact_exp import LazyUniform, exp_bounds, exp_table
+from fedsgld.secagg.exact_exp import LazyUniform, exp_bounds
 
 BUILD_TABLES = dg._tables.__wrapped__  # uncached, unaffected by monkeypatching
 
@@ -42,19 +42,21 @@ def test_exp_bounds_bracket_the_exact_value_and_are_tight():
         exp_bounds(-1, 2, 32)
 
 
-@pytest.mark.parametrize("t", [2, 11, 300])
-def test_tables_bracket_every_entry(t):
-    lo, hi = exp_table(t, (1, t))
-    den = 2 * t * (t - 1)
-    count = math.isqrt(23 * den) + 2
-    g_lo, g_hi = exp_table(count, (1, den), quadratic=True)
-    for j in range(t):
-        assert int(lo[j]) <= exact(j, t, 32) <= int(hi[j]) <= int(lo[j]) + 2
-    for j in range(count):
-        assert int(g_lo[j]) <= exact(j * j, den, 32) <= int(g_hi[j]) <= int(g_lo[j]) + 2
-    assert int(g_hi[-1]) == 1  # the last entry bounds every larger |a| (p < 2^-32)
-    tab = dg._tables(t)
-    assert np.array_equal(tab.gauss[1], g_hi) and tab.gauss[0][-1] == 0
+@pytest.mark.parametrize("t", [2, 11, 300, 13_215])
+def test_every_table_entry_brackets_its_exact_value(t):
+    """The sampler's tables of t: every entry of every factor (at most 400 checked per
+    factor) within [lo, hi], hi - lo <= 2 at 16 bits; the geometric thresholds too."""
+    lap, gauss = dg._tables(t)
+    for f in (*lap, *gauss):
+        for j in range(0, f.lo.size, max(1, f.lo.size // 400)):
+            assert int(f.lo[j]) <= exact(j * f.num, f.den, 16) <= int(f.hi[j]) <= int(f.lo[j]) + 2
+    # the factors cover every a^2 below 23 (2 t (t - 1)) and every u < t
+    assert gauss[0].lo.size * gauss[0].num >= 23 * 2 * t * (t - 1)
+    assert lap[0].lo.size * lap[0].num >= t and lap[1].lo.size == lap[0].num
+    lo, hi = dg._geometric_bounds()
+    for v in range(1, lo.size + 1):
+        assert int(lo[v - 1]) <= exact(v, 1, 16) <= int(hi[v - 1])
+    assert exact(lo.size + 1, 1, 16) < 1  # beyond the last threshold: below 2^-16
 
 
 class Words:
@@ -102,29 +104,32 @@ def chisquare_p(x: np.ndarray, s2: float) -> float:
     return float(stats.chisquare(obs, p[keep] / p[keep].sum() * obs.sum()).pvalue)
 
 
-def widened(t: int, by: int, *, valid: bool = True) -> dg._Tables:
+def widened(t: int, by: int, *, valid: bool = True):
     """The tables of t with every bound moved out by ``by`` (still valid bounds: the
-    exact fallback then decides about by / 2^31 of the trials). ``valid`` False moves the
-    Gaussian step's lower bounds UP instead: a wrong sampler."""
-    tab = BUILD_TABLES(t)
+    exact fallback then decides about by / 2^15 of the trials). ``valid`` False moves the
+    lower bounds of the Gaussian step's factors UP instead: a wrong sampler."""
+    lap, gauss = BUILD_TABLES(t)
 
-    def wide(pair):
-        lo, hi = (a.astype(np.int64) for a in pair)
-        return np.maximum(lo - by, 0).astype(np.uint64), np.minimum(hi + by, 1 << 32).astype(
-            np.uint64
-        )
+    def wide(f):
+        lo, hi = f.lo.astype(np.int64), f.hi.astype(np.int64)
+        lo, hi = np.maximum(lo - by, 0), np.minimum(hi + by, 1 << 16)
+        return dg._Factor(lo.astype(np.uint64), hi.astype(np.uint64), f.num, f.den)
 
     if not valid:
-        lo = np.minimum(tab.gauss[0].astype(np.int64) + by, 1 << 32).astype(np.uint64)
-        return dg._Tables(lap=tab.lap, geo=tab.geo, gauss=(lo, np.maximum(lo, tab.gauss[1])))
-    return dg._Tables(lap=wide(tab.lap), geo=wide(tab.geo), gauss=wide(tab.gauss))
+
+        def bad(f):
+            lo = np.minimum(f.lo.astype(np.int64) + by, 1 << 16).astype(np.uint64)
+            return dg._Factor(lo, np.maximum(lo, f.hi), f.num, f.den)
+
+        return lap, tuple(map(bad, gauss))
+    return tuple(map(wide, lap)), tuple(map(wide, gauss))
 
 
 @pytest.mark.parametrize("t", [3, 11])
 def test_sampler_is_exact_when_the_fallback_decides_many_trials(t, monkeypatch):
-    """Bounds widened by 2^26 (about 3 % of the trials undecided at 32 bits, all decided
+    """Bounds widened by 2^10 (about 3 % of the trials undecided at 16 bits, all decided
     by the exact fallback): chi-square against the exact pmf accepts; a sampler whose
-    Gaussian acceptance is 2^29 / 2^32 too generous is rejected by the same test."""
+    Gaussian acceptance is 2^13 / 2^16 too generous is rejected by the same test."""
     s2 = t * (t - 1)
     calls = []
 
@@ -134,16 +139,16 @@ def test_sampler_is_exact_when_the_fallback_decides_many_trials(t, monkeypatch):
             return super().below_exp(a, b)
 
     monkeypatch.setattr(dg, "LazyUniform", Counted)
-    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 26))
+    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 10))
     x = dg.discrete_gaussian(s2, 60_000)
     assert chisquare_p(x, s2) > 1e-4
     assert len(calls) > 2000  # the fallback decided thousands of trials
-    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 29, valid=False))
+    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 13, valid=False))
     assert chisquare_p(dg.discrete_gaussian(s2, 60_000), s2) < 1e-6
 
 
 def test_tabled_and_untabled_paths_draw_the_same_law():
-    """t = 2^16 (the last tabled t) against t = 2^16 + 1 (the rejection chains): both
+    """t = 2^16 (the last tabled t) and t = 2^16 + 1 (the rejection chains): both
     within 3 % of their variance over 30,000 draws."""
     for t in (dg._TABLE_T, dg._TABLE_T + 1):
         x = dg.discrete_gaussian(t * (t - 1), 30_000, os.urandom)
