@@ -28,17 +28,18 @@ Speed without changing the algorithm:
 * Trials whose outcome is certain (Bernoulli(exp(0)), the first trial of
   Bernoulli(exp(-1))) draw nothing.
 * **Tables, for t <= 2^16** (every realistic share: t is about 26,430 / sqrt(K) at the
-  demo's d = 32,768): each Bernoulli(exp(-x)) of the same algorithm is the event U < exp(-x)
-  for a uniform U whose first 32 bits are one fresh word, compared with integer bounds
-  lo <= 2^32 exp(-x) <= hi computed once per t in exact integer arithmetic
-  (:mod:`.exact_exp`: the Laplace step's exp(-u/t) for every u < t, exp(-v) for the
-  geometric part, drawn as max{v : U < exp(-v)} from one word, and the Gaussian step's
-  exp(-a^2 / (2 t (t - 1))) for every |a| until it falls below 2^-32). A word between the
-  bounds (about 2^-31 of the trials) draws 64 more bits of the same U and compares exactly
-  at the higher precision, as often as needed. So one comparison, not a chain of trials,
-  decides each Bernoulli, and the law is exactly the same. The tables are built on the
-  first batch of a t (about 0.5 s at t = 13,215 on a busy machine) and kept (four t at
-  most).
+  demo's d = 32,768): each Bernoulli(exp(-x)) of the same algorithm is the event
+  U < exp(-x) for a uniform U whose first 16 bits are one fresh word, compared with
+  integer bounds lo <= 2^16 exp(-x) <= hi computed in exact integer arithmetic
+  (:mod:`.exact_exp`); a word between the bounds (about 2^-15 of the trials) draws 64
+  more bits of the same U and compares exactly at the higher precision, as often as
+  needed. The Laplace step's exp(-u/t) is the product of two factors and the Gaussian
+  step's exp(-a^2 / (2 t (t - 1))) of three (base-B digits of u and of a^2), each factor
+  its own independent trial (the AND of independent Bernoullis is the Bernoulli of the
+  product), so the tables of a t hold a few thousand entries and take milliseconds to
+  build: t changes every round of DP-SGLD. The geometric part, max{v : U < exp(-v)}, takes
+  one word. One comparison, not a chain of trials, decides each factor; the law is exactly
+  the same.
 """
 
 from __future__ import annotations
