@@ -118,7 +118,10 @@ class SecAggPlan:
         ids = b"".join(struct.pack(">I", s) for s in self.sites)
         head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
                            self.max_dropouts, self.max_colluders)  # fmt: skip
-        return b"fedsgld-secagg-v1|" + head + self.round_label + b"|" + ids
+        # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
+        # not verify against it, so mixed versions refuse the roster instead of
+        # summing masks that do not cancel
+        return b"fedsgld-secagg-v2|" + head + self.round_label + b"|" + ids
 
     def point(self, site: int) -> int:
         """The Shamir evaluation point of ``site`` (its id + 1)."""
