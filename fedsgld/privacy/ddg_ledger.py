@@ -11,15 +11,20 @@ beside the Gaussian ledger and chosen for the events it ``supports``), and once 
 the epsilon of the WHOLE run (Gaussian steps included, at their recorded sigmas) is
 :func:`~fedsgld.privacy.distributed.ddg_epsilon` of both ledgers: the FFT PLD of the
 dominating Gaussian ledger plus the slack, for every value ``epsilon()`` reports and for
-the budget check. Each (Gaussian ledger, DDG ledger) pair is computed once (an LRU cache:
-a site's admission asks for the same ledger when it checks a plan and when it charges
-it). Without DDG rounds nothing changes.
+the budget check. Each (delta, Gaussian ledger, DDG ledger) triple is computed once per
+process (:func:`shared_epsilon`, an LRU cache shared by every ledger: a site's admission
+asks for the same ledger when it checks a plan and when it charges it, and the simulated
+sites of one run, whose ledgers hold the same rounds, ask for the same triple). The value
+is a deterministic function of the triple, the key holds every parameter of every
+recorded event, so a cached epsilon is exactly the one a fresh computation gives: never
+a smaller charge. Without DDG rounds nothing changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -46,9 +51,36 @@ ACCOUNTING = (
     "fedsgld's FFT PLD accountant"
 )
 
-_CACHE = 256
+_CACHE = 1024
 
 DDGKey = tuple[tuple[float, DDGParameters, int], ...]
+
+_SHARED = LRU(_CACHE)
+_LOCK = threading.Lock()
+
+
+def shared_epsilon(delta: float, key: LedgerKey, ddg: DDGKey) -> float:
+    """:func:`~fedsgld.privacy.distributed.ddg_epsilon` of the DDG ledger ``ddg`` with the
+    Gaussian ledger ``key`` at ``delta``, each triple computed once per process.
+
+    Exact, not approximate: the epsilon depends on nothing but the triple (the DDG
+    parameters are frozen, the ledgers' entries are (q, params or sigma, count)), and the
+    cache is keyed by all of it, so a hit returns the very float a fresh computation
+    returns. Ledgers that differ in any entry, count or delta never share a value."""
+    triple = (float(delta), key, ddg)
+    with _LOCK:
+        cached = _SHARED.lookup(triple)
+    if cached is None:
+        cached = ddg_epsilon(ddg, delta, gaussian=key).epsilon
+        with _LOCK:
+            _SHARED.put(triple, cached)
+    return cached
+
+
+def clear_shared_epsilons() -> None:
+    """Empty :func:`shared_epsilon`'s cache (for tests that count compositions)."""
+    with _LOCK:
+        _SHARED.clear()
 
 
 def ddg_append(key: DDGKey, steps: Iterable[tuple[float, DDGParameters]]) -> DDGKey:
@@ -87,7 +119,6 @@ class DDGLedger:
         self.names = tuple(names)
         self.gaussian = gaussian
         self.key: DDGKey = ()
-        self._cache = LRU(_CACHE)
 
     def supports(self, event: DpEvent) -> bool:
         """Whether ``event`` holds a distributed discrete Gaussian round."""
@@ -104,15 +135,12 @@ class DDGLedger:
 
     def epsilon(self, key: LedgerKey, ddg: DDGKey) -> float:
         """The epsilon of the Gaussian ledger ``key`` and the DDG ledger ``ddg`` together:
-        :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each pair of ledgers computed
-        once (the cache is keyed by both ledgers, so by every event's parameters)."""
+        :func:`~fedsgld.privacy.distributed.ddg_epsilon`, each (delta, pair of ledgers)
+        computed once per process (:func:`shared_epsilon`, keyed by every event's
+        parameters)."""
         if not key and not ddg:
             return 0.0
-        cached = self._cache.lookup((key, ddg))
-        if cached is None:
-            cached = ddg_epsilon(ddg, self.delta, gaussian=key).epsilon
-            self._cache.put((key, ddg), cached)
-        return cached
+        return shared_epsilon(self.delta, key, ddg)
 
     def whole_run(self, key: LedgerKey) -> float | None:
         """The epsilon of the whole run with the Gaussian ledger at ``key``; None while this

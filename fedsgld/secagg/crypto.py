@@ -6,8 +6,9 @@
 * Share transport: ChaCha20-Poly1305 (authenticated encryption) with a random 96-bit
   nonce and the (context, sender, receiver) as associated data, so the server that relays
   a ciphertext can neither read it nor redirect it unnoticed.
-* Masks: the ChaCha20 keystream of a 256-bit seed, read as little-endian 64-bit words and
-  reduced modulo 2^bits (2^bits divides 2^64, so the words stay uniform).
+* Masks: the ChaCha20 keystream of a 256-bit seed, read as little-endian 32-bit words
+  (bits <= 32) or 64-bit words and reduced modulo 2^bits (2^bits divides the word's
+  range, so the words stay uniform).
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
 
 
 def mask(seed: bytes, length: int, bits: int) -> np.ndarray:
-    """``length`` words uniform modulo 2^bits: the ChaCha20 keystream of ``seed`` (32 bytes)."""
+    """``length`` words uniform modulo 2^bits (uint64): the ChaCha20 keystream of ``seed``
+    (32 bytes) read as little-endian words of 4 bytes when bits <= 32, else 8."""
     if len(seed) != KEY_BYTES:
         raise ValueError(f"a mask seed is {KEY_BYTES} bytes, got {len(seed)}")
+    width = 4 if bits <= 32 else 8
     encryptor = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
-    words = np.frombuffer(encryptor.update(bytes(8 * length)), dtype="<u8").astype(np.uint64)
-    return words & modulus_mask(bits)
+    words = np.frombuffer(encryptor.update(bytes(width * length)), dtype=f"<u{width}")
+    return words.astype(np.uint64) & modulus_mask(bits)
 
 
 def modulus_mask(bits: int) -> np.uint64:

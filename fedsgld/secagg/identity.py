@@ -25,6 +25,7 @@ a peer (docs/secure_aggregation.md, "What remains trusted").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -114,6 +115,18 @@ def verify(public: bytes, signature: Any, message: bytes) -> bool:
     (32 raw bytes); False, never an exception, for anything malformed."""
     if not isinstance(signature, bytes) or len(signature) != SIGNATURE_BYTES:
         return False
+    if not isinstance(public, bytes) or not isinstance(message, bytes):
+        return False
+    return _valid(public, signature, message)
+
+
+@functools.lru_cache(maxsize=8192)
+def _valid(public: bytes, signature: bytes, message: bytes) -> bool:
+    """Ed25519 verification of exactly these bytes, once per process: verification is a
+    deterministic function of (key, signature, message), so a remembered answer is the
+    answer. Only the parties of one process share it (the simulated sites of a run, which
+    all check the same roster and survivor-set signatures); a deployed site checks every
+    signature itself."""
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
     except (InvalidSignature, ValueError):

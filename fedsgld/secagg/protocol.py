@@ -118,7 +118,10 @@ class SecAggPlan:
         ids = b"".join(struct.pack(">I", s) for s in self.sites)
         head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
                            self.max_dropouts, self.max_colluders)  # fmt: skip
-        return b"fedsgld-secagg-v1|" + head + self.round_label + b"|" + ids
+        # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
+        # not verify against it, so mixed versions refuse the roster instead of
+        # summing masks that do not cancel
+        return b"fedsgld-secagg-v2|" + head + self.round_label + b"|" + ids
 
     def point(self, site: int) -> int:
         """The Shamir evaluation point of ``site`` (its id + 1)."""
@@ -153,10 +156,14 @@ def pairwise_masks(
     """sum over peers v (id -> mask public key) of +PRG(s_uv) (v > u) or -PRG(s_uv)
     (v < u), mod 2^bits, u = ``own_site``: the masks cancel in the sum over all sites."""
     total = np.zeros(plan.length, dtype=np.uint64)
-    for v, pk in peers.items():
+    for v, pk in peers.items():  # in place; uint64 wraps modulo 2^64, a multiple of 2^bits
         m = crypto.mask(_pair_seed(own_key, pk, plan), plan.length, plan.bits)
-        total = total + m if v > own_site else total - m
-    return total & crypto.modulus_mask(plan.bits)
+        if v > own_site:
+            total += m
+        else:
+            total -= m
+    total &= crypto.modulus_mask(plan.bits)
+    return total
 
 
 class SiteParty:

@@ -70,7 +70,9 @@ def test_site_admission_composes_each_ledger_once(monkeypatch):
     """Checking a plan and charging it ask for the same pair of ledgers: one PLD, not two;
     the same plan again at the next round is one more (the ledger grew)."""
     from fedsgld.privacy import pld_fft
+    from fedsgld.privacy.ddg_ledger import clear_shared_epsilons
 
+    clear_shared_epsilons()
     calls = []
     real_compose = pld_fft.compose
 
@@ -90,3 +92,71 @@ def test_site_admission_composes_each_ledger_once(monkeypatch):
     ledger.admit(event=step, round_of=("run", 0, 1))
     assert len(calls) == 2
     assert ledger.accountant.rigorous_epsilon() == ddg_epsilon([(Q, PARAMS, 2)], DELTA)[0]
+
+
+def _counting_compose(monkeypatch) -> list:
+    from fedsgld.privacy import pld_fft
+    from fedsgld.privacy.ddg_ledger import clear_shared_epsilons
+
+    clear_shared_epsilons()
+    calls: list = []
+    real_compose = pld_fft.compose
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real_compose(*args, **kwargs)
+
+    monkeypatch.setattr(pld_fft, "compose", counting)
+    return calls
+
+
+def test_sites_with_the_same_ledger_share_one_composition_and_its_exact_value(monkeypatch):
+    """Eight sites admitting the same rounds: one PLD per round for all of them, and every
+    site's charge is exactly (==, not approx) the epsilon recomputed from scratch."""
+    from fedsgld.privacy.ddg_ledger import clear_shared_epsilons
+
+    calls = _counting_compose(monkeypatch)
+    ledgers = [SiteLedger(k, SitePolicy.simulation(epsilon=10.0, delta=DELTA)) for k in range(8)]
+    step = DistributedDiscreteGaussianStep(PARAMS, Q)
+    for rnd in range(3):
+        for ledger in ledgers:
+            ledger.admit(event=step, round_of=("run", 0, rnd))
+        assert len(calls) == rnd + 1
+    cached = [ledger.accountant.rigorous_epsilon() for ledger in ledgers]
+    clear_shared_epsilons()
+    fresh = ddg_epsilon([(Q, PARAMS, 3)], DELTA)[0]
+    assert all(v == fresh for v in cached)
+    assert ledgers[0].accountant.rigorous_epsilon() == fresh  # recomputed after clearing
+
+
+def test_shared_epsilons_never_cross_ledgers_that_differ(monkeypatch):
+    """A site with an extra Gaussian release, a site at another delta and a site with
+    other DDG parameters each get their own epsilon (each the recomputed value), though
+    their DDG rounds are otherwise the same as the first site's."""
+    _counting_compose(monkeypatch)
+    step = DistributedDiscreteGaussianStep(PARAMS, Q)
+    other = choose_ddg(noise_multiplier=1.2, clip=1.0, dim=100, sites=4, max_dropouts=1,
+                       signal_norm=50.0)  # fmt: skip
+    plain, extra, wide, changed = (
+        SiteLedger(k, SitePolicy.simulation(epsilon=10.0, delta=d))
+        for k, d in enumerate((DELTA, DELTA, 1e-3, DELTA))
+    )
+    extra.accountant.spend(SubsampledGaussianStep(0.02, 3.0))
+    for rnd in range(2):
+        for ledger in (plain, extra, wide):
+            ledger.admit(event=step, round_of=("run", 0, rnd))
+        changed.admit(event=DistributedDiscreteGaussianStep(other, Q), round_of=("run", 0, rnd))
+    want = {
+        "plain": ddg_epsilon([(Q, PARAMS, 2)], DELTA)[0],
+        "extra": ddg_epsilon([(Q, PARAMS, 2)], DELTA, gaussian=[(0.02, 3.0, 1)])[0],
+        "wide": ddg_epsilon([(Q, PARAMS, 2)], 1e-3)[0],
+        "changed": ddg_epsilon([(Q, other, 2)], DELTA)[0],
+    }
+    got = {
+        "plain": plain.accountant.rigorous_epsilon(),
+        "extra": extra.accountant.rigorous_epsilon(),
+        "wide": wide.accountant.rigorous_epsilon(),
+        "changed": changed.accountant.rigorous_epsilon(),
+    }
+    assert got == want
+    assert len(set(want.values())) == 4  # so that a shared value would be caught
