@@ -49,27 +49,26 @@ def _steps(wire: Wire, rnd: int) -> set[str]:
 
 def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path):
     piped, plain = Wire(), Wire()
-    grid, res = _run(tmp_path / "piped", piped, rounds=3)
-    _, res0 = _run(tmp_path / "plain", plain, rounds=3, **{"secagg-pipeline": False})
-    assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 2
+    grid, res = _run(tmp_path / "piped", piped, rounds=2)
+    _, res0 = _run(tmp_path / "plain", plain, rounds=2, **{"secagg-pipeline": False})
+    assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 1
     assert res0["flower"]["secure_aggregation"]["pipelined_rounds"] == 0
-    # rounds 1 and 2 started at share_keys, with the keys that came with the unmask before
-    assert _steps(piped, 0) == _steps(plain, 1) == _steps(plain, 2)
+    # round 1 started at share_keys, with the keys that came with round 0's unmask
+    assert _steps(piped, 0) == _steps(plain, 0) == _steps(plain, 1)
     assert "advertise_keys" in _steps(piped, 0)
-    assert _steps(piped, 1) == _steps(piped, 2) == _steps(piped, 0) - {"advertise_keys"}
+    assert _steps(piped, 1) == _steps(piped, 0) - {"advertise_keys"}
     early = {v: r["next"] for v, r in piped.replies(0, "unmask").items()}
     roster = unflatten(piped.instruction(1, "share_keys", 0).content["plan"], "secagg/")["keys"]
-    assert {v: {k: e[k] for k in ("enc_pk", "mask_pk", "sig")} for v, e in early.items()} == roster
-    assert "next" not in piped.replies(2, "unmask")[0]  # the run's last round asks for none
+    assert early == {v: {"site": v, **e} for v, e in roster.items()}
+    assert "next" not in piped.replies(1, "unmask")[0]  # the run's last round asks for none
+    assert "next" not in plain.replies(0, "unmask")[0]
     # the pairwise masks of the early keys cancel: the unmasked sum is the small noisy sum,
-    # as in the unpipelined rounds (a mask left over would make it uniform, spread 0.289)
-    spreads = [_unmasked_spread(w, r) for w in (piped, plain) for r in (1, 2)]
+    # as in an unpipelined round (a mask left over would make it uniform: spread 0.289)
+    spreads = [_unmasked_spread(w, 1) for w in (piped, plain)]
     assert max(spreads) < 1e-3, spreads
     assert max(spreads) / min(spreads) < 3.0, spreads
-    for a, b in zip(res["history"], res0["history"], strict=True):
-        assert a["round"] == b["round"]
     # every site charged each round once, and keeps no secret after the last round
-    assert res["privacy"]["steps"] == res0["privacy"]["steps"] == 3
+    assert res["privacy"]["steps"] == res0["privacy"]["steps"] == 2
     assert not any(STATE.format(k) in ctx.state for ctx in grid.contexts.values() for k in range(4))
 
 
@@ -101,6 +100,7 @@ def test_a_substituted_early_key_is_refused_at_share_keys_before_any_share(tmp_p
     refusals = [r.error.reason for m, r in wire.seen if m.content["plan"]["round"] == 1
                 and m.content["plan"]["secagg-step"] == "share_keys" and r.has_error()]  # fmt: skip
     assert len(refusals) == 4  # every site, site 2 itself included
+    assert all("site 2's round keys are not signed by its key" in why for why in refusals)
     assert not wire.replies(1, "share_keys")  # no share of any secret left a site
     assert not wire.replies(1, "masked_input")  # nothing was drawn or masked
 
