@@ -54,6 +54,8 @@ from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
+from fedsgld.flower.sites import _keep_layers_check as keep_layers_check
+from fedsgld.flower.sites import _layers_check_from_state as layers_check_from_state
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
@@ -334,11 +336,15 @@ def handle_secagg(msg: Message, context: Context) -> Message:
         if not isinstance(kept, ConfigRecord):
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
         party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
+        hosted = hosted_sites(context, r.config)
+        # the per-record gradient check of the run's model: once per run, as in `train`
+        layers_check_from_state(context, hosted, r.site)
         try:
             out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
             raise
+        keep_layers_check(context, hosted, r.site)
     if r.step == "unmask":
         del context.state[slot]
         if ahead is not None:  # the next round's party replaces this round's

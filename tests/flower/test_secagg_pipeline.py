@@ -114,3 +114,23 @@ def test_a_site_advertises_keys_for_the_next_round_only(tmp_path):
         assert "may ask for the keys of round 1 only" in got.error.reason or (
             "malformed request" in got.error.reason
         ), got.error.reason
+
+
+def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(tmp_path):
+    """A deployed task is a fresh process: the masked_input step reads whether the run's
+    model passed the layer-path check from the node's state and records it there, as the
+    plain `train` step does, instead of checking it again in every round."""
+    from fedsgld.config import Config
+    from fedsgld.flower import sites as site_side
+
+    grid, _ = _run(tmp_path, rounds=2)
+    config = Config.from_flat({k: v for k, v in SMALL.items() if "-" not in k} | {"rounds": 2})
+    for ctx in grid.contexts.values():
+        hosted = site_side.hosted_sites(ctx, config)
+        assert ctx.state[site_side.LAYERS_STATE]["key"] == hosted.key
+        site_side._CACHE.clear()  # a new process: the sites are built again
+        fresh = site_side.hosted_sites(ctx, config)
+        (site,) = fresh.sites.values()
+        assert site.fm.grad_path == "layers" and not site.fm.layers_checked
+        site_side._layers_check_from_state(ctx, fresh, site)
+        assert site.fm.layers_checked
