@@ -134,3 +134,12 @@ def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(t
         assert site.fm.grad_path == "layers" and not site.fm.layers_checked
         site_side._layers_check_from_state(ctx, fresh, site)
         assert site.fm.layers_checked
+
+
+@pytest.mark.parametrize("value", [1, "true", None])
+def test_secagg_pipeline_must_be_true_or_false(value):
+    from fedsgld.flower.protocol import split_flower_options
+
+    assert split_flower_options({})["secagg-pipeline"] is True
+    with pytest.raises(ValueError, match="secagg-pipeline must be true or false"):
+        split_flower_options({"secagg-pipeline": value})
