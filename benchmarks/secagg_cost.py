@@ -253,7 +253,7 @@ def print_loopback(rows: list[dict]) -> None:
           + "secure steps s: keys / shares / masked input / consistency / unmask "
           "| secure: server sent / received KiB per round "
           "| plain: server sent / received KiB per round |")  # fmt: skip
-    print("|---" * (8 + 2 * len(against)) + "|")
+    print("|---" * (7 + 2 * len(against)) + "|")
     for r in rows:
         st = r["secure_step_s"]
         steps = " / ".join(f"{st.get(k, 0.0):.2f}" for k in
