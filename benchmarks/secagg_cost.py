@@ -163,7 +163,7 @@ def demo_config() -> dict:
         return {k: v for k, v in tomllib.load(f).items() if k not in SKIP}
 
 
-def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
+def loopback_run(cfg: dict, root: Path, *, warm: bool, fast: bool = False) -> dict:
     """One deployment of run config ``cfg`` under ``root``; its results.json."""
     from fedsgld.config import load_config
     from fedsgld.deploy.export_sites import export_sites
@@ -176,66 +176,107 @@ def loopback_run(cfg: dict, root: Path, *, warm: bool) -> dict:
     keys, peers = consortium_files(root / "keys", range(len(files)))
     nodes = []
     for k, f in enumerate(files):  # each site's own policy: its budget, its key, the bundle
-        text = (  # both placements measured: the site accepts both
-            f'epsilon = 100.0\nplacements = ["secure", "server"]\n'
+        text = (  # every placement measured: the site accepts them all
+            f'epsilon = 100.0\nplacements = ["secure", "sites", "server"]\n'
             f'signing_key = "{keys[k]}"\npeers = "{peers}"\n'
         )
         policy = approved_policy(root / f"site{k}" / "policy.toml", text)
         nodes.append(f"site-id={k} site-data='{f}' privacy-policy='{policy}'")
     with Loopback(root / "flwr") as lo:
-        lo.start(nodes, warm=warm, timeout=300.0)
+        lo.start(nodes, warm=warm, fast=fast, timeout=300.0)
         return lo.run({**cfg, "out": str(root / "out")}, timeout=3600.0)
 
 
-def loopback_cost(sites: int, rounds: int, tmp: Path, *, warm: bool) -> dict:
-    """The secure and the plain deployment of the demo's model with ``sites`` sites."""
+def model_size(cfg: dict) -> int:
+    """P, the number of the model's parameters (what a plain round's theta_t and S_k hold)."""
+    from fedsgld.config import load_config
+    from fedsgld.federation import run_dataset
+    from fedsgld.models import build_model
+
+    config = load_config(None, {k: v for k, v in cfg.items() if "-" not in k})
+    data = run_dataset(config, seed=0)
+    model = build_model(config.run.model, input_shape=tuple(data.x.shape[1:]),
+                        num_classes=data.num_classes, hidden=config.run.hidden)  # fmt: skip
+    return sum(p.numel() for p in model.parameters())
+
+
+#: what ``--loopback`` compares: the secure round against these placements
+LOOPBACK_PLACEMENTS = {
+    "sites": {"secure_aggregation": False, "noise_placement": "sites", "local_steps": 1},
+    "server": PLAIN,
+}
+
+
+def loopback_cost(
+    sites: int, rounds: int, tmp: Path, *, warm: bool, fast: bool = False,
+    against: tuple[str, ...] = ("sites", "server"),
+) -> dict:  # fmt: skip
+    """The secure deployment of the demo's model with ``sites`` sites, and the same
+    deployment in each placement of ``against`` (one fresh federation per run)."""
     base = {**demo_config(), **LOOPBACK_RUN, "sites": sites, "rounds": rounds}
     runs = {}
-    for name, over in (("secure", SECURE), ("plain", PLAIN)):
+    tag = "fast" if fast else ("warm" if warm else "cold")
+    todo = [("secure", SECURE), *((a, LOOPBACK_PLACEMENTS[a]) for a in against)]
+    for name, over in todo:
         t0 = time.perf_counter()
-        runs[name] = loopback_run({**base, **over}, tmp / f"{name}-{sites}", warm=warm)
-        print(f"K={sites} {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    sec, plain = runs["secure"], runs["plain"]
+        runs[name] = loopback_run({**base, **over}, tmp / f"{name}-{tag}-{sites}",
+                                  warm=warm, fast=fast)  # fmt: skip
+        print(f"K={sites} {tag} {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    sec = runs["secure"]
     cost = sec["flower"]["secure_aggregation"]
-    s, p = sec["round_wall_time_s"]["median"], plain["round_wall_time_s"]["median"]
-    return {
+    s = sec["round_wall_time_s"]["median"]
+    plain_kib = 4 * model_size(base) / 1024  # theta_t out, S_k back: float32, per site
+    out = {
         "sites": sites,
         "rounds": rounds,
-        "warm": warm,
+        "path": tag,
         "dim": sec["privacy"]["secure_aggregation"]["last_round"]["dim"],
         "secure_round_s": s,
-        "plain_round_s": p,
-        "ratio": s / p,
         "secure_step_s": cost["median_seconds"],
         "server_sent_kib": cost["median_server_sent_bytes"] / 1024,
         "server_received_kib": cost["median_server_received_bytes"] / 1024,
+        "plain_server_sent_kib": sites * plain_kib,
+        "plain_server_received_kib": sites * plain_kib,
         "secure_epsilon": sec["privacy"]["secure_aggregation"]["epsilon"],
     }
+    for a in against:
+        p = runs[a]["round_wall_time_s"]["median"]
+        out[f"{a}_round_s"], out[f"ratio_to_{a}"] = p, s / p
+    return out
 
 
 def print_loopback(rows: list[dict]) -> None:
-    print("| K | rounds | secure round s (median) | plain `server` round s (median) | ratio "
-          "| secure steps s: keys / shares / masked input / consistency / unmask "
-          "| server sent KiB/round | server received KiB/round |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    against = [k[: -len("_round_s")] for k in rows[0] if k.endswith("_round_s")
+               and not k.startswith("secure")]  # fmt: skip
+    print("| K | path | rounds | secure round s (median) | "
+          + "".join(f"`{a}` round s | secure / `{a}` | " for a in against)
+          + "secure steps s: keys / shares / masked input / consistency / unmask "
+          "| secure: server sent / received KiB per round "
+          "| plain: server sent / received KiB per round |")  # fmt: skip
+    print("|---" * (7 + 2 * len(against)) + "|")
     for r in rows:
         st = r["secure_step_s"]
-        steps = " / ".join(f"{st[k]:.2f}" for k in
+        steps = " / ".join(f"{st.get(k, 0.0):.2f}" for k in
                            ("advertise_keys", "share_keys", "masked_input", "consistency",
                             "unmask"))  # fmt: skip
-        print(f"| {r['sites']} | {r['rounds']} | {r['secure_round_s']:.2f} | "
-              f"{r['plain_round_s']:.2f} | {r['ratio']:.2f} | {steps} | "
-              f"{r['server_sent_kib']:.0f} | {r['server_received_kib']:.0f} |")  # fmt: skip
+        vs = "".join(f"{r[f'{a}_round_s']:.2f} | {r[f'ratio_to_{a}']:.2f} | " for a in against)
+        print(f"| {r['sites']} | {r['path']} | {r['rounds']} | {r['secure_round_s']:.2f} | {vs}"
+              f"{steps} | {r['server_sent_kib']:.0f} / {r['server_received_kib']:.0f} | "
+              f"{r['plain_server_sent_kib']:.0f} / {r['plain_server_received_kib']:.0f} |")  # fmt: skip
 
 
 def main_loopback(args: argparse.Namespace) -> None:
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedsgld-secagg-") as tmp:
-        rows = [loopback_cost(k, args.rounds, Path(tmp), warm=not args.cold) for k in args.sites]
+        rows = [loopback_cost(k, args.rounds, Path(tmp), warm=not args.cold, fast=args.fast,
+                              against=tuple(args.against)) for k in args.sites]  # fmt: skip
+    load = (load, os.getloadavg()[0])
     if args.json:
-        print(json.dumps({"loopback": rows}, indent=2))
+        print(json.dumps({"loopback": rows, "load_average": load}, indent=2))
         return
-    print(f"loopback deployment, {'cold' if args.cold else 'warm'} sites, demo CNN "
-          f"(padded dim {rows[0]['dim']}):")  # fmt: skip
+    path = "fast path" if args.fast else ("cold" if args.cold else "warm") + " stock sites"
+    print(f"loopback deployment, {path}, demo CNN (padded dim {rows[0]['dim']}); load "
+          f"average {load[0]:.1f} at the start, {load[1]:.1f} at the end:")  # fmt: skip
     print_loopback(rows)
 
 
@@ -345,6 +386,9 @@ def main() -> None:
     ap.add_argument("--no-accounting", action="store_true", help="only the rounds' cost")
     ap.add_argument("--loopback", action="store_true", help="rounds of a real deployment")
     ap.add_argument("--cold", action="store_true", help="--loopback: no warm sites")
+    ap.add_argument("--fast", action="store_true", help="--loopback: the fast path")
+    ap.add_argument("--against", nargs="+", default=["sites", "server"],
+                    choices=["sites", "server"], help="--loopback: plain placements measured")  # fmt: skip
     ap.add_argument("--engine", action="store_true", help="rounds of the in-process engine")
     ap.add_argument("--repeats", type=int, default=2, help="--engine: runs of each placement")
     args = ap.parse_args()

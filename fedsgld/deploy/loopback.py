@@ -202,6 +202,7 @@ class Loopback:
         node_configs: list[str],
         *,
         warm: bool = False,
+        fast: bool = False,
         task_poll: float = 0.1,
         timeout: float = 120.0,
     ) -> None:
@@ -211,10 +212,15 @@ class Loopback:
         ``flwr-clientapp`` shim first on each node's PATH, tasks polled every ``task_poll``
         seconds; each site's policy must then approve the bundle (:func:`approved_policy`).
         Otherwise every task starts a fresh ``flwr-clientapp`` interpreter, as Flower's own.
+        ``fast``: the fast path instead (:mod:`fedsgld.deploy.fast`: ``python -m
+        fedsgld.deploy superlink|supernode --`` around Flower's own commands, warm sites
+        included; flwr 1.41/1.42 only, it refuses to start on another release).
         """
         extra: dict[str, str] = {}
         shims: Path | None = None
-        if warm:
+        wrap = [sys.executable, "-m", "fedsgld.deploy"]
+        link = [*wrap, "superlink", "--"] if fast else [str(BIN / "flower-superlink")]
+        if warm and not fast:
             from fedsgld.deploy.shim import install_shim
 
             shims = Path(install_shim(str(self.root / "warm-bin"))).parent
@@ -222,16 +228,15 @@ class Loopback:
         self.port = free_port()
         self.procs.start(
             "superlink",
-            [str(BIN / "flower-superlink"), "--insecure", *link_address_args(self.port)],
+            [*link, "--insecure", *link_address_args(self.port)],
             flower_env(self.root / "home-link"),
         )
         self.procs.wait_listening("superlink", self.port, timeout)
         for k, nc in enumerate(node_configs):
-            self.procs.start(
-                f"supernode-{k}",
-                supernode_args(self.port, free_port(), nc, ["--insecure"]),
-                self._node_env(k, extra, shims),
-            )
+            args = supernode_args(self.port, free_port(), nc, ["--insecure"])
+            if fast:  # Flower's own arguments after the fast path's command
+                args = [*wrap, "supernode", "--", *args[1:]]
+            self.procs.start(f"supernode-{k}", args, self._node_env(k, extra, shims))
         write_connection(self.root / "home-cli", "loop", self.port)
 
     def _node_env(self, k: int, extra: dict[str, str], shims: Path | None) -> dict[str, str]:

@@ -2,8 +2,9 @@
 it becomes Flower's ``flwr-clientapp`` for one task, exactly as a fresh process would
 (the task's arguments, environment, working directory and standard streams; the server's
 own ``fedsgld`` modules dropped; global generators reseeded; the app bundle checked
-against the site's policy before Flower installs it). A spare is such a process forked
-before its task arrives."""
+against the site's policy before Flower installs it; one difference: the bundle's bytecode
+is cached in its install directory even where ``PYTHONDONTWRITEBYTECODE`` is set). A spare
+is such a process forked before its task arrives."""
 
 from __future__ import annotations
 
@@ -89,6 +90,10 @@ def _child(conn: socket.socket, req: dict, fds: list[int], server: int) -> None:
         for name in _app_modules():  # the server's own fedsgld: the bundle's must load
             del sys.modules[name]
         importlib.invalidate_caches()
+        # the bundle's bytecode is cached beside it in Flower's install directory even where
+        # PYTHONDONTWRITEBYTECODE is set (as in many container images): otherwise every
+        # task compiles the whole app's source again (a quarter of a short task's CPU)
+        sys.dont_write_bytecode = False
         _reseed_after_fork()
         send_json(conn, {"pid": os.getpid()})
         try:  # the site's check of the app bundle, before Flower installs or loads it

@@ -87,6 +87,8 @@ FLOWER_KEYS: dict[str, Any] = {
     # the longest wait between polls for replies (a simulation looks again 2 ms after a
     # reply and backs off; a deployment polls at this interval; Flower's own loop sleeps 3 s)
     "poll-interval": 0.2,
+    # secure aggregation: ask for the next round's keys with each unmask (secure_rounds.py)
+    "secagg-pipeline": True,
 }
 
 TASKS = ("train", "pate")
@@ -117,8 +119,9 @@ def split_flower_options(run_config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"task must be one of {TASKS}, got {opts['task']!r}")
     if not isinstance(opts["out"], str):
         raise ValueError(f"out must be a string (a directory), got {opts['out']!r}")
-    if not isinstance(opts["resume"], bool):
-        raise ValueError(f"resume must be true or false, got {opts['resume']!r}")
+    for k in ("resume", "secagg-pipeline"):
+        if not isinstance(opts[k], bool):
+            raise ValueError(f"{k} must be true or false, got {opts[k]!r}")
     for k in ("round-timeout", "wait-for-sites", "poll-interval"):
         v = opts[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:

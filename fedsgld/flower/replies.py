@@ -114,10 +114,14 @@ SECAGG_REPLY_FIELDS = {
 }
 
 
-def check_secagg_reply(msg: Message, *, entry: SiteEntry | None, step: str) -> dict[str, Any]:
+def check_secagg_reply(
+    msg: Message, *, entry: SiteEntry | None, step: str, ahead: bool = False
+) -> dict[str, Any]:
     """Validate one reply to a ``train.secagg`` step; return the site's protocol message
     or raise :class:`ReplyRejected`: the checks of :func:`check_train_reply` on the reply
-    and its node, then the step's fields (:mod:`fedsgld.secagg.wire`)."""
+    and its node, then the step's fields (:mod:`fedsgld.secagg.wire`). ``ahead``: an
+    unmask request that asked for the next round's keys too; the reply then also holds
+    ``next``, an ``advertise_keys`` message of the same site."""
     rec = _only_record(msg, entry, "secagg")
     try:
         m = unflatten(rec, "")
@@ -129,9 +133,14 @@ def check_secagg_reply(msg: Message, *, entry: SiteEntry | None, step: str) -> d
             f"reply names site {m.get('site')!r} from node {node}; node {entry.node_id} was "
             f"asked for site {entry.site}"
         )
-    if set(m) != {"site", *SECAGG_REPLY_FIELDS[step]}:
-        raise ReplyRejected(f"a {step} reply holds {sorted(m)}, expected "
-                            f"{sorted({'site', *SECAGG_REPLY_FIELDS[step]})}")  # fmt: skip
+    want = {"site", *SECAGG_REPLY_FIELDS[step], *(("next",) if ahead else ())}
+    if set(m) != want:
+        raise ReplyRejected(f"a {step} reply holds {sorted(m)}, expected {sorted(want)}")
+    nxt = m.get("next")
+    if ahead and (not isinstance(nxt, dict) or nxt.get("site") != entry.site
+                  or set(nxt) != {"site", *SECAGG_REPLY_FIELDS["advertise_keys"]}):  # fmt: skip
+        raise ReplyRejected(f"the next round's keys in site {entry.site}'s unmask reply are "
+                            "malformed")  # fmt: skip
     return m
 
 

@@ -178,7 +178,9 @@ class _Exchanges:
         self.server = strategy.server
         self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
         self.secure = SecureRounds(
-            strategy, lambda msgs: exchange(grid, msgs, timeout=self.timeout, poll=self.poll)
+            strategy,
+            lambda msgs: exchange(grid, msgs, timeout=self.timeout, poll=self.poll),
+            pipeline=opts["secagg-pipeline"],
         )
 
     def one_round(self) -> RoundPlan | None:

@@ -16,6 +16,21 @@ message in its own record, the server's half played by
 3. decode the modular sum; the round mode takes the Langevin step on it with no noise of
    the server's own (:meth:`~fedsgld.strategies.secure_sum.SecureSum.finish`).
 
+**Pipelined key advertisement** (``secagg-pipeline = true``, the default): the
+``unmask`` request of round t also asks each site to advertise its fresh keys for round
+t + 1 (``next_round`` in the request; the plan of round t + 1 is round t's with round
+t + 1's label), and the site's unmask reply carries them (``next``). Round t + 1 then
+starts at ``share_keys`` with those keys, four exchanges instead of five, when its plan
+is the one the keys were signed for and every site of the round advertised; otherwise
+(its bits changed with sigma_t, a site missed the unmask step, a resumed run) it
+starts with its own ``advertise_keys`` exchange, whose keys replace the early ones at the
+site. Nothing else moves: the keys are fresh per round and bound to round t + 1's
+context by the site's signature, each site still checks every roster entry against its
+key list at ``share_keys``, before any share leaves, and no step's checks are skipped.
+The other steps cannot be pipelined without weakening the protocol: each needs what the
+server collects in the step before (the roster, the relayed shares, the survivor set,
+its signatures).
+
 A site that does not answer a step before ``round-timeout``, answers with an error (its
 guard refused), or answers out of shape is a dropout from that step on, recorded in the
 run's dropped replies. More dropouts than the plan's ``max_dropouts`` abort the round
@@ -28,6 +43,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -54,10 +70,12 @@ class SecureRounds:
     """The secure-aggregation rounds of one Flower run (module docstring). ``send`` pushes
     one step's messages and returns the replies that came back in time."""
 
-    def __init__(self, strategy: LangevinStrategy, send: Send) -> None:
-        self.strategy, self.send = strategy, send
+    def __init__(self, strategy: LangevinStrategy, send: Send, *, pipeline: bool = True) -> None:
+        self.strategy, self.send, self.pipeline = strategy, send, pipeline
         self.server = strategy.server
         self.costs: list[dict[str, Any]] = []
+        # the next round's plan and the keys the sites advertised for it with their unmask
+        self.ahead: tuple[SecAggPlan, list[dict[str, Any]]] | None = None
 
     def _message(
         self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
@@ -78,9 +96,12 @@ class SecureRounds:
         payload: Callable[[int], dict[str, Any]],
         cost: dict[str, Any],
         extra: dict[str, Any] | None = None,
+        *,
+        ahead: bool = False,
     ) -> list[dict[str, Any]]:
         """Send ``step`` to ``sites``; the well-formed protocol messages that came back (the
-        strategy's reply matching: a rejected or missing reply is a logged dropout)."""
+        strategy's reply matching: a rejected or missing reply is a logged dropout).
+        ``ahead``: an unmask request that asks for the next round's keys as well."""
         strategy = self.strategy
         sent = []
         for v in sites:
@@ -98,7 +119,7 @@ class SecureRounds:
             replies,
             plan.round,
             f"secagg {step}",
-            lambda m, e: check_secagg_reply(m, entry=e, step=step),
+            lambda m, e: check_secagg_reply(m, entry=e, step=step, ahead=ahead),
         )
         cost["server_received"] += sum(message_bytes(m) for m in good.values())
         return [good[v] for v in sorted(good)]
@@ -116,7 +137,12 @@ class SecureRounds:
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
                                 "server_received": 0}  # fmt: skip
         t0 = time.perf_counter()
-        got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+        got = self._early_keys(sp)
+        if got is None:
+            got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+        else:
+            cost["seconds"]["advertise_keys"] = 0.0
+            cost["pipelined"] = True
         roster = party.collect_keys(got)
         got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster, cost)
         inbox = party.route_shares(got)
@@ -126,7 +152,14 @@ class SecureRounds:
         survivors = list(announcement["survivors"])
         got = self._step(plan, sp, "consistency", survivors, lambda v: announcement, cost)
         signed = party.collect_signatures(got)
-        got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: signed, cost)
+        ahead = self.pipeline and plan.round + 1 < server.rounds
+        ask = {**signed, "next_round": plan.round + 1} if ahead else signed
+        got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: ask, cost,
+                         ahead=ahead)  # fmt: skip
+        if ahead:  # the next round's keys, signed for the next round's plan
+            nxt = replace(sp, round_label=secagg_label(strategy.run_key, strategy.epoch,
+                                                      plan.round + 1))  # fmt: skip
+            self.ahead = (nxt, [m.pop("next") for m in got])
         modular = party.finish(got)
         total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
         cost["seconds"]["round"] = time.perf_counter() - t0
@@ -134,6 +167,15 @@ class SecureRounds:
         self.costs.append(cost)
         strategy.last_train_sites = survivors
         return torch.from_numpy(total)
+
+    def _early_keys(self, sp: SecAggPlan) -> list[dict[str, Any]] | None:
+        """The keys advertised for the round of ``sp`` with the last unmask, if they were
+        signed for exactly this plan and every site of it advertised; else None."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or ahead[0] != sp:
+            return None
+        keys = ahead[1]
+        return keys if sorted(int(m["site"]) for m in keys) == list(sp.sites) else None
 
     def summary(self) -> dict[str, Any]:
         """results.json's ``flower.secure_aggregation``: the rounds' median cost."""
@@ -146,5 +188,6 @@ class SecureRounds:
             "median_seconds": {k: med(c["seconds"].get(k, 0.0) for c in self.costs) for k in steps},
             "median_server_sent_bytes": med(c["server_sent"] for c in self.costs),
             "median_server_received_bytes": med(c["server_received"] for c in self.costs),
+            "pipelined_rounds": sum(bool(c.get("pipelined")) for c in self.costs),
             "bytes": "protocol messages and theta_t (message_bytes), not Flower's framing",
         }

@@ -53,7 +53,9 @@ from fedsgld.config import Config
 from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
-from fedsgld.flower.protocol import SecureStep, decode_secure
+from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
+from fedsgld.flower.sites import _keep_layers_check as keep_layers_check
+from fedsgld.flower.sites import _layers_check_from_state as layers_check_from_state
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
@@ -147,6 +149,8 @@ def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
     with their signatures of them)."""
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
             "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
+    if step == "unmask" and "next_round" in m:  # the next round's keys asked for as well
+        want = {*want, "next_round"}
     if set(m) != want:
         raise ValueError(f"a {step} request carries {sorted(m)}, expected {sorted(want)}")
     if step == "share_keys":
@@ -165,6 +169,20 @@ def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
         for v, sig in _ids(m["signatures"], "signatures").items():
             _key(sig, f"site {v}'s signature of the survivors", SIGNATURE_BYTES)
     return m
+
+
+def _next_round(r: _Request, creds: Credentials) -> tuple[SiteParty | None, dict[str, Any]]:
+    """At ``unmask`` with ``next_round``: the site's party for the next round (its fresh
+    keys signed for round t + 1's plan: this round's, with the next round's label) and the
+    unmask request without ``next_round``. A ``next_round`` other than t + 1 is refused."""
+    m = dict(r.secure.message)
+    if r.step != "unmask" or "next_round" not in m:
+        return None, m
+    run_key, epoch, rnd = r.round_of
+    if m.pop("next_round") != rnd + 1:  # checked at the door already
+        raise PolicyRefused(f"unmask of round {rnd}: next_round must be {rnd + 1}")
+    plan = replace(r.secagg, round_label=secagg_label(run_key, epoch, rnd + 1))
+    return SiteParty(r.site.site_id, plan, creds), m
 
 
 def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
@@ -230,6 +248,10 @@ def secagg_door(msg: Message, context: Context) -> Admission:
     creds = site_credentials(r)
     _check_plan(r, creds)
     step_message(r.step, r.secure.message)
+    nxt = r.secure.message.get("next_round", r.round_of[2] + 1)
+    if isinstance(nxt, bool) or nxt != r.round_of[2] + 1:
+        raise PolicyRefused(f"secure aggregation: the unmask of round {r.round_of[2]} may ask "
+                            f"for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
     plan, pol, run = r.secure.plan, r.policy, r.config.run
@@ -304,8 +326,8 @@ def handle_secagg(msg: Message, context: Context) -> Message:
     got = admitted(msg)
     r: _Request = got.request
     slot = STATE.format(r.site.site_id)
-    m = r.secure.message
     creds = site_credentials(r)
+    ahead, m = _next_round(r, creds)
     if r.step == "advertise_keys":
         party = SiteParty(r.site.site_id, r.secagg, creds)
         out = party.advertise_keys()
@@ -314,13 +336,20 @@ def handle_secagg(msg: Message, context: Context) -> Message:
         if not isinstance(kept, ConfigRecord):
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
         party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
+        hosted = hosted_sites(context, r.config)
+        # the per-record gradient check of the run's model: once per run, as in `train`
+        layers_check_from_state(context, hosted, r.site)
         try:
             out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
             raise
+        keep_layers_check(context, hosted, r.site)
     if r.step == "unmask":
         del context.state[slot]
+        if ahead is not None:  # the next round's party replaces this round's
+            out = {**out, "next": ahead.advertise_keys()}
+            context.state[slot] = ConfigRecord(flatten(ahead.state(), ""))
     else:
         context.state[slot] = ConfigRecord(flatten(party.state(), ""))
     return Message(RecordDict({"secagg": ConfigRecord(flatten(out, ""))}), reply_to=msg)

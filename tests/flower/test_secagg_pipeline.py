@@ -1,0 +1,145 @@
+"""Pipelined key advertisement in secure-aggregation rounds over Flower (``secagg-pipeline``):
+round t + 1's keys ride on round t's unmask, and round t + 1 starts at ``share_keys``.
+
+What must hold: a pipelined round unmasks to the small noisy sum as an unpipelined one does
+(the pairwise masks agreed on the early keys cancel), the early keys are authenticated by
+every site at ``share_keys`` exactly as keys advertised in their own step, and a site
+refuses to advertise keys for any round but the next."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, RecordDict
+from test_secagg_flower import SMALL, Wire, _resend, _run
+
+from fedsgld.apps import APPS
+from fedsgld.flower.local_grid import run_local
+from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.secure_site import STATE
+from fedsgld.secagg import RoundAborted
+from fedsgld.secagg.crypto import mask, modulus_mask
+from fedsgld.secagg.shamir import combine
+from fedsgld.secagg.wire import flatten, unflatten
+
+
+def _unmasked_spread(wire: Wire, rnd: int) -> float:
+    """The server's attack on round ``rnd``'s whole transcript: every masked input minus its
+    rebuilt self mask, summed modulo 2^bits, centred; its standard deviation in units of the
+    modulus (about 0.289 if the pairwise masks did not cancel: uniform)."""
+    inst = wire.instruction(rnd, "unmask", 0).content["plan"]
+    sp = secagg_plan(inst, run_key=inst["run-key"], epoch=inst["epoch"], rnd=rnd)
+    masked, unmask = wire.replies(rnd, "masked_input"), wire.replies(rnd, "unmask")
+    assert sorted(masked) == sorted(unmask) == [0, 1, 2, 3]
+    total = np.zeros(sp.length, dtype=np.uint64)
+    for v, m in masked.items():
+        y = np.frombuffer(m["y"], dtype="<u4").astype(np.uint64)
+        seed = combine({sp.point(u): r["self_mask_shares"][v] for u, r in unmask.items()},
+                       sp.threshold)  # fmt: skip
+        total = (total + y - mask(seed, sp.length, sp.bits)) & modulus_mask(sp.bits)
+    centred = (total.astype(np.float64) / 2**sp.bits + 0.5) % 1.0 - 0.5
+    return float(centred.std())
+
+
+def _steps(wire: Wire, rnd: int) -> set[str]:
+    return {
+        m.content["plan"]["secagg-step"] for m, _ in wire.seen if m.content["plan"]["round"] == rnd
+    }
+
+
+def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path):
+    piped, plain = Wire(), Wire()
+    grid, res = _run(tmp_path / "piped", piped, rounds=2)
+    _, res0 = _run(tmp_path / "plain", plain, rounds=2, **{"secagg-pipeline": False})
+    assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 1
+    assert res0["flower"]["secure_aggregation"]["pipelined_rounds"] == 0
+    # round 1 started at share_keys, with the keys that came with round 0's unmask
+    assert _steps(piped, 0) == _steps(plain, 0) == _steps(plain, 1)
+    assert "advertise_keys" in _steps(piped, 0)
+    assert _steps(piped, 1) == _steps(piped, 0) - {"advertise_keys"}
+    early = {v: r["next"] for v, r in piped.replies(0, "unmask").items()}
+    roster = unflatten(piped.instruction(1, "share_keys", 0).content["plan"], "secagg/")["keys"]
+    assert early == {v: {"site": v, **e} for v, e in roster.items()}
+    assert "next" not in piped.replies(1, "unmask")[0]  # the run's last round asks for none
+    assert "next" not in plain.replies(0, "unmask")[0]
+    # the pairwise masks of the early keys cancel: the unmasked sum is the small noisy sum,
+    # as in an unpipelined round (a mask left over would make it uniform: spread 0.289)
+    spreads = [_unmasked_spread(w, 1) for w in (piped, plain)]
+    assert max(spreads) < 1e-3, spreads
+    assert max(spreads) / min(spreads) < 3.0, spreads
+    # every site charged each round once, and keeps no secret after the last round
+    assert res["privacy"]["steps"] == res0["privacy"]["steps"] == 2
+    assert not any(STATE.format(k) in ctx.state for ctx in grid.contexts.values() for k in range(4))
+
+
+class _SwapEarlyKey(Wire):
+    """Replaces site 2's early ``enc_pk`` (the server's relay of round 1's keys) by another
+    key, its signature kept: what a server substituting a site's key would send."""
+
+    def __call__(self, msg: Message, reply: Message) -> Message | None:
+        reply = super().__call__(msg, reply)
+        if reply is None or reply.has_error() or msg.metadata.message_type != SECAGG:
+            return reply
+        plan = msg.content["plan"]
+        if plan["secagg-step"] != "unmask":
+            return reply
+        if plan["round"] != 0 or plan["site-id"] != 2:
+            return reply
+        m = unflatten(reply.content["secagg"], "")
+        m["next"]["enc_pk"] = bytes(32)
+        out = Message(RecordDict({"secagg": ConfigRecord(flatten(m, ""))}), reply_to=msg)
+        self.seen[-1] = (msg, out)
+        return out
+
+
+def test_a_substituted_early_key_is_refused_at_share_keys_before_any_share(tmp_path):
+    wire = _SwapEarlyKey()
+    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):
+        run_local({**SMALL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS, fault=wire)
+    assert "advertise_keys" not in _steps(wire, 1)  # the early keys were used
+    refusals = [r.error.reason for m, r in wire.seen if m.content["plan"]["round"] == 1
+                and m.content["plan"]["secagg-step"] == "share_keys" and r.has_error()]  # fmt: skip
+    assert len(refusals) == 4  # every site, site 2 itself included
+    assert all("site 2's round keys are not signed by its key" in why for why in refusals)
+    assert not wire.replies(1, "share_keys")  # no share of any secret left a site
+    assert not wire.replies(1, "masked_input")  # nothing was drawn or masked
+
+
+def test_a_site_advertises_keys_for_the_next_round_only(tmp_path):
+    wire = Wire()
+    grid, _ = _run(tmp_path, wire, rounds=2)
+    for bad in (0, 3, True, "1"):  # round 0's unmask may ask for round 1's keys, no other
+        got = _resend(grid, wire.instruction(0, "unmask", 1), **{"secagg/next_round": bad})
+        assert got.has_error(), bad
+        assert "may ask for the keys of round 1 only" in got.error.reason or (
+            "malformed request" in got.error.reason
+        ), got.error.reason
+
+
+def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(tmp_path):
+    """A deployed task is a fresh process: the masked_input step reads whether the run's
+    model passed the layer-path check from the node's state and records it there, as the
+    plain `train` step does, instead of checking it again in every round."""
+    from fedsgld.config import Config
+    from fedsgld.flower import sites as site_side
+
+    grid, _ = _run(tmp_path, rounds=2)
+    config = Config.from_flat({k: v for k, v in SMALL.items() if "-" not in k} | {"rounds": 2})
+    for ctx in grid.contexts.values():
+        hosted = site_side.hosted_sites(ctx, config)
+        assert ctx.state[site_side.LAYERS_STATE]["key"] == hosted.key
+        site_side._CACHE.clear()  # a new process: the sites are built again
+        fresh = site_side.hosted_sites(ctx, config)
+        (site,) = fresh.sites.values()
+        assert site.fm.grad_path == "layers" and not site.fm.layers_checked
+        site_side._layers_check_from_state(ctx, fresh, site)
+        assert site.fm.layers_checked
+
+
+@pytest.mark.parametrize("value", [1, "true", None])
+def test_secagg_pipeline_must_be_true_or_false(value):
+    from fedsgld.flower.protocol import split_flower_options
+
+    assert split_flower_options({})["secagg-pipeline"] is True
+    with pytest.raises(ValueError, match="secagg-pipeline must be true or false"):
+        split_flower_options({"secagg-pipeline": value})
