@@ -1,7 +1,8 @@
 """Per-round cost of secure aggregation with distributed discrete Gaussian noise.
 
     python benchmarks/secagg_cost.py [--sites 4 8] [--dim 100000] [--rounds 3] [--json]
-    python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--json]
+    python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--fast]
+        [--against sites server] [--json]
     python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
