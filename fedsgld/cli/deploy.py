@@ -98,9 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ray-address",
         default=None,
         metavar="ADDRESS",
-        help="the simulation's Ray: local (one of its own, stopped with the run), auto (the "
-        "cluster `ray start` on this machine recorded) or HOST:PORT of a running cluster's "
-        "head, joined and left running (default: $RAY_ADDRESS if set, else local)",
+        help="the simulation's Ray: local (one of its own, stopped with the run) or HOST:PORT "
+        "of a running cluster's head, joined and left running (default: $RAY_ADDRESS if "
+        "set, else local)",
     )
     local.add_argument(
         "flwr_args",

@@ -42,7 +42,7 @@ def run_local(
     ray_address: str | None = None,
 ) -> int:
     """Start a SuperLink on a free port, ``flwr run APP --stream FLWR_ARGS`` on it, stop it.
-    The simulation's Ray: ``ray_address`` (``local``, ``auto`` or a running cluster's
+    The simulation's Ray: ``ray_address`` (``local`` or a running cluster's
     ``HOST:PORT``; None: ``RAY_ADDRESS`` if set, else ``local``), checked before anything
     starts."""
     ray_env = ray_environment(ray_address, flwr_args)

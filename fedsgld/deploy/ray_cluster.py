@@ -12,10 +12,11 @@ it starts, and nothing else:
                with it (the default). Without it, ``ray.init()`` would join the cluster a
                ``ray start`` on this machine last recorded (``/tmp/ray/ray_current_cluster``),
                someone else's included.
-``auto``       the cluster ``ray start`` on this machine last recorded; Ray refuses the run
-               when there is none.
 ``HOST:PORT``  the head node's GCS address of a running cluster (``ray start --head
                --port PORT``), checked to answer before any Flower process starts.
+
+Ray's ``auto`` is refused (without a recorded cluster it joins any Ray running on the
+machine), and so is a Ray Client address (``ray://``).
 
 On an existing cluster the simulation is one more Ray driver: when the run ends Flower
 ends its actors and calls ``ray.shutdown()``, which disconnects that driver and leaves
@@ -30,27 +31,28 @@ from __future__ import annotations
 import os
 import socket
 
-#: The address values that name no host: a Ray of the run's own, or the one this machine recorded.
-KEYWORDS = ("local", "auto")
+#: The address value that names no host: a Ray of the run's own.
+LOCAL = "local"
 #: ``--federation-config`` keys that only a Ray of the run's own accepts.
 OWN_RAY_ONLY = ("init-args-num-cpus", "init-args-num-gpus")
 
 
-def check_ray_address(address: str) -> str:
-    """``address`` if it is ``local``, ``auto`` or ``HOST:PORT`` with PORT in [1, 65535];
-    ValueError naming ``--ray-address`` and the valid forms otherwise."""
-    forms = "local, auto or HOST:PORT (the head's `ray start --head --port PORT`)"
+def check_ray_address(address: str, name: str = "--ray-address") -> str:
+    """``address`` if it is ``local`` or ``HOST:PORT`` with PORT in [1, 65535]; ValueError
+    naming the setting (``name``) and the valid forms otherwise."""
+    forms = "local or HOST:PORT (the head's `ray start --head --port PORT`)"
     value = address.strip()
-    if value in KEYWORDS:
+    if value == LOCAL:
         return value
-    if value.startswith("ray://"):
+    if value.startswith("ray://") or value == "auto":
+        why = "a Ray Client address" if value != "auto" else "Ray's auto (it may join any Ray here)"
         raise ValueError(
-            f"--ray-address: {address!r} is a Ray Client address, which the simulation does "
-            f"not use; run it on a node of the cluster and give {forms}"
+            f"{name}: {address!r} is {why}, which the simulation does not use; run it on a "
+            f"node of the cluster and give {forms}"
         )
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"--ray-address must be {forms}, PORT in [1, 65535]; got {address!r}")
+        raise ValueError(f"{name} must be {forms}, PORT in [1, 65535]; got {address!r}")
     return value
 
 
@@ -60,9 +62,8 @@ def default_ray_address() -> str:
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """ValueError unless something accepts a TCP connection at ``HOST:PORT`` (keywords pass:
-    Ray resolves them itself)."""
-    if address in KEYWORDS:
+    """ValueError unless something accepts a TCP connection at ``HOST:PORT`` (``local`` passes)."""
+    if address == LOCAL:
         return
     host, _, port = address.rpartition(":")
     try:
@@ -77,7 +78,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
 
 def check_flwr_args(address: str, flwr_args: list[str]) -> None:
     """ValueError when ``flwr run``'s options set what only a Ray of the run's own accepts."""
-    if address == "local":
+    if address == LOCAL:
         return
     given = [key for key in OWN_RAY_ONLY if any(key in arg for arg in flwr_args)]
     if given:
@@ -89,14 +90,17 @@ def check_flwr_args(address: str, flwr_args: list[str]) -> None:
 
 def ray_environment(address: str | None, flwr_args: list[str]) -> dict[str, str]:
     """The checked ``RAY_ADDRESS`` for the SuperLink's environment (None: the default)."""
-    value = check_ray_address(default_ray_address() if address is None else address)
+    if address is None:
+        value = check_ray_address(default_ray_address(), "RAY_ADDRESS (or --ray-address)")
+    else:
+        value = check_ray_address(address)
     check_flwr_args(value, flwr_args)
     check_reachable(value)
     return {"RAY_ADDRESS": value}
 
 
 __all__ = [
-    "KEYWORDS",
+    "LOCAL",
     "OWN_RAY_ONLY",
     "check_flwr_args",
     "check_ray_address",

@@ -43,7 +43,7 @@ SWEEP_SETS = ["recal_fraction=0", "rounds=4", "burn_in=1", "thin=1", "eval_every
 STORE = str(100 * 1024 * 1024)  # bytes of object store per node: /dev/shm is shared
 
 
-@pytest.mark.parametrize("value", ["local", "auto", "127.0.0.1:6379", " head.example:1 "])
+@pytest.mark.parametrize("value", ["local", "127.0.0.1:6379", " head.example:1 "])
 def test_valid_ray_addresses_pass(value):
     assert check_ray_address(value) == value.strip()
 
@@ -51,13 +51,14 @@ def test_valid_ray_addresses_pass(value):
 @pytest.mark.parametrize(
     "value, words",
     [
-        ("", "must be local, auto or HOST:PORT"),
-        ("headnode", "must be local, auto or HOST:PORT"),
-        (":6379", "must be local, auto or HOST:PORT"),
+        ("", "must be local or HOST:PORT"),
+        ("headnode", "must be local or HOST:PORT"),
+        (":6379", "must be local or HOST:PORT"),
         ("h:0", r"PORT in \[1, 65535\]"),
         ("h:65536", r"PORT in \[1, 65535\]"),
-        ("h:port", "must be local, auto or HOST:PORT"),
+        ("h:port", "must be local or HOST:PORT"),
         ("ray://h:10001", "Ray Client address"),
+        ("auto", "may join any Ray here"),
     ],
 )
 def test_invalid_ray_addresses_name_the_flag(value, words):
@@ -70,6 +71,9 @@ def test_default_is_ray_address_or_a_ray_of_its_own(monkeypatch):
     assert default_ray_address() == "local"
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert default_ray_address() == "10.0.0.5:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "auto")  # checked as well, named as it came
+    with pytest.raises(ValueError, match=r"^RAY_ADDRESS \(or --ray-address\): 'auto'"):
+        ray_environment(None, [])
 
 
 def test_init_args_cpus_are_refused_for_an_existing_cluster_only():
