@@ -61,7 +61,7 @@ def default_ray_address() -> str:
     return os.environ.get("RAY_ADDRESS", "").strip() or "local"
 
 
-def check_reachable(address: str, timeout: float = 5.0) -> None:
+def check_reachable(address: str, timeout: float = 5.0, name: str = "--ray-address") -> None:
     """ValueError unless something accepts a TCP connection at ``HOST:PORT`` (``local`` passes)."""
     if address == LOCAL:
         return
@@ -71,7 +71,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
             pass
     except OSError as err:
         raise ValueError(
-            f"--ray-address {address}: nothing answers there ({err.strerror or err}); start "
+            f"{name} {address}: nothing answers there ({err.strerror or err}); start "
             f"the head with `ray start --head --port {port}` or give the address it printed"
         ) from err
 
@@ -88,14 +88,22 @@ def check_flwr_args(address: str, flwr_args: list[str]) -> None:
         )
 
 
+def checked_address(address: str | None, name: str = "--ray-address") -> str:
+    """``address`` (None: ``RAY_ADDRESS`` if set, else ``local``) checked: its form, and that
+    the head answers; errors name the setting (``name``)."""
+    if address is None:
+        name = f"RAY_ADDRESS (or {name})"
+        value = check_ray_address(default_ray_address(), name)
+    else:
+        value = check_ray_address(address, name)
+    check_reachable(value, name=name)
+    return value
+
+
 def ray_environment(address: str | None, flwr_args: list[str]) -> dict[str, str]:
     """The checked ``RAY_ADDRESS`` for the SuperLink's environment (None: the default)."""
-    if address is None:
-        value = check_ray_address(default_ray_address(), "RAY_ADDRESS (or --ray-address)")
-    else:
-        value = check_ray_address(address)
+    value = checked_address(address)
     check_flwr_args(value, flwr_args)
-    check_reachable(value)
     return {"RAY_ADDRESS": value}
 
 
@@ -105,6 +113,7 @@ __all__ = [
     "check_flwr_args",
     "check_ray_address",
     "check_reachable",
+    "checked_address",
     "default_ray_address",
     "ray_environment",
 ]

@@ -40,6 +40,26 @@ RUN_CONFIG = (
 )
 SWEEP_CONFIG = ROOT / "simulations" / "calibration_breast_cancer.toml"
 SWEEP_SETS = ["recal_fraction=0", "rounds=4", "burn_in=1", "thin=1", "eval_every=0"]
+#: fedsgld.simulate over Flower's Ray simulation on the cluster, and the engine, same seed
+API_RUN = """
+import sys, torch, fedsgld
+from torch import nn
+
+def net():
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+
+def blobs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    return torch.randn(n, 5, generator=g) + y[:, None], y
+
+sites = [blobs(40, k) for k in range(2)]
+small = dict(rounds=2, sample_rate=0.2, lr=0.2, temperature=2.0, epsilon=30.0, eval_every=0,
+             burn_in=0, thin=1, max_samples=2, seed=3, progress=False)
+ref = fedsgld.simulate(net, sites, **small)
+got = fedsgld.simulate(net, sites, transport="ray", ray_address=sys.argv[1], **small)
+print("same theta:", torch.equal(ref.theta, got.theta), "steps:", got.results["privacy"]["steps"])
+"""
 STORE = str(100 * 1024 * 1024)  # bytes of object store per node: /dev/shm is shared
 
 
@@ -74,6 +94,15 @@ def test_default_is_ray_address_or_a_ray_of_its_own(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # checked as well, named as it came
     with pytest.raises(ValueError, match=r"^RAY_ADDRESS \(or --ray-address\): 'auto'"):
         ray_environment(None, [])
+
+
+def test_the_python_api_checks_ray_address_before_any_work():
+    import fedsgld
+
+    with pytest.raises(ValueError, match="ray_address: only with transport='ray'"):
+        fedsgld.simulate(sites=2, rounds=1, ray_address="127.0.0.1:6379", progress=False)
+    with pytest.raises(ValueError, match="ray_address must be local or HOST:PORT"):
+        fedsgld.simulate(sites=2, rounds=1, transport="ray", ray_address="head", progress=False)
 
 
 def test_init_args_cpus_are_refused_for_an_existing_cluster_only():
@@ -189,6 +218,11 @@ def _cluster_core(pids: dict[str, int]) -> set[int]:
     return core
 
 
+def _actor_logs(logs: Path) -> list[Path]:
+    """The worker logs of a node that record one of Flower's actors."""
+    return [f for f in logs.glob("worker-*.out") if ":actor_name:ClientAppActor" in f.read_text()]
+
+
 @pytest.mark.slow
 def test_flower_simulation_and_sweep_on_an_existing_two_node_cluster(ray_cluster, tmp_path):
     address, temp, pids = ray_cluster
@@ -207,11 +241,16 @@ def test_flower_simulation_and_sweep_on_an_existing_two_node_cluster(ray_cluster
     assert results["engine"] == "flower" and results["privacy"]["steps"] == 2
     # one of Flower's two actors ran on the second node (it has one CPU, the head one)
     worker_logs = temp / "worker" / "session_latest" / "logs"
-    actors = [
-        f for f in worker_logs.glob("worker-*.out") if ":actor_name:ClientAppActor" in f.read_text()
-    ]
+    actors = _actor_logs(worker_logs)
     assert actors, f"no Flower actor ran on the second node ({worker_logs})"
     # the run disconnected from the cluster and stopped nothing of it
+    assert _cluster_core(pids) == before
+
+    # the Python API's Ray transport on the same cluster: the engine's numbers
+    cmd = [sys.executable, "-c", API_RUN, address]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert "same theta: True steps: 2" in res.stdout, (res.stdout + res.stderr)[-3000:]
+    assert len(_actor_logs(worker_logs)) > len(actors)  # it too ran an actor on the second node
     assert _cluster_core(pids) == before
 
     sweep_out = tmp_path / "sweep"
