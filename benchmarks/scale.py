@@ -19,7 +19,11 @@ the wall time of ``flwr run`` less its rounds (Ray and its actors starting, the 
 loading, each node preparing its sites, fedsgld's final evaluation, the results
 written); ``fedsgld start-up`` is Ray's less the floor's: what preparing fedsgld's apps
 and sites adds. Ray's actors run at this process's niceness, as the engine does (Ray's
-default adds 15: ``RAY_worker_niceness=0``). The machine's load average is printed before and after. Every Flower process
+default adds 15: ``RAY_worker_niceness=0``). A second table splits Ray's start-up by the
+moments fedsgld's streamed log lines appear: the SuperLink up and the run submitted
+(Flower's own; the floor's in brackets), Ray with its actors, their imports and every
+node's sites up to the server knowing the sites, the first round, the final evaluation
+and result files (plots included), and stopping. The machine's load average is printed before and after. Every Flower process
 gets its own FLWR_HOME and is stopped by PID at the end (:mod:`round_latency`).
 """
 
@@ -64,40 +68,74 @@ def engine_round(sites: int, rounds: int, tmp: Path) -> dict:
     return {"round_s": rt["median_after_first"], "startup_s": wall - rt["count"] * rt["mean"]}
 
 
-def _flwr_run(app: Path, run_config: str, nodes: int, home: Path) -> float:
-    """``flwr run`` of ``app`` on ``nodes`` simulated SuperNodes; its wall time."""
+#: fedsgld's (and Flower's) streamed log lines that mark the phases of a run
+MARKS = {
+    "simulation": "Starting Flower Simulation",
+    "sites": "[fedsgld] sites:",
+    "stopped": "[fedsgld] stopped after",
+    "results": "[fedsgld] results in",
+}
+
+
+def _flwr_run(app: Path, run_config: str, nodes: int, home: Path) -> tuple[float, dict]:
+    """``flwr run`` of ``app`` on ``nodes`` simulated SuperNodes: its wall time, and when
+    (seconds from its start) each of :data:`MARKS` first appeared in its output."""
     # Ray's actors at this process's niceness, as the engine (Ray's default adds 15)
     env = _env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_port()), RAY_worker_niceness="0")
+    marks: dict[str, float] = {}
+    lines: list[str] = []
     t0 = time.perf_counter()
     try:
-        res = subprocess.run(
+        proc = subprocess.Popen(
             [str(BIN / "flwr"), "run", str(app), "--stream", "--run-config", run_config,
              "--federation-config", f"num-supernodes={nodes} client-resources-num-cpus=1"],
-            cwd=app, env=env, capture_output=True, text=True, timeout=3600,
+            cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
+        for line in proc.stdout:
+            lines.append(line)
+            for name, text in MARKS.items():
+                if name not in marks and text in line:
+                    marks[name] = time.perf_counter() - t0
+        rc = proc.wait(timeout=3600)
     finally:
         _stop([], str(home))
-    if res.returncode != 0:
-        raise RuntimeError(f"flwr run {app} failed:\n{(res.stdout + res.stderr)[-3000:]}")
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise RuntimeError(f"flwr run {app} failed:\n{''.join(lines)[-3000:]}")
+    return wall, {**marks, "exit": wall}
+
+
+def _split(marks: dict[str, float]) -> dict[str, float]:
+    """fedsgld's start-up by phase: the SuperLink up and the run submitted (Flower's own,
+    the floor's too); Ray, its actors, their imports and every node's sites, up to the
+    server knowing the sites; the final evaluation and result files (plots); the end."""
+    return {
+        "link_s": marks["simulation"],
+        "to_sites_s": marks["sites"] - marks["simulation"],
+        "final_s": marks["results"] - marks["stopped"],
+        "exit_s": marks["exit"] - marks["results"],
+    }
 
 
 def ray_round(sites: int, rounds: int, tmp: Path) -> dict:
     out = tmp / f"ray-{sites}"
     cfg = run_config_arg({**demo_config(sites, rounds), "out": str(out)})
-    wall = _flwr_run(ROOT, cfg, sites, tmp / f"ray-home-{sites}")
+    wall, marks = _flwr_run(ROOT, cfg, sites, tmp / f"ray-home-{sites}")
     if not (out / "results.json").is_file():
         raise RuntimeError(f"the Ray simulation at {sites} sites wrote no results")
     rt = json.loads((out / "results.json").read_text())["round_wall_time_s"]
-    return {"round_s": rt["median_after_first"], "startup_s": wall - rt["count"] * rt["mean"]}
+    split = {**_split(marks), "first_round_s": rt["first"]}
+    return {"round_s": rt["median_after_first"], "startup_s": wall - rt["count"] * rt["mean"],
+            "split": split}  # fmt: skip
 
 
 def floor_round(sites: int, rounds: int, tmp: Path, params: int) -> dict:
     out = tmp / f"floor-{sites}.json"
     cfg = run_config_arg({"rounds": rounds, "params": params, "out": str(out)})
-    wall = _flwr_run(FLOOR_APP, cfg, sites, tmp / f"floor-home-{sites}")
+    wall, marks = _flwr_run(FLOOR_APP, cfg, sites, tmp / f"floor-home-{sites}")
     times = json.loads(out.read_text())["round_s"]
-    return {"round_s": statistics.median(times[1:]), "startup_s": wall - sum(times)}
+    return {"round_s": statistics.median(times[1:]), "startup_s": wall - sum(times),
+            "link_s": marks["simulation"]}  # fmt: skip
 
 
 def cnn_params() -> int:
@@ -139,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ray_startup_s": ray["startup_s"],
                 "floor_startup_s": floor["startup_s"],
                 "fedsgld_startup_s": ray["startup_s"] - floor["startup_s"],
+                **{f"ray_{n}": v for n, v in ray["split"].items()},
+                "floor_link_s": floor["link_s"],
             }
             rows.append(row)
             if not args.json:
@@ -164,6 +204,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['ray_over_engine']:.2f} | {r['ray_over_floor']:.2f} | "
             f"{r['ray_startup_s']:.1f} | {r['floor_startup_s']:.1f} | "
             f"{r['fedsgld_startup_s']:.1f} |"
+        )
+    print("\nRay start-up by phase, seconds (SuperLink up and run submitted; then Ray, "
+          "its actors and every node's sites; first round; final evaluation and result "
+          "files; stopping):")  # fmt: skip
+    print("| sites | SuperLink (floor) | to sites known | first round | final | exit |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['sites']} | {r['ray_link_s']:.1f} ({r['floor_link_s']:.1f}) | "
+            f"{r['ray_to_sites_s']:.1f} | {r['ray_first_round_s']:.1f} | "
+            f"{r['ray_final_s']:.1f} | {r['ray_exit_s']:.1f} |"
         )
     return 0
 

@@ -49,6 +49,7 @@ def run_over_flower(
     nodes: int | None,
     log: Callable[[str], None],
     on_round: Callable[[RoundInfo], Any] | None,
+    ray_address: str | None = None,
 ) -> tuple[RunResult, Any, nn.Module, FlatModel, str]:
     """One run over Flower: its result, its server, the user's module and its parameter
     view (for :class:`~fedsgld.api.result.Result`) and the per-record gradient path.
@@ -70,6 +71,7 @@ def run_over_flower(
         nodes=nodes,
         log=log,
         on_round=on_round,
+        ray_address=ray_address,
     )
     d = data[0]
     shape = tuple(d.x_train.shape[1:])

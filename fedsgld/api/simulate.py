@@ -24,6 +24,7 @@ from fedsgld.api.over_flower import check_transport, run_over_flower
 from fedsgld.api.result import Result
 from fedsgld.config import Config, load_config
 from fedsgld.data.user import user_sites
+from fedsgld.deploy.ray_cluster import check_ray_address
 from fedsgld.files import write_json
 from fedsgld.run.evaluation import RunResult
 from fedsgld.run.progress import RoundInfo
@@ -75,6 +76,7 @@ def simulate(
     on_round: Callable[[RoundInfo], Any] | None = None,
     transport: str = "in-process",
     nodes: int | None = None,
+    ray_address: str | None = None,
     **settings: Any,
 ) -> Result:
     """Train one federation and return its :class:`Result`.
@@ -104,7 +106,10 @@ def simulate(
     ``"ray"`` (the same apps in Flower's Ray simulation, ``run_simulation``; the factory
     and records are pickled to its actors). Over Flower each of ``nodes`` nodes (default:
     one per site) builds its sites from the user's records of those sites and the factory
-    under the run's seed; a seeded run gives the engine's numbers.
+    under the run's seed; a seeded run gives the engine's numbers. ``ray_address``
+    (``"ray"`` only): ``"local"``, a Ray of the run's own, or ``"HOST:PORT"`` of a running
+    cluster's head, joined as one more driver and left running (default: ``RAY_ADDRESS`` if
+    set, else ``"local"``; docs/simulation.md).
 
     Privacy caveat: a simulation seeds every party's noise from ``seed``; it is private only
     against parties who do not know the seed (see docs/privacy.md).
@@ -122,6 +127,10 @@ def simulate(
             raise ValueError("sites: a list with one entry per site")
         settings = {**settings, "sites": len(sites)}
     runtime = check_transport(transport)
+    if ray_address is not None and runtime != "ray":
+        raise ValueError(f"ray_address: only with transport='ray'; got transport={transport!r}")
+    if ray_address is not None:
+        check_ray_address(ray_address, "ray_address")  # its form, before any work
     cfg = make_config(config, settings)  # every setting checked before any work
     if sites is not None:
         data = user_sites(
@@ -136,7 +145,8 @@ def simulate(
     out, tmp = _run_dir(out_dir)
     log = print if progress else (lambda _line: None)
     if runtime is not None:
-        return _over_flower(cfg, model, data, runtime, out, tmp, resume, nodes, log, on_round)
+        flower = dict(nodes=nodes, log=log, on_round=on_round, ray_address=ray_address)
+        return _over_flower(cfg, model, data, runtime, out, tmp, resume, flower)
     built: dict[str, Any] = {}
     with warnings.catch_warnings():
         # the per-record gradient path in use is part of the result (Result.grad_path)
@@ -159,14 +169,13 @@ def simulate(
     )  # fmt: skip
 
 
-def _over_flower(cfg, model, data, runtime, out, tmp, resume, nodes, log, on_round) -> Result:
+def _over_flower(cfg, model, data, runtime, out, tmp, resume, flower: dict) -> Result:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="per-record gradients fall back")
         try:
             res, server, module, fm, path = run_over_flower(
-                cfg, model, data, runtime=runtime, out=out, resume=resume, nodes=nodes,
-                log=log, on_round=on_round,
-            )  # fmt: skip
+                cfg, model, data, runtime=runtime, out=out, resume=resume, **flower
+            )
         except RunInterrupted as err:
             if tmp is None:
                 raise

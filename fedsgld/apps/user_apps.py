@@ -34,6 +34,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsgld.apps.client_app import build_app
 from fedsgld.data.partition import SiteData
+from fedsgld.deploy.ray_cluster import checked_address
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.runner import serve
 from fedsgld.flower.user_sites import UserObjects, user_objects_mod
@@ -69,11 +70,18 @@ def run_user_apps(
     nodes: int | None = None,
     log: Callable[[str], None] = lambda _line: None,
     on_round: Callable[[RoundInfo], Any] | None = None,
+    ray_address: str | None = None,
 ) -> tuple[RunResult, LangevinServer]:
     """Run the apps over ``runtime`` (one of :data:`RUNTIMES`) with ``nodes`` nodes
-    (default: one per site); the run's result and its server (theta, posterior)."""
+    (default: one per site); the run's result and its server (theta, posterior).
+    ``ray_address`` (``"ray"`` only): ``"local"`` or a running cluster's ``HOST:PORT``
+    (None: ``RAY_ADDRESS`` if set, else ``"local"``; :mod:`fedsgld.deploy.ray_cluster`)."""
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(RUNTIMES)}; got {runtime!r}")
+    if ray_address is not None and runtime != "ray":
+        raise ValueError(
+            f"ray_address: only with Flower's Ray simulation; the runtime is {runtime!r}"
+        )
     # every node starts with the run, and a node that fails to build its sites fails for
     # good: no reason to wait the deployment's 10 minutes for it
     run_config = {"wait-for-sites": 30.0 if runtime == "local" else 180.0, **run_config}
@@ -98,22 +106,35 @@ def run_user_apps(
         run_local(run_config, server_app=server_app, client_app=client_app, num_nodes=n)
     else:
         _picklable(client_app)
-        _run_ray(server_app, client_app, n)
+        _run_ray(server_app, client_app, n, checked_address(ray_address, "ray_address"))
     if "result" not in holder:
         raise RuntimeError("the Flower simulation ended without a result (see Flower's log)")
     return holder["result"], holder["server"]
 
 
-def _run_ray(server_app: ServerApp, client_app: Any, nodes: int) -> None:
+def _run_ray(server_app: ServerApp, client_app: Any, nodes: int, address: str) -> None:
+    """Flower's Ray simulation on a Ray of its own (``address`` ``"local"``) or joining the
+    running cluster at ``address`` as one more driver: when the run ends Flower ends its
+    actors and ``ray.shutdown()`` disconnects that driver, stopping nothing of the cluster."""
+    import ray  # Flower's simulation extra
     from flwr.simulation import run_simulation
 
+    if ray.is_initialized():
+        # Flower would run on that Ray whatever the address, and shut it down at the end
+        raise ValueError(
+            "transport='ray': Ray is already initialised in this process (ray.init); call "
+            "ray.shutdown() first and pass ray_address to join a cluster"
+        )
     level = logging.getLogger("flwr").level
     try:
         run_simulation(
             server_app=server_app,
             client_app=client_app,
             num_supernodes=nodes,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"address": address},
+            },
         )
     finally:
         logging.getLogger("flwr").setLevel(level)

@@ -27,7 +27,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     run_local = importlib.import_module("fedsgld.deploy.local").run_local
-    return int(run_local(list(args.flwr_args), home=args.home) or 0)
+    return int(run_local(list(args.flwr_args), home=args.home, ray_address=args.ray_address) or 0)
 
 
 def _export_sites(args: argparse.Namespace) -> int:
@@ -39,7 +39,7 @@ def _export_sites(args: argparse.Namespace) -> int:
 
 
 #: deploy's subcommands whose arguments after their own options go to ``flwr run`` as given.
-PASSTHROUGH = {"run": (), "local": ("--home",)}
+PASSTHROUGH = {"run": (), "local": ("--home", "--ray-address")}
 
 
 def split_passthrough(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -93,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     local.add_argument(
         "--home", default=None, help="FLWR_HOME and logs here (default: runs/flwr-local-PORT)"
+    )
+    local.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="the simulation's Ray: local (one of its own, stopped with the run) or HOST:PORT "
+        "of a running cluster's head, joined and left running (default: $RAY_ADDRESS if "
+        "set, else local)",
     )
     local.add_argument(
         "flwr_args",

@@ -118,12 +118,15 @@ class RecordGradients:
 
     # -- the layer path and its check -----------------------------------------------------
     def ready(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> bool:
-        """Whether the layer path may be used; checked once against ``torch.func``.
+        """Whether the layer path may be used; checked once against one record at a time.
 
         The layer path assumes what the module's code could break unseen: every layer
         sees its records along the first axis, and records meet only in the summed loss.
-        So the first time two or more records come, their per-record gradients by both
-        paths are compared, and a mismatch turns the layer path off for this model."""
+        So the first time two or more records come, their per-record gradients by the
+        layer path and by ordinary autograd on each record alone (:meth:`one_by_one`) are
+        compared, and a mismatch turns the layer path off for this model. (Not
+        ``torch.func``: its first call imports ``torch._dynamo``, seconds per process,
+        which a model on the layer path never needs.)"""
         if self.layers is None:
             return False
         if self.checked or x.shape[0] < 2:
@@ -131,7 +134,7 @@ class RecordGradients:
         xs, ys = x[:2], y[:2]
         try:
             got = self.layers.per_record(self.leaf_forward(theta), xs, ys)
-            ref = self._func(theta.detach(), xs, ys)
+            ref = self.one_by_one(theta.detach(), xs, ys)
         except UnsupportedModel as err:
             self.drop_layers(err)
             return False
@@ -141,11 +144,23 @@ class RecordGradients:
         scale = ref.norm(dim=1, keepdim=True)
         if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
             self.drop_layers(
-                UnsupportedModel("its per-record gradients differ from torch.func's on this module")
+                UnsupportedModel(
+                    "its per-record gradients differ from those of one record at a time"
+                )
             )
             return False
         self.checked = True
         return True
+
+    def one_by_one(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """(B, P) per-record gradients by ordinary autograd, one record at a time (the
+        reference the layer path is checked against; B is small there)."""
+        rows = []
+        for xi, yi in zip(x, y, strict=True):
+            t = theta.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(self.loss_one(t, xi, yi), t)
+            rows.append(g)
+        return torch.stack(rows)
 
     def drop_layers(self, err: UnsupportedModel) -> None:
         warnings.warn(

