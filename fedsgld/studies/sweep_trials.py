@@ -57,6 +57,7 @@ class _Pool:
 
     def __init__(self, *, ray: bool, address: str | None, workers: int, log) -> None:
         self.ray = None
+        self._own_ray = False  # whether this pool connected Ray (and so disconnects it)
         if ray:
             import ray as _ray  # optional: only sweeps on Ray need it
 
@@ -69,6 +70,7 @@ class _Pool:
                     _ray.init(address=address, **kw)
                 else:
                     _ray.init(num_cpus=workers, **kw)
+                self._own_ray = True
             self.ray = _ray
             self._remote = _ray.remote(num_cpus=1, max_retries=0)(run_trial)
             where = address or f"a local Ray instance with {workers} CPU(s)"
@@ -108,5 +110,7 @@ class _Pool:
                 bar.close()
 
     def close(self) -> None:
-        if self.ray is not None:
+        """Disconnect Ray if this pool connected it (a caller's own Ray stays as it was;
+        on a cluster, disconnecting stops nothing of the cluster)."""
+        if self.ray is not None and self._own_ray:
             self.ray.shutdown()

@@ -263,3 +263,21 @@ def test_flower_simulation_and_sweep_on_an_existing_two_node_cluster(ray_cluster
     sweep = json.loads((sweep_out / "sweep.json").read_text())
     assert len(list((sweep_out / "trials").iterdir())) == 2 and "sgd" in sweep["table"]
     assert _cluster_core(pids) == before
+
+
+@pytest.mark.slow  # two Ray starts: about 13 s on two shared cores
+def test_a_sweeps_pool_leaves_a_callers_own_ray_connected():
+    import ray
+
+    from fedsgld.studies.sweep_trials import _Pool
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        pool = _Pool(ray=True, address=None, workers=1, log=lambda _line: None)
+        pool.close()
+        assert ray.is_initialized()  # the caller's Ray: not the pool's to disconnect
+    finally:
+        ray.shutdown()
+    pool = _Pool(ray=True, address=None, workers=1, log=lambda _line: None)
+    pool.close()
+    assert not ray.is_initialized()  # the Ray it started itself: disconnected
