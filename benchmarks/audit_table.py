@@ -27,7 +27,7 @@ unbroken with 10,000 canaries, the noise halved at budget 4 with 10,000 canaries
 clipping at 4 C and sampling at 4 q with 1,000 (DP-SGLD, server). Every finished row is
 written to ``--out`` at once; ``--resume`` keeps the rows already there (the same method,
 placement, budget, break, canaries and ``--set``) instead of running them again, so an
-interrupted table goes on where it stopped. Prints the markdown table of the grid's rows
+interrupted table goes on where it stopped (``--report-only``: runs nothing). Prints the markdown table of the grid's rows
 in ``--out``; ``--docs MD`` also writes it into MD between its ``<!-- audit_table: demo
 -->`` and ``<!-- audit_table: end demo -->`` markers, with the rows not yet measured
 listed. ``--table`` prints the table of rows written before (any JSON of rows).
@@ -320,6 +320,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/audit-table.json")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out")
     ap.add_argument("--docs", metavar="MD", help="write the table into MD (docs/audit.md)")
+    ap.add_argument(
+        "--report-only", action="store_true", help="run nothing: the table of the rows in --out"
+    )
     ap.add_argument("--ideal", action="store_true", help="the idealised games only")
     ap.add_argument("--save-readings", metavar="DIR", help="keep every audit's readings here")
     ap.add_argument(
@@ -358,12 +361,13 @@ def main(argv: list[str] | None = None) -> int:
         print(report(rows, []))
         return 0
     out = Path(args.out)
-    kept = json.loads(out.read_text()) if args.resume and out.exists() else []
+    keep = args.resume or args.report_only
+    kept = json.loads(out.read_text()) if keep and out.exists() else []
     done = {r.get("key"): r for r in kept}
     plan = planned_rows(args)
     for method, placement, eps, brk, m in plan:
         key = row_key(method, placement, eps, brk, m, args.set)
-        if key in done:
+        if key in done or args.report_only:
             continue
         r = done[key] = audit_row(method, eps, placement, brk, m, args)
         print(
