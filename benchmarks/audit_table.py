@@ -232,6 +232,17 @@ def commit() -> str:
     return head + ("+" if git("status", "--porcelain", "--", "fedsgld") else "")
 
 
+def code_commit(head: str) -> str:
+    """The last commit at or before ``head`` that changed fedsgld/ (the code measured)."""
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%h", head.rstrip("+"), "--", "fedsgld"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return (out.stdout.strip() or "unknown") + ("+" if head.endswith("+") else "")
+
+
 def audit_row(method: str, eps: float, placement: str, brk: str, canaries: int, args) -> dict:
     """One audit of the demo (module docstring)."""
     if placement not in PLACEMENTS:
@@ -262,9 +273,9 @@ def audit_row(method: str, eps: float, placement: str, brk: str, canaries: int, 
 
 
 HEADER = (
-    "| method | noise at | break | canaries | steps | accountant epsilon | one run | f-DP, "
-    "accountant's curve (noise scale) | f-DP, mu-GDP (assumed) | flagged | correct / guesses "
-    "(f-DP) | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | noise at | budget | break | canaries | steps | accountant epsilon | one run | "
+    "f-DP, accountant's curve (noise scale) | f-DP, mu-GDP (assumed) | flagged | correct / "
+    "guesses (f-DP) | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -276,7 +287,7 @@ def table_line(r: dict) -> str:
     scale = f" (s {best['scale']:.2f})" if best.get("scale") else ""
     return (
         f"| {NAMES[r['method']]}{extra} | {r.get('placement', r['noise_placement'])} | "
-        f"{r['break']} | "
+        f"{r['epsilon_budget']:g} | {r['break']} | "
         f"{r['canaries']:,} | {r['steps']} | {r['epsilon_accountant']:.2f} | "
         f"{r['epsilon_lower_bound_one_run']:.2f} | {r['epsilon_lower_bound_fdp']:.2f}{scale} | "
         f"{r['epsilon_lower_bound_gdp']:.2f} | {'yes' if r['flagged'] else 'no'} | "
@@ -289,7 +300,8 @@ def report(rows: list[dict], missing: list[str]) -> str:
     """The markdown table of ``rows``, then the commits they ran on and the rows missing."""
     lines = [HEADER, *(table_line(r) for r in rows)]
     commits = sorted({r.get("commit", "unknown") for r in rows})
-    lines += ["", f"Measured on commit {', '.join(commits)}."]
+    code = sorted({code_commit(c) for c in commits})
+    lines += ["", f"Measured on commit {', '.join(commits)} (fedsgld/ as of {', '.join(code)})."]
     if missing:
         lines += ["", "Not yet measured by this command (`--resume` runs them):", ""]
         lines += [f"* {m}" for m in missing]
