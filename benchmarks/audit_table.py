@@ -1,8 +1,9 @@
 """The audit tables of docs/audit.md: lower bounds vs the accountant's epsilon on MNIST-5k.
 
+    python benchmarks/audit_table.py --docs docs/audit.md [--resume]   # the whole table
     python benchmarks/audit_table.py [--epsilons 1 4 8] [--methods dpsgld dpsgd]
-        [--placements server sites] [--canaries 10000] [--breaks none clip4 rate4 noise_half]
-        [--out runs/audit-table.json]
+        [--placements server sites secure] [--canaries 10000]
+        [--breaks none clip4 rate4 noise_half] [--out runs/audit-table.json]
     python benchmarks/audit_table.py --ideal [--canaries 10000] [--epsilons 4]
     python benchmarks/audit_table.py --table runs/audit-table.json [more.json ...]
 
@@ -12,11 +13,24 @@ noise_placement=P --canaries N` (the demo: MNIST-5k over 4 sites, the paper's CN
 inclusion seed (so the table is reproducible), and the mechanism broken or not: ``clip4``
 clips every record at 4 C inside the per-record clipping (``clip_factors``), ``rate4``
 makes the Poisson sampler draw at 4 q (``poisson_sample``), ``noise_half`` halves the
-server's noise (the accountant is told none of it). DP-SGLD keeps the demo's schedule and
-halts when the budget is spent; DP-SGD gets the constant noise multiplier that spends the
-budget in 300 steps (found here by bisection with the PLD accountant). Prints the markdown
-table and writes every row's JSON; ``--table`` prints the table of rows written before
-(rows run as separate invocations).
+privacy noise wherever it is drawn (every charged Gaussian draw, ``Charged.noise``: the
+server's, or each site's own with noise at the sites; with secure aggregation every site's
+discrete Gaussian share at a quarter of its variance); the accountant is told none of it.
+Placement ``secure`` is ``noise_placement = "sites"`` with ``secure_aggregation = true``
+and one local step. DP-SGLD keeps the demo's schedule and halts when the budget is spent;
+DP-SGD gets the constant noise multiplier that spends the budget in 300 steps (found here
+by bisection with the PLD accountant).
+
+Without any of ``--methods``, ``--placements``, ``--epsilons``, ``--breaks`` and
+``--canaries`` it runs the whole table (:data:`GRID`): every method, placement and budget
+unbroken with 10,000 canaries, the noise halved at budget 4 with 10,000 canaries, and
+clipping at 4 C and sampling at 4 q with 1,000 (DP-SGLD, server). Every finished row is
+written to ``--out`` at once; ``--resume`` keeps the rows already there (the same method,
+placement, budget, break, canaries and ``--set``) instead of running them again, so an
+interrupted table goes on where it stopped (``--report-only``: runs nothing). Prints the markdown table of the grid's rows
+in ``--out``; ``--docs MD`` also writes it into MD between its ``<!-- audit_table: demo
+-->`` and ``<!-- audit_table: end demo -->`` markers, with the rows not yet measured
+listed. ``--table`` prints the table of rows written before (any JSON of rows).
 
 ``--ideal`` plays the idealised subsampled game of DP-SGD's setting instead (no training):
 the likelihood ratio of the claimed mechanism's readings, with the audit's planned guess,
@@ -28,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -104,8 +120,6 @@ def broken(name: str):
     """The mechanism broken by ``name`` for the duration (module docstring)."""
     import fedsgld.core.clipping as clipping
     import fedsgld.core.mechanism as mechanism
-    from fedsgld.core.noise import Randomness
-    from fedsgld.core.streams import SERVER_STREAM
 
     if name == "none":
         yield
@@ -122,12 +136,19 @@ def broken(name: str):
         with patch.object(mechanism, "poisson_sample", fast):
             yield
     elif name == "noise_half":
-        draw = Randomness.gaussian
+        import fedsgld.secagg.ddg as ddg
+        from fedsgld.core.release import Charged
 
-        def half(self, shape, *, std, key, **kw):
-            return draw(self, shape, std=std / 2 if key[0] == SERVER_STREAM else std, key=key, **kw)
+        noise, share = Charged.noise, ddg.discrete_gaussian
 
-        with patch.object(Randomness, "gaussian", half):
+        def half(self, randomness, shape, *, std, **kw):
+            return noise(self, randomness, shape, std=std / 2, **kw)
+
+        def quarter(variance, size, *args):  # t (t - 1) about variance / 4
+            t = (math.isqrt(variance) + 1 + 1) // 2
+            return share(t * (t - 1), size, *args)
+
+        with patch.object(Charged, "noise", half), patch.object(ddg, "discrete_gaussian", quarter):
             yield
     else:
         raise ValueError(f"--breaks must be among none, clip4, rate4, noise_half; got {name!r}")
@@ -172,9 +193,61 @@ def saving(folder: str | None, name: str):
         yield
 
 
-def audit_row(method: str, eps: float, placement: str, brk: str, args) -> dict:
+#: placement name -> the config's settings
+PLACEMENTS = {
+    "server": {"noise_placement": "server"},
+    "sites": {"noise_placement": "sites"},
+    "secure": {"noise_placement": "sites", "secure_aggregation": True, "local_steps": 1},
+}
+
+
+def _grid() -> list[tuple[str, str, float, str, int]]:
+    """The whole table: (method, placement, epsilon, break, canaries) rows, in order."""
+    rows = [
+        (m, p, e, "none", 10_000)
+        for m in ("dpsgld", "dpsgd")
+        for p in PLACEMENTS
+        for e in (4.0, 1.0, 8.0)
+    ]
+    rows += [(m, p, 4.0, "noise_half", 10_000) for m in ("dpsgld", "dpsgd") for p in PLACEMENTS]
+    return rows + [("dpsgld", "server", 4.0, b, 1_000) for b in ("clip4", "rate4")]
+
+
+GRID = _grid()
+
+
+def row_key(method: str, placement: str, eps: float, brk: str, canaries: int, sets) -> str:
+    """What makes two rows the same measurement (``--resume``)."""
+    return f"{method}|{placement}|{eps:g}|{brk}|{canaries}|{' '.join(sorted(sets))}"
+
+
+def commit() -> str:
+    """The checkout's commit (with ``+`` when fedsgld/ has uncommitted changes)."""
+
+    def git(*a: str) -> str:
+        out = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return head + ("+" if git("status", "--porcelain", "--", "fedsgld") else "")
+
+
+def code_commit(head: str) -> str:
+    """The last commit at or before ``head`` that changed fedsgld/ (the code measured)."""
+    out = subprocess.run(
+        ["git", "log", "-1", "--format=%h", head.rstrip("+"), "--", "fedsgld"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return (out.stdout.strip() or "unknown") + ("+" if head.endswith("+") else "")
+
+
+def audit_row(method: str, eps: float, placement: str, brk: str, canaries: int, args) -> dict:
     """One audit of the demo (module docstring)."""
-    over = {"method": method, "epsilon": eps, "noise_placement": placement}
+    if placement not in PLACEMENTS:
+        raise ValueError(f"--placements must be among {', '.join(PLACEMENTS)}; got {placement!r}")
+    over = {"method": method, "epsilon": eps, **PLACEMENTS[placement]}
     over.update({"threads": 2, "eval_every": 0, **parse_overrides(args.set)})
     cfg = load_config(DEMO, over)
     if method == "dpsgd":
@@ -183,23 +256,26 @@ def audit_row(method: str, eps: float, placement: str, brk: str, args) -> dict:
             dpsgd_sigma(eps, q=p.sample_rate, steps=cfg.run.rounds, delta=p.delta), 4
         )
         cfg = load_config(DEMO, over)
+    start = time.perf_counter()
     with broken(brk), saving(args.save_readings, f"{method}-{placement}-{eps:g}-{brk}"):
         r = run_audit(
             cfg,
-            canaries=args.canaries,
+            canaries=canaries,
             inclusion_seed=0,
             public_estimate=not args.no_public,
             progress=False,
             log=lambda s: None,
         )
-    r["overrides"], r["break"] = over, brk
+    r["overrides"], r["break"], r["placement"] = over, brk, placement
+    r["key"] = row_key(method, placement, eps, brk, canaries, args.set)
+    r["commit"], r["seconds_row"] = commit(), round(time.perf_counter() - start, 1)
     return r
 
 
 HEADER = (
-    "| method | noise at | break | canaries | steps | accountant epsilon | one run | f-DP, "
-    "accountant's curve (noise scale) | f-DP, mu-GDP (assumed) | flagged | correct / guesses "
-    "(f-DP) | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | noise at | budget | break | canaries | steps | accountant epsilon | one run | "
+    "f-DP, accountant's curve (noise scale) | f-DP, mu-GDP (assumed) | flagged | correct / "
+    "guesses (f-DP) | time |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -210,7 +286,8 @@ def table_line(r: dict) -> str:
     planned = " planned" if best["significance"] > 0.01 else ""
     scale = f" (s {best['scale']:.2f})" if best.get("scale") else ""
     return (
-        f"| {NAMES[r['method']]}{extra} | {r['noise_placement']} | {r['break']} | "
+        f"| {NAMES[r['method']]}{extra} | {r.get('placement', r['noise_placement'])} | "
+        f"{r['epsilon_budget']:g} | {r['break']} | "
         f"{r['canaries']:,} | {r['steps']} | {r['epsilon_accountant']:.2f} | "
         f"{r['epsilon_lower_bound_one_run']:.2f} | {r['epsilon_lower_bound_fdp']:.2f}{scale} | "
         f"{r['epsilon_lower_bound_gdp']:.2f} | {'yes' if r['flagged'] else 'no'} | "
@@ -219,16 +296,45 @@ def table_line(r: dict) -> str:
     )
 
 
-def main() -> int:
+def report(rows: list[dict], missing: list[str]) -> str:
+    """The markdown table of ``rows``, then the commits they ran on and the rows missing."""
+    lines = [HEADER, *(table_line(r) for r in rows)]
+    commits = sorted({r.get("commit", "unknown") for r in rows})
+    code = sorted({code_commit(c) for c in commits})
+    lines += ["", f"Measured on commit {', '.join(commits)} (fedsgld/ as of {', '.join(code)})."]
+    if missing:
+        lines += ["", "Not yet measured by this command (`--resume` runs them):", ""]
+        lines += [f"* {m}" for m in missing]
+    return "\n".join(lines)
+
+
+def splice_docs(path: Path, name: str, body: str) -> None:
+    """Replace the text between ``<!-- audit_table: NAME -->`` and ``<!-- audit_table: end
+    NAME -->`` in ``path`` by ``body``."""
+    doc = path.read_text()
+    begin, end = f"<!-- audit_table: {name} -->", f"<!-- audit_table: end {name} -->"
+    if doc.count(begin) != 1 or doc.count(end) != 1:
+        raise SystemExit(f"{path}: needs exactly one {begin} and one {end}")
+    head, rest = doc.split(begin)
+    _, tail = rest.split(end)
+    path.write_text(f"{head}{begin}\n\n{body.strip()}\n\n{end}{tail}")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
-    ap.add_argument("--methods", nargs="+", default=["dpsgld", "dpsgd"])
-    ap.add_argument("--placements", nargs="+", default=["server", "sites"])
-    ap.add_argument("--canaries", type=int, default=10_000)
-    ap.add_argument("--breaks", nargs="+", default=["none"])
+    ap.add_argument("--epsilons", type=float, nargs="+")
+    ap.add_argument("--methods", nargs="+", choices=list(NAMES))
+    ap.add_argument("--placements", nargs="+", choices=list(PLACEMENTS))
+    ap.add_argument("--canaries", type=int)
+    ap.add_argument("--breaks", nargs="+", choices=["none", "clip4", "rate4", "noise_half"])
     ap.add_argument("--table", nargs="+", metavar="JSON", help="print the table of these rows")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/audit-table.json")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out")
+    ap.add_argument("--docs", metavar="MD", help="write the table into MD (docs/audit.md)")
+    ap.add_argument(
+        "--report-only", action="store_true", help="run nothing: the table of the rows in --out"
+    )
     ap.add_argument("--ideal", action="store_true", help="the idealised games only")
     ap.add_argument("--save-readings", metavar="DIR", help="keep every audit's readings here")
     ap.add_argument(
@@ -236,42 +342,69 @@ def main() -> int:
         action="store_true",
         help="the readings without the public estimate of the records' part",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.canaries is not None and args.canaries < 2:
+        ap.error(f"--canaries must be an integer >= 2, got {args.canaries}")
+    return args
+
+
+def planned_rows(args) -> list[tuple[str, str, float, str, int]]:
+    """The rows asked for: the grid's, or the product of the options given."""
+    if all(getattr(args, k) is None for k in ("methods", "placements", "epsilons", "breaks")):
+        if args.canaries is None:
+            return list(GRID)
+    return [
+        (m, p, e, b, args.canaries or 10_000)
+        for m in args.methods or ["dpsgld", "dpsgd"]
+        for p in args.placements or list(PLACEMENTS)
+        for e in args.epsilons or [4.0, 1.0, 8.0]
+        for b in args.breaks or ["none"]
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     if args.ideal:
-        for eps in args.epsilons:
-            ideal_games(args.canaries, eps)
+        for eps in args.epsilons or [4.0]:
+            ideal_games(args.canaries or 10_000, eps)
         return 0
     if args.table:
         rows = [r for path in args.table for r in json.loads(Path(path).read_text())]
-        print(HEADER)
-        for r in rows:
-            print(table_line(r))
+        print(report(rows, []))
         return 0
-    rows = []
-    for method in args.methods:
-        for placement in args.placements:
-            for eps in args.epsilons:
-                for brk in args.breaks:
-                    t = time.perf_counter()
-                    rows.append(audit_row(method, eps, placement, brk, args))
-                    r = rows[-1]
-                    print(
-                        f"{method} {placement} eps {eps} {brk}: lower bound "
-                        f"{r['epsilon_lower_bound']:.3f} (one-run "
-                        f"{r['epsilon_lower_bound_one_run']:.3f}, f-DP "
-                        f"{r['epsilon_lower_bound_fdp']:.3f}), accountant "
-                        f"{r['epsilon_accountant']:.3f}, flagged {r['flagged']}, {r['steps']} "
-                        f"steps, {time.perf_counter() - t:.0f} s; separation "
-                        f"{r['separation']} (without the public estimate: "
-                        f"{r.get('separation_uncorrected')})",
-                        flush=True,
-                    )
-                    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    out = Path(args.out)
+    keep = args.resume or args.report_only
+    kept = json.loads(out.read_text()) if keep and out.exists() else []
+    done = {r.get("key"): r for r in kept}
+    plan = planned_rows(args)
+    for method, placement, eps, brk, m in plan:
+        key = row_key(method, placement, eps, brk, m, args.set)
+        if key in done or args.report_only:
+            continue
+        r = done[key] = audit_row(method, eps, placement, brk, m, args)
+        print(
+            f"{method} {placement} eps {eps:g} {brk} ({m} canaries): lower bound "
+            f"{r['epsilon_lower_bound']:.3f} (one-run {r['epsilon_lower_bound_one_run']:.3f}, "
+            f"f-DP {r['epsilon_lower_bound_fdp']:.3f}), accountant "
+            f"{r['epsilon_accountant']:.3f}, flagged {r['flagged']}, {r['steps']} steps, "
+            f"{r['seconds_row']:.0f} s; separation {r['separation']} (without the public "
+            f"estimate: {r.get('separation_uncorrected')})",
+            flush=True,
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(list(done.values()), indent=2) + "\n")
+    keys = [row_key(*row, args.set) for row in plan]
+    rows = [done[k] for k in keys if k in done]
+    missing = [
+        f"{NAMES[m]}, {p}, epsilon {e:g}, {b}, {n:,} canaries"
+        for (m, p, e, b, n), k in zip(plan, keys, strict=True)
+        if k not in done
+    ]
+    text = report(rows, missing)
+    if args.docs:
+        splice_docs(Path(args.docs), "demo", text)
     print()
-    print(HEADER)
-    for r in rows:
-        print(table_line(r))
+    print(text)
     return 0
 
 
