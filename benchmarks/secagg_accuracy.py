@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -186,7 +187,7 @@ def main() -> None:
     print()
     print(table)
     if a.docs is not None:
-        write_docs(a.docs, table, "python benchmarks/secagg_accuracy.py " + " ".join(sys.argv[1:]))
+        write_docs(a.docs, table, "python benchmarks/secagg_accuracy.py " + shlex.join(sys.argv[1:]))
     if a.json:
         print(json.dumps(rows, indent=1))
 
