@@ -54,9 +54,13 @@ from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
-from fedsgld.flower.sites import _keep_layers_check as keep_layers_check
-from fedsgld.flower.sites import _layers_check_from_state as layers_check_from_state
-from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
+from fedsgld.flower.sites import (
+    hosted_site,
+    hosted_sites,
+    keep_layers_check,
+    layers_check_from_state,
+    node_policy,
+)
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode, identity

@@ -140,12 +140,15 @@ def _layers_checked_before(context: Context, hosted: HostedSites) -> bool:
     return isinstance(rec, ConfigRecord) and rec.get("key") == hosted.key
 
 
-def _layers_check_from_state(context: Context, hosted: HostedSites, site: Site) -> None:
+def layers_check_from_state(context: Context, hosted: HostedSites, site: Site) -> None:
+    """Let ``site`` skip the per-record layer path's one-time check where this node already
+    ran it for these sites in the run (kept in ``context.state``)."""
     if _layers_checked_before(context, hosted):
         site.fm.accept_layers_check()
 
 
-def _keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None:
+def keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None:
+    """Remember in ``context.state`` that ``site``'s layer path passed its one-time check."""
     if site.fm.layers_checked and not _layers_checked_before(context, hosted):
         context.state[LAYERS_STATE] = ConfigRecord({"key": hosted.key})
 
@@ -323,7 +326,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     threads(config)
     hosted = hosted_sites(context, config)
     site = t.site
-    _layers_check_from_state(context, hosted, site)
+    layers_check_from_state(context, hosted, site)
     rnd = t.plan.round
     theta = torch.from_numpy(t.theta)
     if t.at_site:  # the placement the guard checked and charged
@@ -339,7 +342,7 @@ def handle_train(msg: Message, context: Context) -> Message:
         )
         rec = {"sum": pack_vector(total), "site-id": site.site_id, "round": rnd}
         reply = Message(RecordDict({"sum": ConfigRecord(rec)}), reply_to=msg)
-    _keep_layers_check(context, hosted, site)
+    keep_layers_check(context, hosted, site)
     return reply
 
 
@@ -372,5 +375,7 @@ __all__ = [
     "handle_train",
     "hosted_site",
     "hosted_sites",
+    "keep_layers_check",
+    "layers_check_from_state",
     "node_policy",
 ]

@@ -289,12 +289,12 @@ def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passe
     site_side._CACHE.clear()  # a new process: the sites are built again
     fresh = site_side.hosted_sites(ctx, config).sites[0]
     assert fresh.fm.grad_path == "layers" and not fresh.fm.layers_checked
-    site_side._layers_check_from_state(ctx, site_side.hosted_sites(ctx, config), fresh)
+    site_side.layers_check_from_state(ctx, site_side.hosted_sites(ctx, config), fresh)
     assert fresh.fm.layers_checked
     # another data key (another run config) is checked again
     site_side._CACHE.clear()
     other = site_side.hosted_sites(ctx, Config.from_flat({**SMALL, "hidden": 16}))
-    site_side._layers_check_from_state(ctx, other, other.sites[0])
+    site_side.layers_check_from_state(ctx, other, other.sites[0])
     assert not other.sites[0].fm.layers_checked
 
 

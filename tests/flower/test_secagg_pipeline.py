@@ -132,7 +132,7 @@ def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(t
         fresh = site_side.hosted_sites(ctx, config)
         (site,) = fresh.sites.values()
         assert site.fm.grad_path == "layers" and not site.fm.layers_checked
-        site_side._layers_check_from_state(ctx, fresh, site)
+        site_side.layers_check_from_state(ctx, fresh, site)
         assert site.fm.layers_checked
 
 
