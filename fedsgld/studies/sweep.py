@@ -164,10 +164,18 @@ def run_sweep(
     base, bench = _settings(config_path, sets, methods, seeds)
     grid = parse_grid(grid_items, bench["methods"])
     root = Path(out) if out else new_run_dir(tag="sweep")
+    pool_kw = dict(ray=use_ray, address=address, workers=workers, log=log)
     if private is not None:
         return _run_private(base, bench, grid, root, private, validation_fraction, recal,
-                            selection_seed, dict(ray=use_ray, address=address, workers=workers,
-                                                 log=log), progress, log, site_ledgers)  # fmt: skip
+                            selection_seed, pool_kw, progress, log, site_ledgers)  # fmt: skip
+    return _run_grid(base, bench, grid, root, select, validation_fraction, recal, pool_kw,
+                     progress, log)  # fmt: skip
+
+
+def _run_grid(base, bench, grid, root, select, validation_fraction, recal, pool_kw, progress,
+              log) -> dict[str, Any]:  # fmt: skip
+    """The grid: every point and seed, the best point per method on validation ``select``
+    (and, with ``recal``, each selected point again with private recalibration)."""
     (root / "trials").mkdir(parents=True, exist_ok=True)
     job = functools.partial(_job, base, bench, root, validation_fraction)
     jobs = [
@@ -181,7 +189,7 @@ def run_sweep(
         + ", ".join(f"{m}: {len(method_points(grid, m))} points" for m in bench["methods"])
         + f" x {len(bench['seeds'])} seeds), selecting on validation {select}; in {root}"
     )
-    pool = _Pool(ray=use_ray, address=address, workers=workers, log=log)
+    pool = _Pool(**pool_kw)
     trials: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
