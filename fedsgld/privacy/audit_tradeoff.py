@@ -36,6 +36,16 @@ reported as that ledger's epsilon at delta, is a lower bound on epsilon for a me
 the claimed kind (Poisson-subsampled Gaussian steps) with any noise scale. A rejection of
 s = 1 (that epsilon above the accountant's) needs no such qualification: the run is not
 what the accountant claims.
+
+A secure sum's rounds (the distributed discrete Gaussian) are accounted by a dominating
+Gaussian ledger up to a slack (:mod:`fedsgld.privacy.ddg_dominance`): for every output the
+real run's probability lies within e^{-A_down} and e^{A_up} of the dominating run's, under
+either neighbour. An event of probability x in the real run then has probability at least
+e^{-A_up} x in the dominating run, so its other-neighbour probability there is at least
+h(e^{-A_up} x), and in the real run at least e^{-A_down} h(e^{-A_up} x). ``LedgerCurves``
+with ``slack_up``/``slack_down`` tests that lower, still convex curve, and reports each
+scale's epsilon as the accountant does: the PLD's at delta e^{-A_up}, plus A_up + A_down.
+At fedsgld's grids both slacks underflow to 0 and the curve is the dominating ledger's.
 """
 
 from __future__ import annotations
@@ -117,13 +127,27 @@ class LedgerCurves:
     run's. The scales tried lie on the grid 2^(k / 32) so that tests of several guess
     counts share their PLDs."""
 
-    def __init__(self, ledger: Sequence[tuple[float, float, int]], delta: float) -> None:
+    def __init__(
+        self,
+        ledger: Sequence[tuple[float, float, int]],
+        delta: float,
+        *,
+        slack_up: float = 0.0,
+        slack_down: float = 0.0,
+    ) -> None:
         if not ledger:
             raise ValueError("the ledger must hold at least one step (q, sigma, count)")
         if not 0.0 < delta < 1.0:
             raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+        if not (0.0 <= slack_up < 1.0 and 0.0 <= slack_down < 1.0):
+            raise ValueError(
+                f"slack_up and slack_down must be in [0, 1), got {slack_up!r}, {slack_down!r}"
+            )
         self.ledger = [(float(q), float(s), int(c)) for q, s, c in ledger]
         self.delta = delta
+        self.slack_up, self.slack_down = float(slack_up), float(slack_down)
+        #: the dominating run's delta: the real run's delta e^{-A_up}
+        self._delta = delta * math.exp(-self.slack_up)
         self._pld: dict[int, pld_fft.ComposedPLD] = {}
         self._h: dict[int, Callable[[float], float]] = {}
 
@@ -136,19 +160,30 @@ class LedgerCurves:
         if k not in self._pld:
             self._pld[k] = pld_fft.compose(
                 _scaled(self.ledger, self.scale(k)),
-                delta=self.delta,
+                delta=self._delta,
                 sigma_merge=pld_fft.DEFAULT_SIGMA_MERGE,
             )
         return self._pld[k]
 
     def inverse_blow_up(self, k: int) -> Callable[[float], float]:
         if k not in self._h:
-            self._h[k] = pld_inverse_blow_up(self.pld(k))
+            h = pld_inverse_blow_up(self.pld(k))
+            if self.slack_up or self.slack_down:
+                h = _slackened(h, self.slack_up, self.slack_down)
+            self._h[k] = h
         return self._h[k]
 
     def epsilon(self, k: int) -> float:
-        """The epsilon at delta of the ledger scaled by grid point k (k = 0: the accountant's)."""
-        return self.pld(k).epsilon(self.delta)
+        """The epsilon at delta of the ledger scaled by grid point k (k = 0: the accountant's),
+        with the slack added as the accountant adds it."""
+        return self.pld(k).epsilon(self._delta) + self.slack_up + self.slack_down
+
+
+def _slackened(h: Callable[[float], float], up: float, down: float) -> Callable[[float], float]:
+    """x -> e^{-down} h(e^{-up} x): the curve of a mechanism within e^{-down}..e^{up} of
+    the one whose curve is h (module docstring); convex when h is."""
+    a, b = math.exp(-up), math.exp(-down)
+    return lambda x: b * h(a * x)
 
 
 def scaled_ledger_epsilon(
@@ -203,6 +238,7 @@ def audit_run(
     planned: Sequence[tuple[int, int, int]] = (),
     planned_share: float = 0.8,
     candidates: int = 4,
+    slack: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, audit_bounds.AuditBound]:
     """The lower bounds of one audited run from its scores ``rows`` (one row per score, one
     column per canary) and the inclusion bits.
@@ -218,7 +254,9 @@ def audit_run(
     were read (:func:`fedsgld.studies.audit_scores.plan_guess`), share ``planned_share`` of
     it; every score row times :func:`audit_bounds.guess_pairs` shares the rest. The curve
     family is searched for the planned guesses and the ``candidates`` grid guesses with the
-    largest mu-GDP bounds (a subset of the tests the correction counts)."""
+    largest mu-GDP bounds (a subset of the tests the correction counts). ``slack``:
+    (A_up, A_down) of a ledger that dominates the run only up to them (a secure sum's,
+    :class:`LedgerCurves`)."""
     rows = np.atleast_2d(np.asarray(rows, dtype=float))
     inc = np.asarray(included, dtype=bool)
     m = inc.size
@@ -253,7 +291,7 @@ def audit_run(
     if not ledger:
         out["fdp"] = bound("fdp", i, gdp[i])
         return out
-    curves = LedgerCurves(ledger, delta)
+    curves = LedgerCurves(ledger, delta, slack_up=slack[0], slack_down=slack[1])
     order = len(planned) + np.argsort(-np.asarray(gdp[len(planned) :]), kind="stable")
     best = bound("fdp", 0, 0.0, 0.0)
     for i in [*range(len(planned)), *order[:candidates]]:

@@ -25,9 +25,10 @@ Evaluate = Callable[[dict[str, list[torch.Tensor]]], Evaluations | None]
 
 def budget_accounting(server: Any) -> str:
     """The accounting the budget is checked with ("none" without an accountant): the
-    accountant's rigorous one, or RDP where the run's rounds are secure sums with
-    distributed noise (every epsilon the accountant reports is then that RDP epsilon:
-    :mod:`fedsgld.privacy.ddg_ledger`); the round mode's."""
+    accountant's rigorous one, or PLD where the run's rounds are secure sums with
+    distributed noise (every epsilon the accountant reports is then that of their
+    dominating Gaussian ledger plus its slack: :mod:`fedsgld.privacy.ddg_ledger`); the round
+    mode's."""
     return server.mode.accounting
 
 

@@ -25,7 +25,7 @@ import torch
 
 from fedsgld.core.plan import RoundPlan
 from fedsgld.privacy.ddg_ledger import ACCOUNTING
-from fedsgld.privacy.distributed import DDGParameters, choose_ddg
+from fedsgld.privacy.distributed import DDGParameters, choose_ddg, dominating_ledger
 from fedsgld.privacy.events import Composed, DistributedDiscreteGaussianStep, DpEvent, Repeated
 from fedsgld.secagg import SecAggPlan
 from fedsgld.strategies.modes import RoundMode, ServerState, Transport
@@ -133,9 +133,10 @@ class SecureSum(RoundMode):
     # -- reporting ---------------------------------------------------------------------
     @property
     def accounting(self) -> str:
-        """RDP: every epsilon the accountant reports is then that of the rounds' distributed
-        noise (:mod:`fedsgld.privacy.ddg_ledger`)."""
-        return "none" if self.server.accountant is None else "rdp"
+        """PLD: every epsilon the accountant reports is then that of the rounds' distributed
+        noise, the FFT PLD of their dominating Gaussian ledger plus its slack
+        (:mod:`fedsgld.privacy.ddg_ledger`)."""
+        return "none" if self.server.accountant is None else "pld"
 
     def describe(self) -> dict[str, Any]:
         """results.json's ``privacy.secure_aggregation``: the mechanism and its epsilon."""
@@ -151,6 +152,9 @@ class SecureSum(RoundMode):
         acc = self.server.accountant
         if acc is None:
             return {}
+        ledger, up, down = dominating_ledger(acc.ddg_ledger, acc.ledger)
+        out["dominating_ledger"] = [list(e) for e in ledger]  # [(q, sigma, count), ...]
+        out["slack"] = [up, down]  # A_up, A_down: epsilon is the ledger's PLD's plus both
         return {"secure_aggregation": {**out, "epsilon": acc.rigorous_epsilon()}}
 
     def transport_info(self, protocol_cost: Callable[[], dict[str, Any]]) -> dict[str, Any]:

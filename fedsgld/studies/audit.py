@@ -264,11 +264,17 @@ class CanaryAudit:
         return {"separation_uncorrected": {"likelihood_ratio": round(sc.separation(lr, inc), 4)}}
 
     def result(
-        self, *, delta: float, confidence: float = 0.95, ledger: list | None = None
+        self,
+        *,
+        delta: float,
+        confidence: float = 0.95,
+        ledger: list | None = None,
+        slack: tuple[float, float] = (0.0, 0.0),
     ) -> dict[str, Any]:
         """The lower bounds from the scores (:func:`fedsgld.privacy.audit_tradeoff.audit_run`
-        against the curve of the accountant's ``ledger``, [(q, sigma, count), ...]; None or
-        empty: the mu-GDP curve); the inclusion bits are opened here."""
+        against the curve of the accountant's ``ledger``, [(q, sigma, count), ...], which
+        dominates the run up to ``slack`` (A_up, A_down); None or empty: the mu-GDP curve);
+        the inclusion bits are opened here."""
         scores = self.scores()  # computed before the inclusion bits are read
         names = list(scores)
         rows = np.stack([scores[n] for n in names])
@@ -283,7 +289,13 @@ class CanaryAudit:
         planned = [(names.index("likelihood_ratio"), k_in, k_out)]
         inc = self._included.numpy()
         bounds = at.audit_run(
-            rows, inc, delta=delta, confidence=confidence, ledger=ledger, planned=planned
+            rows,
+            inc,
+            delta=delta,
+            confidence=confidence,
+            ledger=ledger,
+            planned=planned,
+            slack=slack,
         )
         best = max((bounds["one_run"], bounds["fdp"]), key=lambda b: b.epsilon)
         return {
@@ -346,17 +358,29 @@ def make_audit(
     return audit
 
 
+def accountant_curve(pr: Mapping[str, Any]) -> tuple[list[tuple], tuple[float, float]]:
+    """(ledger, slack) whose PLD the audit tests, from results.json's ``privacy`` block: the
+    Gaussian ledger; for a secure sum, the dominating Gaussian ledger its accountant composes
+    (the distributed discrete Gaussian rounds at their dominating noise multipliers, then the
+    run's Gaussian releases) and its slack (A_up, A_down). An empty ledger (a result file
+    without the dominating ledger) leaves the audit on the mu-GDP curve."""
+    sa = pr.get("secure_aggregation")
+    if sa is None:
+        return [tuple(e) for e in pr.get("ledger") or []], (0.0, 0.0)
+    if "dominating_ledger" not in sa:
+        return [], (0.0, 0.0)
+    up, down = sa["slack"]
+    return [tuple(e) for e in sa["dominating_ledger"] if e[2]], (float(up), float(down))
+
+
 def audit_result(
     audit: CanaryAudit, results: Mapping[str, Any], config: Config, start: float
 ) -> dict[str, Any]:
     """The audit's JSON (the keys of ``fedsgld audit``) after the run ``results``."""
     trained = time.perf_counter() - start
     pr = results["privacy"]
-    # the accountant's curve: its PLD of the Gaussian ledger; a secure sum is accounted by
-    # RDP of the distributed discrete Gaussian (no PLD): then the mu-GDP curve
-    secure = "secure_aggregation" in pr
-    ledger = [] if secure else [tuple(e) for e in pr.get("ledger") or []]
-    out = audit.result(delta=pr["delta"], confidence=audit.confidence, ledger=ledger)
+    ledger, slack = accountant_curve(pr)
+    out = audit.result(delta=pr["delta"], confidence=audit.confidence, ledger=ledger, slack=slack)
     accountant = pr["epsilon"][pr["rigorous_accountant"]]
     return {
         **out,

@@ -16,8 +16,10 @@ from scipy import stats
 from fedsgld import engine
 from fedsgld.config import Config, load_config
 from fedsgld.federation import Federation
+from fedsgld.privacy.audit_tradeoff import LedgerCurves
 from fedsgld.privacy.distributed import ddg_epsilon
 from fedsgld.secagg import RoundAborted, run_round
+from fedsgld.studies.audit import accountant_curve
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "privacy"))
 from test_secagg import servers_residual  # noqa: E402  (the primitives' attacker)
@@ -92,9 +94,15 @@ def test_engine_run_names_the_mechanism_and_its_epsilon(tmp_path):
     rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(6)]
     ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
     assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
-    assert on_disk["privacy"]["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
-    assert on_disk["privacy"]["rigorous_accountant"] == "rdp"
+    assert on_disk["privacy"]["epsilon"]["pld"] == pytest.approx(ref, rel=1e-9)
+    assert on_disk["privacy"]["rigorous_accountant"] == "pld"
     assert all(np.isfinite(v) for v in on_disk["privacy"]["epsilon"].values())
+    # the audit's curve is the PLD of the same dominating ledger: at the claimed noise its
+    # epsilon is the accountant's
+    ledger, slack = accountant_curve(on_disk["privacy"])
+    assert ledger and len(ledger) == len(block["dominating_ledger"])
+    curves = LedgerCurves(ledger, cfg.privacy.delta, slack_up=slack[0], slack_down=slack[1])
+    assert curves.epsilon(0) == pytest.approx(ref, rel=1e-9)
 
 
 def _federation(**over):

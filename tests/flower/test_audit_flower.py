@@ -80,7 +80,7 @@ def test_flower_simulation_audit_with_secure_aggregation(tmp_path, monkeypatch):
     ref = run_audit(cfg, progress=False, log=lambda s: None, **kw)
     got = run_audit_flower(cfg, out_dir=tmp_path / "flower", log=lambda s: None, **kw)
     assert got["transport"] == "flower" and got["rounds_seen"] == ref["rounds_seen"] == 12
-    assert got["curve"] == "gdp"  # the distributed discrete Gaussian has no PLD here
+    assert got["curve"] == ref["curve"] == "accountant"  # the dominating ledger's PLD
     assert got["epsilon_accountant"] == pytest.approx(ref["epsilon_accountant"])
     lr = "likelihood_ratio"
     assert ref["separation"][lr] > 0.5, ref

@@ -99,8 +99,8 @@ def _check_run(r: dict, sites: int, ref: float, *, pipelined: int) -> None:
     assert block["mechanism"] == "distributed discrete Gaussian"
     assert block["max_dropouts"] == 1 and block["last_round"]["sites"] == sites
     assert block["epsilon"] == pytest.approx(ref, rel=1e-9)
-    assert p["rigorous_accountant"] == "rdp"
-    assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    assert p["rigorous_accountant"] == "pld"
+    assert p["epsilon"]["pld"] == pytest.approx(ref, rel=1e-9)
     cost = r["flower"]["secure_aggregation"]
     assert cost["rounds"] == ROUNDS
     steps = {"advertise_keys", "share_keys", "masked_input", "consistency", "unmask", "round"}

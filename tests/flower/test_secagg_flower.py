@@ -107,7 +107,7 @@ def test_a_flower_run_charges_every_site_and_reports_the_reference_epsilon(tmp_p
     wire = Wire()
     grid, res = _run(tmp_path, wire, max_dropouts=1)
     p = res["privacy"]
-    assert p["steps"] == 3 and p["rigorous_accountant"] == "rdp"
+    assert p["steps"] == 3 and p["rigorous_accountant"] == "pld"
     assert p["secure_aggregation"]["mechanism"] == "distributed discrete Gaussian"
     cost = res["flower"]["secure_aggregation"]
     assert cost["rounds"] == 3 and cost["median_server_received_bytes"] > 0
@@ -116,7 +116,7 @@ def test_a_flower_run_charges_every_site_and_reports_the_reference_epsilon(tmp_p
     server = Federation(cfg, log=lambda s: None).make_server()
     rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(3)]
     ref = ddg_epsilon(rounds, cfg.privacy.delta)[0]
-    assert p["epsilon"]["rdp"] == pytest.approx(ref, rel=1e-9)
+    assert p["epsilon"]["pld"] == pytest.approx(ref, rel=1e-9)
     # every site charged its own ledger once per round, with the round's mechanism
     ledgers = _ledgers(grid)
     assert sorted(ledgers) == [0, 1, 2, 3]

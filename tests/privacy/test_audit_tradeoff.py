@@ -116,3 +116,36 @@ def test_audit_run_under_the_null_reports_nothing_in_most_seeds():
         )
         hits += got["one_run"].epsilon > 0 or got["fdp"].epsilon > 0
     assert hits <= 4, hits
+
+
+def test_a_slack_lowers_the_curve_and_adds_to_epsilon_as_the_accountant_does():
+    """A ledger that dominates the run only up to a slack (a secure sum's): the curve tested
+    is e^{-down} h(e^{-up} x), never above the slack-free one, and each scale's epsilon is
+    the accountant's (:func:`fedsgld.privacy.ddg_dominance.dominated_epsilon`)."""
+    from fedsgld.privacy.ddg_dominance import dominated_epsilon
+
+    ledger = [(0.064, 1.455, 40)]
+    plain = at.LedgerCurves(ledger, DELTA)
+    up, down = 0.02, 0.03
+    slack = at.LedgerCurves(ledger, DELTA, slack_up=up, slack_down=down)
+    h0, h1 = plain.inverse_blow_up(0), slack.inverse_blow_up(0)
+    for x in (0.01, 0.1, 0.5, 0.9, 1.0):
+        assert h1(x) == pytest.approx(np.exp(-down) * h0(np.exp(-up) * x), abs=1e-12)
+        assert h1(x) < h0(x)
+    for k in (0, 32):
+        scaled = [(q, s / at.LedgerCurves.scale(k), c) for q, s, c in ledger]
+        ref = dominated_epsilon(scaled, DELTA, slack_up=up, slack_down=down)
+        assert slack.epsilon(k) == pytest.approx(ref, rel=1e-9)
+    assert plain.epsilon(0) == pytest.approx(dominated_epsilon(ledger, DELTA), rel=1e-9)
+    with pytest.raises(ValueError, match="slack_up and slack_down"):
+        at.LedgerCurves(ledger, DELTA, slack_up=-1e-3)
+
+
+def test_a_slack_makes_the_test_harder_to_fail():
+    """The same guesses against the slackened curve never certify more."""
+    inc, s = _null_play(2000, 0, sigma=0.5)
+    rows = np.stack([s, -s])
+    kw = {"delta": DELTA, "ledger": [(0.064, 1.455, 40)], "planned": [(0, 40, 0)]}
+    tight = at.audit_run(rows, inc, **kw)["fdp"]
+    loose = at.audit_run(rows, inc, slack=(0.05, 0.05), **kw)["fdp"]
+    assert loose.scale <= tight.scale and loose.scale > 1.0
