@@ -187,7 +187,9 @@ def main() -> None:
     print()
     print(table)
     if a.docs is not None:
-        write_docs(a.docs, table, "python benchmarks/secagg_accuracy.py " + shlex.join(sys.argv[1:]))
+        write_docs(
+            a.docs, table, "python benchmarks/secagg_accuracy.py " + shlex.join(sys.argv[1:])
+        )
     if a.json:
         print(json.dumps(rows, indent=1))
 

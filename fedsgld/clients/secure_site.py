@@ -14,7 +14,6 @@ operating system (:func:`fedsgld.secagg.encode`). The masking itself is the prot
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +22,7 @@ from fedsgld.clients.policy import SiteLedger
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import Credentials, SecAggPlan, check_site_plan, encode
+from fedsgld.secagg.crypto import os_randbytes
 
 
 class SecureSumSite:
@@ -37,7 +37,7 @@ class SecureSumSite:
         max_dropouts: int,
         max_colluders: int,
         credentials: Credentials,
-        randbytes: Callable[[int], bytes] = os.urandom,
+        randbytes: Callable[[int], bytes] = os_randbytes,
     ) -> None:
         credentials.check_site(int(site_id))
         self.site_id = int(site_id)

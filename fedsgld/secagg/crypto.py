@@ -9,6 +9,8 @@
 * Masks: the ChaCha20 keystream of a 256-bit seed, read as little-endian 32-bit words
   (bits <= 32) or 64-bit words and reduced modulo 2^bits (2^bits divides the word's
   range, so the words stay uniform).
+* A site's noise share and randomised rounding: the ChaCha20 keystream of a fresh key
+  from :func:`os.urandom` per call (:func:`os_randbytes`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,18 @@ def public_key_stream(label: bytes, length: int) -> bytes:
     return (
         Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor().update(bytes(length))
     )
+
+
+def os_randbytes(n: int) -> bytes:
+    """``n`` uniform bytes for a party's own noise and rounding: the ChaCha20 keystream of
+    a fresh 256-bit key from :func:`os.urandom`, used for this call only and then dropped
+    (never stored, never sent: the construction of :func:`mask`, and of the operating
+    system's own generator). Several times faster than reading ``n`` bytes from the
+    operating system when n is large (a site's share takes about 1 MB a round)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n!r}")
+    key = os.urandom(KEY_BYTES)
+    return Cipher(algorithms.ChaCha20(key, b"\0" * 16), mode=None).encryptor().update(bytes(n))
 
 
 def os_secret() -> bytes:

@@ -22,12 +22,11 @@ whose covariance is K s^2 gamma^2 I (the rotation keeps an isotropic covariance)
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from ..privacy.distributed import DDGParameters, rounding_norm_bound
-from .crypto import modulus_mask, public_key_stream
+from .crypto import modulus_mask, os_randbytes, public_key_stream
 from .discrete_gaussian import RandBytes, discrete_gaussian
 
 
@@ -66,7 +65,7 @@ def unrotate(rotated: np.ndarray, length: int, label: bytes) -> np.ndarray:
 
 
 def randomized_round(
-    x: np.ndarray, randbytes: RandBytes = os.urandom, *, beta: float = 0.0
+    x: np.ndarray, randbytes: RandBytes = os_randbytes, *, beta: float = 0.0
 ) -> np.ndarray:
     """Round each coordinate to floor(x_i) + Bernoulli(x_i - floor(x_i)) (unbiased).
 
@@ -93,7 +92,7 @@ def _norm(x: np.ndarray) -> float:
 
 
 def quantise(
-    vector: np.ndarray, params: DDGParameters, label: bytes, randbytes: RandBytes = os.urandom
+    vector: np.ndarray, params: DDGParameters, label: bytes, randbytes: RandBytes = os_randbytes
 ) -> np.ndarray:
     """Steps 1-2: rotate, scale by 1/gamma, round at random (int64, length ``params.dim``)."""
     vector = np.asarray(vector, dtype=np.float64)
@@ -118,7 +117,7 @@ def encode(
     vector: np.ndarray,
     params: DDGParameters,
     label: bytes,
-    randbytes: RandBytes = os.urandom,
+    randbytes: RandBytes = os_randbytes,
 ) -> np.ndarray:
     """A site's contribution: :func:`quantise`, plus its discrete Gaussian share, mod 2^bits
     (uint64 array of length ``params.dim``). ``label`` names the round (public)."""

@@ -257,17 +257,20 @@ def _tables(t: int) -> tuple[tuple[_Factor, ...], tuple[_Factor, ...]]:
     """The factors of the two acceptance probabilities of one t, each a few thousand
     entries at most (built in milliseconds: t changes every round of DP-SGLD):
 
-    * exp(-u/t), u < t, as exp(-u1 B / t) exp(-u0 / t), u = u1 B + u0, B = ceil(sqrt t);
+    * exp(-u/t), u < t, as exp(-u1 B / t) exp(-u0 / t), u = u1 B + u0, B the least power
+      of two >= sqrt t;
     * exp(-m / (2 t (t - 1))), m = a^2 < M = 23 (2 t (t - 1)), as the product of
-      exp(-m_i C^i / den) over the base-C digits m_2 m_1 m_0 of m, C = ceil(M^(1/3))."""
-    b = math.isqrt(t - 1) + 1
+      exp(-m_i C^i / den) over the base-C digits m_2 m_1 m_0 of m, C the least power of
+      two with C^3 >= M.
+
+    Powers of two, so that the digits are shifts and masks (numpy's integer division is
+    several times slower than the rest of a trial)."""
+    b = 1 << ((t - 1).bit_length() + 1) // 2  # b * b >= t
     lap = (_factor(-(-t // b), b, t), _factor(b, 1, t))
     den = 2 * t * (t - 1)
     top = _GAUSS_TAIL * den
-    c = round(top ** (1 / 3)) + 2
-    while c**3 < top:
-        c += 1
-    gauss = (_factor(c, c * c, den), _factor(c, c, den), _factor(c, 1, den))
+    c = 1 << -(-(top - 1).bit_length() // 3)  # c^3 >= top
+    gauss = (_factor(-(-top // (c * c)), c * c, den), _factor(c, c, den), _factor(c, 1, den))
     return lap, gauss
 
 
@@ -303,7 +306,7 @@ def _geometric(n: int, src: Entropy) -> np.ndarray:
     w = src.words(n, FAST_BITS)
     j = (lo.size - np.searchsorted(lo[::-1], w, side="right")).astype(np.int64)
     for i in np.flatnonzero((j == lo.size) | (w < hi[np.minimum(j, lo.size - 1)])):
-        j[i] = LazyUniform(int(w[i]), FAST_BITS, src).geometric()
+        j[i] = LazyUniform(int(w[i]), FAST_BITS, src).geometric(start=int(j[i]))
     return j
 
 
@@ -313,7 +316,9 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
     exp(-(|y| - t + 1)^2 / (2 t (t - 1)))), each Bernoulli(exp(-x)) decided by words of
     FAST_BITS bits against exact bounds (:mod:`.exact_exp`)."""
     lap, gauss = _tables(t)
-    den, b, c = 2 * t * (t - 1), lap[1].lo.size, gauss[1].lo.size
+    den = 2 * t * (t - 1)
+    kb, kc = lap[1].lo.size.bit_length() - 1, gauss[1].lo.size.bit_length() - 1  # B, C = 2^k
+    mb, mc_ = (1 << kb) - 1, (1 << kc) - 1
     out = np.empty(size, dtype=np.int64)
     done = 0
     while done < size:
@@ -321,7 +326,7 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
         need = _proposals(size - done, _GAUSS_ACCEPT)
         while y.size < need:  # Laplace proposals
             u = uniform_below(t, src, _proposals(need - y.size, _LAPLACE_ACCEPT))
-            u = u[_bernoulli_product([u // b, u % b], lap, src)]
+            u = u[_bernoulli_product([u >> kb, u & mb], lap, src)]
             x = u + t * _geometric(u.size, src)
             sign = src.bits(u.size)
             y = np.concatenate([y, np.where(sign == 1, -x, x)[~((sign == 1) & (x == 0))]])
@@ -329,10 +334,13 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
         m = (np.abs(y) - (t - 1)) ** 2  # a^2 < 2^62 for every |y| the Laplace step reaches
         far = m >= _GAUSS_TAIL * den
         mc = np.where(far, 0, m)
-        accept = _bernoulli_product([mc // (c * c), mc // c % c, mc % c], gauss, src) & ~far
-        for i in np.flatnonzero(far):  # p < 2^-32: settled by the exact comparison
-            w = int(src.words(1, 32)[0])
-            accept[i] = LazyUniform(w, 32, src).below_exp(int(abs(y[i]) - (t - 1)) ** 2, den)
+        digits = [mc >> (2 * kc), (mc >> kc) & mc_, mc & mc_]
+        accept = _bernoulli_product(digits, gauss, src) & ~far
+        # p < 2^-32 there: a fresh 32-bit word above 0 rejects (U >= 2^-32 > p); a zero
+        # word is settled by the exact comparison
+        far_i = np.flatnonzero(far)
+        for i in far_i[src.words(far_i.size, 32) == 0]:
+            accept[i] = LazyUniform(0, 32, src).below_exp(int(abs(y[i]) - (t - 1)) ** 2, den)
         got = y[accept][: size - done]
         out[done : done + got.size] = got
         done += got.size

@@ -416,3 +416,28 @@ def test_randomised_rounding_is_unbiased_and_within_its_norm_bound():
     assert np.linalg.norm(rc) <= rounding_norm_bound(float(np.linalg.norm(x)), 4096, 0.01)
     mean = np.mean([randomized_round(np.full(20_000, 0.3)) for _ in range(5)])
     assert mean == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_sites_noise_bytes_are_a_fresh_os_keyed_stream_per_call(monkeypatch):
+    """``os_randbytes``: the ChaCha20 keystream of 32 bytes from the operating system, one
+    key per call. Its bytes are uniform (chi-square over 1 MB), two calls never share a
+    stream, and the key comes from os.urandom (a fixed urandom gives a fixed stream: nothing
+    else enters). A site's encode and the sampler behind it use it by default."""
+    import inspect
+    import os
+
+    from fedsgld.clients.secure_site import SecureSumSite
+    from fedsgld.secagg import crypto, ddg
+
+    a, b = crypto.os_randbytes(1 << 20), crypto.os_randbytes(1 << 20)
+    assert len(a) == len(b) == 1 << 20 and a[:64] != b[:64]
+    counts = np.bincount(np.frombuffer(a, dtype=np.uint8), minlength=256)
+    assert stats.chisquare(counts).pvalue > 1e-4
+    monkeypatch.setattr(os, "urandom", lambda n: b"\x07" * n)
+    assert crypto.os_randbytes(100) == crypto.os_randbytes(100)
+    monkeypatch.undo()
+    assert crypto.os_randbytes(0) == b""
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        crypto.os_randbytes(-1)
+    for f in (ddg.encode, ddg.quantise, ddg.randomized_round, SecureSumSite.__init__):
+        assert inspect.signature(f).parameters["randbytes"].default is crypto.os_randbytes

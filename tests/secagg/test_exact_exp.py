@@ -153,3 +153,24 @@ def test_tabled_and_untabled_paths_draw_the_same_law():
     for t in (dg._TABLE_T, dg._TABLE_T + 1):
         x = dg.discrete_gaussian(t * (t - 1), 30_000, os.urandom)
         assert abs(x.var() / (t * (t - 1)) - 1) < 0.03 and abs(x.mean()) < 0.03 * t
+
+
+def test_a_geometric_count_resumed_from_a_known_start_is_the_same_count():
+    """The sampler's fast path knows U < exp(-j) from its word and resumes the count at j:
+    the same V as counting from 0, for uniforms near every threshold."""
+    for v in range(1, 12):
+        edge = int(2**32 * math.exp(-v))
+        for w in (edge - 1, edge, edge + 1):
+            full = LazyUniform(w, 32, Words(0, 1 << 63, (1 << 64) - 1)).geometric()
+            for start in range(0, full + 1):
+                src = Words(0, 1 << 63, (1 << 64) - 1)
+                assert LazyUniform(w, 32, src).geometric(start=start) == full
+
+
+def test_a_far_gaussian_proposal_is_rejected_by_any_nonzero_32_bit_word():
+    """The premise of the sampler's far-tail shortcut: exp(-a/den) <= exp(-23) < 2^-32 for
+    a >= 23 den, so a 32-bit word w >= 1 (U >= 2^-32) rejects, and only w = 0 is refined."""
+    for t in (2, 3, 1000, dg._TABLE_T):
+        den = 2 * t * (t - 1)
+        lo, hi = exp_bounds(dg._GAUSS_TAIL * den, den, 32)
+        assert (lo, hi) == (0, 1)
