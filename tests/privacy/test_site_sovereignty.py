@@ -280,3 +280,40 @@ def test_site_commands_write_a_policy_rotate_its_key_and_print_its_ledger(tmp_pa
     assert second != first and second.startswith("5 = ")
     assert (tmp_path / "site" / "peers.toml").read_text() == second
     assert SitePolicy.from_file(pol).epsilon == 3.0
+
+
+def test_a_selection_charged_into_the_sites_ledger_counts_against_its_lifetime_budget(tmp_path):
+    """``fedsgld sweep --private-selection --site-ledgers POLICY`` writes the selection's
+    charge into the site's own ledger file (:func:`~fedsgld.studies.sweep_charge.charge_sites`).
+    The same site, its ClientApp then asked to train under that policy, composes every
+    round with the charge: it answers fewer rounds than a site that paid nothing, keeps the
+    charge in its ledger, and stops within its lifetime budget."""
+    from fedsgld.privacy.approx_dp import RdpCurveRelease
+    from fedsgld.privacy.rdp import DEFAULT_ORDERS
+    from fedsgld.studies.sweep_charge import charge_sites, site_targets
+
+    def rounds_answered(name: str) -> int:
+        node = Node({"site-id": 0, "privacy-policy": str(tmp_path / name / "policy.toml")})
+        n = 0
+        while not (
+            reply := node.send("train", plan=plan(sigma=2.0, **{"run-key": f"r{n}"}))
+        ).has_error():
+            n += 1
+            assert n < 400
+        refused(reply, "budget epsilon=2")
+        return n
+
+    keys = dict(placements=["server"], epsilon=2.0, max_sample_rate=0.5)
+    charged = hospital_policy(tmp_path, "charged", **keys)
+    hospital_policy(tmp_path, "fresh", **keys)  # the same site, nothing charged before
+    curve = tuple(float(a) / (2 * 8.0**2) for a in DEFAULT_ORDERS)  # a Gaussian at sigma 8
+    release = RdpCurveRelease(tuple(map(float, DEFAULT_ORDERS)), curve, "selection")
+    (rec,) = charge_sites(site_targets(charged, 1, 1e-5), release, "selection:abc")
+    assert rec["status"] == "charged" and 0 < rec["site_epsilon"] < 2.0
+    n_charged, n_fresh = rounds_answered("charged"), rounds_answered("fresh")
+    assert 1 <= n_charged < n_fresh, (n_charged, n_fresh)
+    led = ledger_file(tmp_path / "charged")
+    assert led["answered"]["selection:abc"] == [0, 0]  # the charge is still there
+    assert len(led["ledger"]["approx"]) == 1 and led["ledger"]["ledger"] == [[0.2, 2.0, n_charged]]
+    eps = PrivacyAccountant.from_state_dict(led["ledger"]).rigorous_epsilon()
+    assert rec["site_epsilon"] < eps <= 2.0
