@@ -29,8 +29,9 @@ written to ``--out`` at once; ``--resume`` keeps the rows already there (the sam
 placement, budget, break, canaries and ``--set``) instead of running them again, so an
 interrupted table goes on where it stopped (``--report-only``: runs nothing). Prints the markdown table of the grid's rows
 in ``--out``; ``--docs MD`` also writes it into MD between its ``<!-- audit_table: demo
--->`` and ``<!-- audit_table: end demo -->`` markers, with the rows not yet measured
-listed. ``--table`` prints the table of rows written before (any JSON of rows).
+-->`` and ``<!-- audit_table: end demo -->`` markers: a row of the grid that ``--out``
+does not hold keeps its line from MD's table, marked *earlier run* (with the commits
+those rows ran on), and rows in neither are listed as not yet measured. ``--table`` prints the table of rows written before (any JSON of rows).
 
 ``--ideal`` plays the idealised subsampled game of DP-SGD's setting instead (no training):
 the likelihood ratio of the claimed mechanism's readings, with the audit's planned guess,
@@ -296,12 +297,56 @@ def table_line(r: dict) -> str:
     )
 
 
-def report(rows: list[dict], missing: list[str]) -> str:
-    """The markdown table of ``rows``, then the commits they ran on and the rows missing."""
-    lines = [HEADER, *(table_line(r) for r in rows)]
+EARLIER = "earlier run"
+EARLIER_NOTE = (
+    f"Rows whose time says *{EARLIER}* were measured by an earlier run of this command and "
+    "are kept from the page until this command measures them again: measured on commit "
+)
+
+
+def row_cells(method: str, placement: str, eps: float, brk: str, canaries: int) -> tuple:
+    """A row's first five cells as the table writes them (the method without its sigma)."""
+    return (NAMES[method], placement, f"{eps:g}", brk, f"{canaries:,}")
+
+
+def earlier_rows(doc: str) -> tuple[dict[tuple, str], list[str]]:
+    """The rows of the table already between ``doc``'s demo markers, by their first five
+    cells, each marked as an earlier run's, and the commits they were measured on."""
+    begin, end = "<!-- audit_table: demo -->", "<!-- audit_table: end demo -->"
+    if doc.count(begin) != 1 or doc.count(end) != 1:
+        return {}, []
+    body = doc.split(begin)[1].split(end)[0]
+    rows, commits = {}, []
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| DP-") and len(cells) == 13:
+            key = (cells[0].split(" (")[0], *cells[1:5])
+            if EARLIER not in cells[12]:
+                cells[12] = f"{cells[12]}, *{EARLIER}*"
+            rows[key] = "| " + " | ".join(cells) + " |"
+        for head in ("Measured on commit ", EARLIER_NOTE):
+            if line.startswith(head):
+                commits += [c.strip() for c in line[len(head) :].split(" (")[0].split(",")]
+    return rows, commits
+
+
+def report(
+    rows: list[dict], missing: list[str], earlier: tuple[list[str], list[str]] = ([], [])
+) -> str:
+    """The markdown table of ``rows`` (then ``earlier[0]``: lines kept from the page, measured
+    on the commits ``earlier[1]``), then the commits they ran on and the rows missing."""
+    lines = [HEADER, *(table_line(r) for r in rows), *earlier[0]]
     commits = sorted({r.get("commit", "unknown") for r in rows})
     code = sorted({code_commit(c) for c in commits})
-    lines += ["", f"Measured on commit {', '.join(commits)} (fedsgld/ as of {', '.join(code)})."]
+    if rows:
+        lines += [
+            "",
+            f"Measured on commit {', '.join(commits)} (fedsgld/ as of {', '.join(code)}).",
+        ]
+    if earlier[0]:
+        old = sorted(set(earlier[1]))
+        lines += ["", f"{EARLIER_NOTE}{', '.join(old)} (fedsgld/ as of "
+                  f"{', '.join(sorted({code_commit(c) for c in old}))})."]  # fmt: skip
     if missing:
         lines += ["", "Not yet measured by this command (`--resume` runs them):", ""]
         lines += [f"* {m}" for m in missing]
@@ -395,12 +440,16 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(list(done.values()), indent=2) + "\n")
     keys = [row_key(*row, args.set) for row in plan]
     rows = [done[k] for k in keys if k in done]
+    # with --docs, a row this command has not measured keeps the page's line, if it has one
+    page, commits = earlier_rows(Path(args.docs).read_text()) if args.docs else ({}, [])
+    kept = [page[row_cells(*row)] for row, k in zip(plan, keys, strict=True)
+            if k not in done and row_cells(*row) in page]  # fmt: skip
     missing = [
         f"{NAMES[m]}, {p}, epsilon {e:g}, {b}, {n:,} canaries"
         for (m, p, e, b, n), k in zip(plan, keys, strict=True)
-        if k not in done
+        if k not in done and row_cells(m, p, e, b, n) not in page
     ]
-    text = report(rows, missing)
+    text = report(rows, missing, (kept, commits if kept else []))
     if args.docs:
         splice_docs(Path(args.docs), "demo", text)
     print()

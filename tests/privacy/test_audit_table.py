@@ -73,3 +73,30 @@ def test_docs_are_written_between_the_markers(table, tmp_path):
     real = (ROOT / "docs/audit.md").read_text()
     assert real.count("<!-- audit_table: demo -->") == 1
     assert real.count("<!-- audit_table: end demo -->") == 1
+
+
+def test_docs_keep_the_pages_rows_this_command_has_not_measured_again(table, tmp_path):
+    """--docs with only some rows in --out: the page's other rows stay, marked as an
+    earlier run's with their commits; a row in neither is listed as not yet measured."""
+    cells = ["DP-SGLD", "server", "4", "none", "10,000", "286", "3.99", "1.93", "2.42 (s 0.71)",
+             "2.44", "no", "293 / 320 (160 IN planned, likelihood ratio)", "300 s"]  # fmt: skip
+    old_line = "| " + " | ".join(cells) + " |"
+    sgd = (
+        "| DP-SGD (sigma 1.455) | sites | 4 | none | 10,000 | " + " | ".join(["x"] * 7) + " | 9 s |"
+    )
+    doc = (f"<!-- audit_table: demo -->\n\n{table.HEADER}\n{old_line}\n{sgd}\n\n"
+           "Measured on commit abc1234567 (fedsgld/ as of abc1234).\n\n"
+           "<!-- audit_table: end demo -->\n")  # fmt: skip
+    page, commits = table.earlier_rows(doc)
+    assert commits == ["abc1234567"]
+    assert page[table.row_cells("dpsgld", "server", 4.0, "none", 10_000)].endswith(
+        "| 300 s, *earlier run* |"
+    )
+    assert table.row_cells("dpsgd", "sites", 4.0, "none", 10_000) in page
+    text = table.report([], ["DP-SGD, secure, epsilon 1, none, 10,000 canaries"],
+                        (list(page.values()), commits))  # fmt: skip
+    assert "300 s, *earlier run*" in text and table.EARLIER_NOTE + "abc1234567" in text
+    again, commits2 = table.earlier_rows(f"<!-- audit_table: demo -->\n{text}\n"
+                                         "<!-- audit_table: end demo -->")  # fmt: skip
+    assert again == page and set(commits2) >= {"abc1234567"}  # marked once, commits kept
+    assert "Not yet measured" in text and "secure, epsilon 1" in text
