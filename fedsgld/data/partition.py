@@ -13,8 +13,12 @@ Schemes (all deterministic functions of ``seed``; every record goes to exactly o
                rounded by largest remainder so that sum_k N_k = N; records are shuffled,
                so labels are IID within each site (flwr-datasets' ``SizePartitioner``).
 
-The partitioners work on an in-memory ``datasets.Dataset`` whose rows carry their
-original index, so a partition's rows give back indices into the caller's arrays.
+``iid`` and ``quantity`` are contiguous slices of the seeded shuffle, which is all those two
+partitioners do: they are cut here with numpy, without importing flwr-datasets and the
+``datasets`` library under it (seconds of every simulation process's start-up); the tests
+compare the slices with the partitioners' own. ``dirichlet`` runs flwr-datasets'
+partitioner on an in-memory ``datasets.Dataset`` whose rows carry their original index, so
+a partition's rows give back indices into the caller's arrays.
 
 Privacy note: the partition is the data-holders' arrangement, not a release; the site
 sizes N_k are treated as public by the server (they set the expected batch size).
@@ -176,30 +180,45 @@ def _split_indices(
     n = int(labels.shape[0])
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
-    ds = _indexed_dataset(labels, order)
-    partitioner = _partitioner(scheme, n, sites, alpha, min_size, seed, rng)
-    partitioner.dataset = ds
-
-    try:
-        with warnings.catch_warnings():
-            # DirichletPartitioner warns on every redraw that missed min_size
-            warnings.simplefilter("ignore", UserWarning)
-            parts = _partition_rows(partitioner, list(range(sites)))
-    except ValueError as err:
-        if scheme != "dirichlet":
-            raise
-        raise ValueError(
-            f"scheme='dirichlet': no draw with alpha={alpha} gave every one of {sites} "
-            f"sites at least min_size={min_size} records; raise alpha, or lower sites or "
-            f"min_size ({err})"
-        ) from err
-
+    if scheme == "dirichlet":
+        parts = _dirichlet_parts(labels, order, sites, alpha, min_size, seed, rng)
+    else:  # contiguous slices of the shuffle (IidPartitioner's and SizePartitioner's)
+        sizes = _slice_sizes(scheme, n, sites, alpha, min_size, rng)
+        parts = [np.sort(p.astype(np.int64)) for p in np.split(order, np.cumsum(sizes)[:-1])]
     covered = np.concatenate(parts) if parts else np.empty(0, np.int64)
     if covered.shape[0] != n or np.unique(covered).shape[0] != n:
         raise RuntimeError(f"partition of {n} records is not exact (scheme={scheme!r})")
     for p in parts:
         p.setflags(write=False)
     return parts
+
+
+def _slice_sizes(scheme: str, n: int, sites: int, alpha: float, min_size: int, rng) -> list[int]:
+    """The shard sizes of ``iid`` (``datasets.Dataset.shard(contiguous=True)``: the first
+    n mod sites shards one larger) and ``quantity`` (:func:`_quantity_sizes`)."""
+    if scheme == "iid":
+        return [n // sites + (1 if k < n % sites else 0) for k in range(sites)]
+    return [int(v) for v in _quantity_sizes(n, sites, alpha, min_size, rng)]
+
+
+def _dirichlet_parts(
+    labels: np.ndarray, order: np.ndarray, sites: int, alpha: float, min_size: int, seed: int, rng
+) -> list[np.ndarray]:
+    """flwr-datasets' DirichletPartitioner over the shuffled records."""
+    n = int(labels.shape[0])
+    partitioner = _partitioner("dirichlet", n, sites, alpha, min_size, seed, rng)
+    partitioner.dataset = _indexed_dataset(labels, order)
+    try:
+        with warnings.catch_warnings():
+            # DirichletPartitioner warns on every redraw that missed min_size
+            warnings.simplefilter("ignore", UserWarning)
+            return _partition_rows(partitioner, list(range(sites)))
+    except ValueError as err:
+        raise ValueError(
+            f"scheme='dirichlet': no draw with alpha={alpha} gave every one of {sites} "
+            f"sites at least min_size={min_size} records; raise alpha, or lower sites or "
+            f"min_size ({err})"
+        ) from err
 
 
 def _which_sites(sites: int, only: Collection[int] | None) -> list[int]:

@@ -230,3 +230,35 @@ def test_some_sites_of_a_split_are_those_of_the_whole_split(scheme):
 def test_sites_outside_the_split_are_refused(only):
     with pytest.raises(ValueError, match="only"):
         make_sites(traced_dataset(), sites=5, only=only)
+
+
+@pytest.mark.parametrize("scheme", ["iid", "quantity"])
+@pytest.mark.parametrize(("n", "sites", "seed"), [(1000, 4, 0), (1003, 7, 3), (5000, 64, 1)])
+def test_sliced_schemes_are_the_flwr_datasets_partitioners_own(scheme, n, sites, seed):
+    """iid and quantity are cut with numpy (no flwr-datasets import); the same seeded shuffle
+    handed to flwr-datasets' IidPartitioner / SizePartitioner gives the same indices."""
+    from fedsgld.data import partition as part
+
+    labels = balanced_labels(n, seed=seed)
+    got = partition_indices(labels, sites=sites, scheme=scheme, alpha=0.7, min_size=5, seed=seed)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    partitioner = part._partitioner(scheme, n, sites, 0.7, 5, seed, rng)
+    partitioner.dataset = part._indexed_dataset(labels, order)
+    ref = part._partition_rows(partitioner, list(range(sites)))
+    assert len(got) == len(ref) == sites
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_iid_split_does_not_import_flwr_datasets():
+    """Start-up: a simulation process with IID sites never loads flwr-datasets or datasets."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\nfrom fedsgld.data import partition_indices\n"
+            "partition_indices(np.arange(500) % 10, sites=4, scheme='iid', seed=0)\n"
+            "partition_indices(np.arange(500) % 10, sites=4, scheme='quantity', seed=0)\n"
+            "print(sorted(m for m in ('flwr_datasets', 'datasets') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
