@@ -330,12 +330,12 @@ def earlier_rows(doc: str) -> tuple[dict[tuple, str], list[str]]:
     return rows, commits
 
 
-def report(
-    rows: list[dict], missing: list[str], earlier: tuple[list[str], list[str]] = ([], [])
-) -> str:
-    """The markdown table of ``rows`` (then ``earlier[0]``: lines kept from the page, measured
-    on the commits ``earlier[1]``), then the commits they ran on and the rows missing."""
-    lines = [HEADER, *(table_line(r) for r in rows), *earlier[0]]
+def report(rows: list[dict | str], missing: list[str], earlier: list[str] = ()) -> str:
+    """The markdown table of ``rows`` (a row, or a line kept from the page, measured on the
+    commits ``earlier``), then the commits they ran on and the rows missing."""
+    lines = [HEADER, *(r if isinstance(r, str) else table_line(r) for r in rows)]
+    kept = [r for r in rows if isinstance(r, str)]
+    rows = [r for r in rows if not isinstance(r, str)]
     commits = sorted({r.get("commit", "unknown") for r in rows})
     code = sorted({code_commit(c) for c in commits})
     if rows:
@@ -343,8 +343,8 @@ def report(
             "",
             f"Measured on commit {', '.join(commits)} (fedsgld/ as of {', '.join(code)}).",
         ]
-    if earlier[0]:
-        old = sorted(set(earlier[1]))
+    if kept:
+        old = sorted(set(earlier))
         lines += ["", f"{EARLIER_NOTE}{', '.join(old)} (fedsgld/ as of "
                   f"{', '.join(sorted({code_commit(c) for c in old}))})."]  # fmt: skip
     if missing:
@@ -439,17 +439,16 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(list(done.values()), indent=2) + "\n")
     keys = [row_key(*row, args.set) for row in plan]
-    rows = [done[k] for k in keys if k in done]
     # with --docs, a row this command has not measured keeps the page's line, if it has one
     page, commits = earlier_rows(Path(args.docs).read_text()) if args.docs else ({}, [])
-    kept = [page[row_cells(*row)] for row, k in zip(plan, keys, strict=True)
-            if k not in done and row_cells(*row) in page]  # fmt: skip
+    rows = [done[k] if k in done else page.get(row_cells(*row))
+            for row, k in zip(plan, keys, strict=True)]  # fmt: skip
     missing = [
         f"{NAMES[m]}, {p}, epsilon {e:g}, {b}, {n:,} canaries"
-        for (m, p, e, b, n), k in zip(plan, keys, strict=True)
-        if k not in done and row_cells(m, p, e, b, n) not in page
+        for (m, p, e, b, n), r in zip(plan, rows, strict=True)
+        if r is None
     ]
-    text = report(rows, missing, (kept, commits if kept else []))
+    text = report([r for r in rows if r is not None], missing, commits)
     if args.docs:
         splice_docs(Path(args.docs), "demo", text)
     print()

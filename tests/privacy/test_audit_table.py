@@ -93,8 +93,8 @@ def test_docs_keep_the_pages_rows_this_command_has_not_measured_again(table, tmp
         "| 300 s, *earlier run* |"
     )
     assert table.row_cells("dpsgd", "sites", 4.0, "none", 10_000) in page
-    text = table.report([], ["DP-SGD, secure, epsilon 1, none, 10,000 canaries"],
-                        (list(page.values()), commits))  # fmt: skip
+    text = table.report(list(page.values()), ["DP-SGD, secure, epsilon 1, none, 10,000 canaries"],
+                        commits)  # fmt: skip
     assert "300 s, *earlier run*" in text and table.EARLIER_NOTE + "abc1234567" in text
     again, commits2 = table.earlier_rows(f"<!-- audit_table: demo -->\n{text}\n"
                                          "<!-- audit_table: end demo -->")  # fmt: skip
