@@ -318,7 +318,7 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
     lap, gauss = _tables(t)
     den = 2 * t * (t - 1)
     kb, kc = lap[1].lo.size.bit_length() - 1, gauss[1].lo.size.bit_length() - 1  # B, C = 2^k
-    mb, mc_ = (1 << kb) - 1, (1 << kc) - 1
+    mask_b, mask_c = (1 << kb) - 1, (1 << kc) - 1
     out = np.empty(size, dtype=np.int64)
     done = 0
     while done < size:
@@ -326,7 +326,7 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
         need = _proposals(size - done, _GAUSS_ACCEPT)
         while y.size < need:  # Laplace proposals
             u = uniform_below(t, src, _proposals(need - y.size, _LAPLACE_ACCEPT))
-            u = u[_bernoulli_product([u >> kb, u & mb], lap, src)]
+            u = u[_bernoulli_product([u >> kb, u & mask_b], lap, src)]
             x = u + t * _geometric(u.size, src)
             sign = src.bits(u.size)
             y = np.concatenate([y, np.where(sign == 1, -x, x)[~((sign == 1) & (x == 0))]])
@@ -334,7 +334,7 @@ def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
         m = (np.abs(y) - (t - 1)) ** 2  # a^2 < 2^62 for every |y| the Laplace step reaches
         far = m >= _GAUSS_TAIL * den
         mc = np.where(far, 0, m)
-        digits = [mc >> (2 * kc), (mc >> kc) & mc_, mc & mc_]
+        digits = [mc >> (2 * kc), (mc >> kc) & mask_c, mc & mask_c]
         accept = _bernoulli_product(digits, gauss, src) & ~far
         # p < 2^-32 there: a fresh 32-bit word above 0 rejects (U >= 2^-32 > p); a zero
         # word is settled by the exact comparison
