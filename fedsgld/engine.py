@@ -21,7 +21,7 @@ import torch
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
-from fedsgld.clients.site import Site, clipped_sums
+from fedsgld.clients.site import Site, can_batch, clipped_sums
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.core.plan import RoundPlan
@@ -139,8 +139,24 @@ class InProcess:
         )
 
     def local_rounds(self, plan: RoundPlan, paid: Charged) -> list[tuple[int, torch.Tensor]]:
-        """Every site's local steps, drawn through the receipt of the round's charge."""
-        config = self.fed.config
+        """Every site's local steps, drawn through the receipt of the round's charge. The
+        first step starts from the server's parameters at every site, so its clipped sums
+        share one per-record pass where ``site_pass`` says so (each from the site's own
+        stream of that step, as :meth:`Site.local_round` draws it alone)."""
+        config, sites = self.fed.config, self.fed.sites
+        p = config.privacy
+        first: list[torch.Tensor | None] = [None] * len(sites)
+        shared = p.clip_bound is not None or p.applied_prenoise > 0.0
+        if config.perf.batched_sites(len(sites)) and can_batch(sites) and shared:
+            first = clipped_sums(
+                sites,
+                self.server.theta,
+                round=plan.first_step,
+                sample_rate=p.sample_rate,
+                clip=p.clip_bound,
+                prenoise=p.applied_prenoise,
+                batched=True,
+            )
         return [
             (
                 s.num_train,
@@ -148,12 +164,13 @@ class InProcess:
                     self.server.theta,
                     first_step=plan.first_step,
                     local_steps=plan.local_steps,
-                    privacy=config.privacy,
+                    privacy=p,
                     weight_decay=config.run.weight_decay,
                     charged=paid,
+                    first_sum=f,
                 ),
             )
-            for s in self.fed.sites
+            for s, f in zip(sites, first, strict=True)
         ]
 
     def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:

@@ -165,6 +165,7 @@ class Site:
         weight_decay: float = 0.0,
         charged: Charged | None = None,
         randomness: Randomness | None = None,
+        first_sum: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``local_steps`` noisy Langevin steps on this site's records (noise placement "sites").
 
@@ -179,6 +180,9 @@ class Site:
         step's noise is drawn through it, and a round with noise (sigma_t C > 0) refuses to
         start without one. A round without noise (``sgd``) draws none and needs none.
         ``randomness``: what draws the samples and the noise (default: the site's own).
+        ``first_sum``: the first step's clipped sum S when it was already computed from the
+        same stream (:func:`clipped_sums` over several sites of one process: the engine's
+        batched pass); the steps after it are computed here.
         """
         rnd = self.randomness if randomness is None else randomness
         q, clip = privacy.sample_rate, privacy.clip_bound
@@ -196,7 +200,7 @@ class Site:
         theta = theta.to(dev)
         for i, std in enumerate(stds):
             t = first_step + i
-            s = site_step(
+            s = (first_sum.to(dev) if i == 0 and first_sum is not None else site_step(
                 self.fm,
                 theta,
                 self.x_train,
@@ -207,7 +211,7 @@ class Site:
                 generator=self.generator(t, rnd),
                 chunk_size=self.chunk_size,
                 extra=self.extra_records,
-            )
+            ))  # fmt: skip
             noisy = s  # a step without noise (sgd) draws none
             if std > 0.0:
                 key = streams.site_local_noise(self.site_id, t)
