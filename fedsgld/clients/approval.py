@@ -186,11 +186,58 @@ def bundle_info(data: bytes) -> BundleInfo:
     )
 
 
-def build_bundle(directory: str | Path) -> bytes:
-    """The bundle ``flwr run DIRECTORY`` submits (Flower's own build of that tree)."""
-    from flwr.cli.build import build_fab_from_disk
+def app_files(directory: str | Path) -> dict[str, Path]:
+    """The files of ``directory`` that Flower's build considers, as Flower's own
+    ``collect_files`` finds them (relative POSIX path -> path; symlinks and paths that
+    resolve outside skipped), without walking the directories its built-in rules always
+    leave out of a bundle: ``__pycache__`` anywhere and, at the top, a virtual environment
+    (``.venv``, ``venv``, ...), ``build``, ``lib`` and the others of
+    ``flwr.common.constant.FAB_EXCLUDE_PATTERNS``. A project's ``.venv`` holds tens of
+    thousands of files, which Flower's walk reads on every build (seconds)."""
+    from flwr.common.constant import FAB_EXCLUDE_PATTERNS
 
-    return build_fab_from_disk(Path(directory))
+    top = {p[:-3] for p in FAB_EXCLUDE_PATTERNS if p.endswith("/**") and p.count("/") == 1}
+    top = {d for d in top if "*" not in d}
+    root = Path(directory).expanduser().resolve()
+    files: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        at_top = here == root
+        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not (at_top and d in top)]
+        for name in filenames:
+            path = here / name
+            if path.is_symlink() or not path.resolve().is_relative_to(root):
+                continue
+            files[path.relative_to(root).as_posix()] = path
+    return files
+
+
+def build_bundle(directory: str | Path) -> bytes:
+    """The bundle ``flwr run DIRECTORY`` submits: Flower's own build
+    (``build_fab_from_files``, the same rules and bytes as ``build_fab_from_disk``) of
+    :func:`app_files`."""
+    from flwr.cli.build import build_fab_from_files
+
+    return build_fab_from_files(app_files(directory))[0]
+
+
+def stage_app(directory: str | Path, dest: str | Path) -> Path:
+    """Copy into ``dest`` (a new or empty directory) only what a bundle of ``directory``
+    holds, with the files its build reads (``pyproject.toml``, ``.gitignore``): ``flwr run
+    DEST`` then builds the same bundle bytes without walking the rest of the project (a
+    ``.venv``, result directories). Returns ``dest``."""
+    import zipfile
+
+    root, out = Path(directory).expanduser().resolve(), Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(io.BytesIO(build_bundle(root))) as z:
+        inside = {n for n in z.namelist() if not n.startswith(".info/")}
+    for rel in sorted(inside | {"pyproject.toml", ".gitignore"}):
+        src = root / rel
+        if src.is_file():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_bytes(src.read_bytes())
+    return out
 
 
 # -- the check at the site ---------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from fedsgld.clients.approval import stage_app
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]  # the app's directory (its pyproject.toml)
@@ -249,8 +252,11 @@ class Loopback:
         """``flwr run . loop --stream`` with ``run_config`` (which names ``out``); its
         results.json. The stream's log is kept in ``root/flwr-run.log``."""
         out = Path(run_config["out"])
+        app = self.root / "app"  # the bundle's files only: the same bytes as `flwr run .`
+        shutil.rmtree(app, ignore_errors=True)
+        stage_app(ROOT, app)
         res = flwr(
-            ["run", ".", "loop", "--stream", "--run-config", run_config_arg(run_config)],
+            ["run", str(app), "loop", "--stream", "--run-config", run_config_arg(run_config)],
             flower_env(self.root / "home-cli"),
             timeout=timeout,
         )

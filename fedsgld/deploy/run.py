@@ -24,8 +24,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from fedsgld.clients.approval import stage_app
 
 STARTED = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # text | --format json
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,7 +52,17 @@ def _connection(argv: list[str]) -> str | None:
 
 
 def _start(argv: list[str]) -> tuple[int, int | None]:
-    """Run ``flwr run`` (its output passed through); its exit status and the run's id."""
+    """Run ``flwr run`` (its output passed through); its exit status and the run's id. A
+    local APP directory is first staged (:func:`fedsgld.clients.approval.stage_app`: only
+    what its bundle holds, so ``flwr run`` builds the same bytes without walking the
+    project's ``.venv``)."""
+    with tempfile.TemporaryDirectory(prefix="fedsgld-app-") as tmp:
+        if argv and not argv[0].startswith(("@", "-")) and Path(argv[0]).is_dir():
+            argv = [str(stage_app(argv[0], Path(tmp) / "app")), *argv[1:]]
+        return _start_flwr(argv)
+
+
+def _start_flwr(argv: list[str]) -> tuple[int, int | None]:
     cmd = [_flwr(), "run", *argv, *([] if "--stream" in argv else ["--stream"])]
     run_id = None
     with subprocess.Popen(

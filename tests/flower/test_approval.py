@@ -325,3 +325,29 @@ def test_bundle_info_reads_without_running_anything():
         z.writestr(".info/CONTENT", "")
     with pytest.raises(ValueError, match="larger than"):
         bundle_info(big.getvalue())
+
+
+def test_the_fast_build_and_the_staged_app_give_flowers_own_bytes(tmp_path):
+    """``build_bundle`` skips the directories Flower's build always leaves out (a ``.venv``
+    at the top, ``__pycache__`` anywhere) instead of walking them, and ``stage_app`` copies
+    only what the bundle holds: both give the bytes of Flower's ``build_fab_from_disk`` of
+    the project, so a digest a site approved still matches what ``flwr run`` submits."""
+    from flwr.cli.build import build_fab_from_disk
+
+    app = app_copy(tmp_path / "fedsgld")
+    for junk in (".venv/lib/python3.11/site-packages/evil.py", "fedsgld/__pycache__/x.py",
+                 "runs/out/results.json", "venv/bin/tool.py"):  # fmt: skip
+        (app / junk).parent.mkdir(parents=True, exist_ok=True)
+        (app / junk).write_text("x = 1\n")
+    (app / ".gitignore").write_text("runs/\n")
+    flower = build_fab_from_disk(app)
+    assert build_bundle(app) == flower
+    assert ".venv/lib/python3.11/site-packages/evil.py" not in approval.app_files(app)
+    staged = approval.stage_app(app, tmp_path / "staged")
+    assert build_fab_from_disk(staged) == flower
+    assert not (staged / ".venv").exists() and not (staged / "runs").exists()
+    assert (staged / "fedsgld" / "apps" / "client_app.py").is_file()
+    # a file the bundle holds that changes changes both, alike
+    with open(app / "fedsgld" / "apps" / "client_app.py", "a") as f:
+        f.write("y = 2\n")
+    assert build_bundle(app) == build_fab_from_disk(app) != flower
