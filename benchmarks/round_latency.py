@@ -57,6 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedsgld.clients.approval import stage_app
 from fedsgld.deploy.loopback import flower_env
 from fedsgld.deploy.loopback import run_config_arg as _run_config
 
@@ -234,7 +235,7 @@ def ray_round(sites: int, rounds: int, tmp: Path, **_) -> float:
     env = _env(home, FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_port()))
     try:
         subprocess.run(
-            [str(BIN / "flwr"), "run", ".", "--stream",
+            [str(BIN / "flwr"), "run", str(stage_app(ROOT, tmp / f"app-{sites}")), "--stream",
              "--run-config", _run_config({**BASE, "sites": sites, "rounds": rounds, "out": str(out)}),
              "--federation-config", f"num-supernodes={sites} client-resources-num-cpus=1"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600, check=True,
@@ -321,7 +322,7 @@ def deploy(
         t0 = time.perf_counter()
         with MachineLoad() as load:
             res = subprocess.run(
-                [str(BIN / "flwr"), "run", ".", "loop", "--stream",
+                [str(BIN / "flwr"), "run", str(stage_app(ROOT, root / "app")), "loop", "--stream",
                  "--run-config", _run_config({**cfg, **DEPLOY_RUN, "out": str(out)})],
                 cwd=ROOT, env=_env(cli), capture_output=True, text=True, timeout=7200,
             )  # fmt: skip
