@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from flower_support import BIN, ROOT, SMALL, flower_env, flwr, free_port, run_config_arg
@@ -136,9 +137,11 @@ def _fake_flwr(tmp_path, status: str, details: str, run_exit: int = 0):
     script = tmp_path / "flwr"
     script.write_text(
         f"#!{sys.executable}\n"
-        "import json, sys\n"
+        "import json, os, sys\n"
         f"open({str(tmp_path / 'calls')!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
         "if sys.argv[1] == 'run':\n"
+        "    app = sorted(os.listdir(sys.argv[2]))\n"
+        f"    open({str(tmp_path / 'app')!r}, 'w').write(' '.join(app))\n"
         "    print('Successfully started run 7')\n"
         f"    sys.exit({run_exit})\n"
         f"print(json.dumps({{'success': True, 'runs': [{row!r}]}}))\n"
@@ -160,9 +163,15 @@ def test_the_deploy_command_exits_with_the_runs_outcome(
     why = "ServerApp failed with exception: round 5: 1 of 3 sites answered"
     fake = _fake_flwr(tmp_path, status, why, run_exit)
     monkeypatch.setattr(deploy_run, "_flwr", lambda: str(fake))
+    monkeypatch.chdir(ROOT)
     assert deploy_run.main([".", "hospitals", "--run-config", "rounds=2"]) == code
     calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls[0] == "run . hospitals --run-config rounds=2 --stream"
+    # the app directory is staged: only what the bundle holds, removed afterwards
+    app, rest = calls[0].removeprefix("run ").split(" ", 1)
+    assert rest == "hospitals --run-config rounds=2 --stream"
+    assert Path(app).name == "app" and Path(app).parent.name.startswith("fedsgld-app-")
+    assert not Path(app).exists()
+    assert (tmp_path / "app").read_text().split() == [".gitignore", "fedsgld", "pyproject.toml"]
     if run_exit == 0:
         assert calls[1] == "ls hospitals --run-id 7 --format json"
     err = capsys.readouterr().err
