@@ -27,19 +27,22 @@ Speed without changing the algorithm:
   order). Randomness drawn and not needed is discarded, never reused.
 * Trials whose outcome is certain (Bernoulli(exp(0)), the first trial of
   Bernoulli(exp(-1))) draw nothing.
-* **Tables, for t <= 2^16** (every realistic share: t is about 26,430 / sqrt(K) at the
-  demo's d = 32,768): each Bernoulli(exp(-x)) of the same algorithm is the event
-  U < exp(-x) for a uniform U whose first 16 bits are one fresh word, compared with
-  integer bounds lo <= 2^16 exp(-x) <= hi computed in exact integer arithmetic
-  (:mod:`.exact_exp`); a word between the bounds (about 2^-15 of the trials) draws 64
-  more bits of the same U and compares exactly at the higher precision, as often as
-  needed. The Laplace step's exp(-u/t) is the product of two factors and the Gaussian
-  step's exp(-a^2 / (2 t (t - 1))) of three (base-B digits of u and of a^2), each factor
-  its own independent trial (the AND of independent Bernoullis is the Bernoulli of the
-  product), so the tables of a t hold a few thousand entries and take milliseconds to
-  build: t changes every round of DP-SGLD. The geometric part, max{v : U < exp(-v)}, takes
-  one word. One comparison, not a chain of trials, decides each factor; the law is exactly
-  the same.
+* **A binned envelope, for t <= 2^16** (every realistic share: t is about 26,430 / sqrt(K)
+  at the demo's d = 32,768), instead of the chain of Laplace and Gaussian rejections:
+  rejection from a piecewise-constant envelope whose bins are W = 2^k integers wide
+  (W between t / 32 and t / 16), with integer weights at least 2^16 times the target's largest value in
+  the bin (exact upper bounds from :mod:`.exact_exp`). Its proposals are drawn exactly
+  from one uniform integer each (offset, sign and bin from its bits and a look-up), and
+  accepted with probability target / weight: the AND of a bin trial (the integer's
+  remainder against the bin's bounds) and an in-bin trial exp(-l (2 i W + l) / den), one
+  16-bit word per base-C digit of the exponent (C a power of two) against exact bounds. A word between a
+  bound pair (about 2^-15 of the trials) is settled exactly with more bits of the same
+  uniform (:class:`~.exact_exp.LazyUniform`). Beyond the bins (|x| >= 6 t, probability
+  below e^-17) a geometric tail proposal is accepted by exact trials in Python
+  (:func:`_tail_draw`). About 0.98 of the proposals are accepted (0.78 at t = 2): one
+  uniform and two or three words per draw, where the rejection chains take about two
+  Laplace proposals, each with its own trials. The tables of a t take a few
+  milliseconds: t changes every round of DP-SGLD.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exact_exp import LazyUniform, exp_table
+from .exact_exp import LazyUniform, exp_bounds, exp_table
 
 FAST_BITS = 16  #: the width of the tabled path's words (undecided: 2 in 2^16 at most)
 
@@ -228,12 +231,11 @@ def discrete_laplace(t: int, size: int, src: Entropy) -> np.ndarray:
     return out
 
 
-_TABLE_T = 1 << 16  #: the largest t sampled with tables
-#: bytes one draw takes on the tabled path, by t (measured: 24.2 at t = 3 and 25.4 at
-#: t = 13,215 over 32,768 draws, 23.6 and 24.8 over 131,072)
-_TABLED_BYTES_PER_DRAW = ((256, 27), (_TABLE_T, 27))
-_GAUSS_TAIL = 23  # exp(-23) < 2^-32: a Gaussian step beyond 23 (2 t (t - 1)) never accepts
-# but with probability below 2^-32, which the bounds (0, 1) leave to the exact fallback
+_TABLE_T = 1 << 16  #: the largest t sampled from the binned envelope
+_BIN_SPAN = 6  #: the bins cover |x| < T with T >= _BIN_SPAN t; beyond is the tail (P < e^-17)
+_BIN_STEPS = 16  #: the bin width W is the largest power of two <= (t - 1) / _BIN_STEPS
+_GRAIN_BITS = 6  #: every bin's weight is a multiple of 2^_GRAIN_BITS, so one look-up finds it
+_DIGIT_MAX = 1 << 13  #: the largest factor table of the in-bin acceptance
 
 
 @dataclass(frozen=True)
@@ -248,100 +250,179 @@ class _Factor:
 
 def _factor(count: int, num: int, den: int) -> _Factor:
     lo, hi = exp_table(count, (num, den))
+    lo, hi = lo.astype(np.int32), hi.astype(np.int32)  # <= 2^16: compared with 16-bit words
     lo.flags.writeable = hi.flags.writeable = False
     return _Factor(lo, hi, num, den)
 
 
+@dataclass(frozen=True)
+class _Bins:
+    """The envelope of N_Z(0, t (t - 1)) on |x| < T = count W: bin i holds iW <= |x| <
+    (i + 1) W, and each of its integers (either sign) has the proposal weight ``weight[i]``
+    >= 2^FAST_BITS exp(-(iW)^2 / den), den = 2 t (t - 1): the target's largest value in
+    the bin, rounded up to a multiple of 2^_GRAIN_BITS. Index ``count`` is the tail |x| >= T,
+    of weight ``weight[count]`` W (see :func:`_tail_draw`)."""
+
+    t: int
+    width_bits: int  # W = 2^width_bits
+    count: int
+    lo: np.ndarray  # lo_i <= 2^FAST_BITS exp(-(iW)^2 / den) <= hi_i; index count: 0, 0
+    hi: np.ndarray
+    start: np.ndarray  # the first weight unit of each bin (and of the tail)
+    lookup: np.ndarray  # the bin of each 2^_GRAIN_BITS weight units
+    total: int  # the weight of one sign, tail included
+    tail_pow2: int  # c: the tail's first acceptance factor is 2^c exp(-T^2 / den)
+    tail_step_bits: int  # the tail's geometric steps are 2^tail_step_bits long
+    digit_bits: int  # the in-bin exponent's digits are base 2^digit_bits
+    factors: tuple[_Factor, ...]  # most significant digit first
+    rate: float  # the share of proposals accepted (for sizing batches only)
+
+    def bytes_per_draw(self) -> float:
+        """Random bytes one accepted draw takes on average: its proposals' words (32 or 64
+        bits) and one 16-bit word per digit of each proposal that reaches them; 10 % more
+        for the words that ``uniform_below`` rejects and the proposals a batch asks for
+        beyond its expected need."""
+        word = 4 if 2 * self.total << self.width_bits <= 1 << 32 else 8
+        return 1.1 * (word + 2 * len(self.factors)) / self.rate
+
+
 @functools.lru_cache(maxsize=16)
-def _tables(t: int) -> tuple[tuple[_Factor, ...], tuple[_Factor, ...]]:
-    """The factors of the two acceptance probabilities of one t, each a few thousand
-    entries at most (built in milliseconds: t changes every round of DP-SGLD):
-
-    * exp(-u/t), u < t, as exp(-u1 B / t) exp(-u0 / t), u = u1 B + u0, B the least power
-      of two >= sqrt t;
-    * exp(-m / (2 t (t - 1))), m = a^2 < M = 23 (2 t (t - 1)), as the product of
-      exp(-m_i C^i / den) over the base-C digits m_2 m_1 m_0 of m, C the least power of
-      two with C^3 >= M.
-
-    Powers of two, so that the digits are shifts and masks (numpy's integer division is
-    several times slower than the rest of a trial)."""
-    b = 1 << ((t - 1).bit_length() + 1) // 2  # b * b >= t
-    lap = (_factor(-(-t // b), b, t), _factor(b, 1, t))
+def _bins(t: int, span: int = _BIN_SPAN) -> _Bins:
+    """The envelope of one t (a few milliseconds: t changes every round of DP-SGLD)."""
     den = 2 * t * (t - 1)
-    top = _GAUSS_TAIL * den
-    c = 1 << -(-(top - 1).bit_length() // 3)  # c^3 >= top
-    gauss = (_factor(-(-top // (c * c)), c * c, den), _factor(c, c, den), _factor(c, 1, den))
-    return lap, gauss
+    wbits = max(0, ((t - 1) // _BIN_STEPS).bit_length() - 1)
+    width = 1 << wbits
+    count = -(-span * t // width)
+    top = count * width  # T
+    lo = np.zeros(count + 1, dtype=np.int64)
+    hi = np.zeros(count + 1, dtype=np.int64)
+    hi[:count] = 1
+    for i in range(count):  # bounds fall with i; from the first hi = 1 on: (0, 1)
+        lo[i], hi[i] = exp_bounds((i * width) ** 2, den, FAST_BITS)
+        if hi[i] <= 1:
+            break
+    grain = 1 << _GRAIN_BITS
+    weight = -(-np.maximum(hi, 1) // grain) * grain
+    # the tail: x = T + U + 2^q G, U < 2^q uniform, P(G = g) = 2^-(g + 1), with 2^q 2 T >= den
+    # so that each step's factor 2 exp(-2 T 2^q / den) <= 2/e; its weight 2^(grain + p) W
+    # makes its first factor 2^c exp(-T^2 / den), c = 17 + q - wbits - _GRAIN_BITS - p, at
+    # most 1: c <= (T^2 / den) / ln 2, taking ln 2 < 0.6932
+    q = max(0, (-(-den // (2 * top)) - 1).bit_length())
+    c_max = (top * top * 10_000) // (den * 6932)
+    p = max(0, FAST_BITS + 1 + q - wbits - _GRAIN_BITS - c_max)
+    weight[count] = grain << p
+    start = np.concatenate([[0], np.cumsum(weight)[:-1]])
+    lookup = np.repeat(np.arange(count + 1, dtype=np.int64), weight // grain)
+    m_top = (2 * count - 1) * width * width  # m = l (2 i W + l) < (2 count - 1) W^2
+    k = 1
+    while 1 << -(-(m_top - 1).bit_length() // k) > _DIGIT_MAX:
+        k += 1
+    kc = -(-(m_top - 1).bit_length() // k)
+    c = 1 << kc
+    factors = tuple(
+        _factor(-(-m_top // c ** (k - 1)) if j == 0 else c, c ** (k - 1 - j), den) for j in range(k)
+    )
+    for a in (lo, hi, start, lookup):
+        a.flags.writeable = False
+    total = int(weight.sum())
+    # the target's mass sum_x exp(-x^2 / den) is sqrt(pi den) to within e^(-pi^2 den / 2)
+    rate = (1 << FAST_BITS) * math.sqrt(math.pi * den) / (2 * total << wbits)
+    return _Bins(
+        t, wbits, count, lo, hi, start, lookup, total,
+        FAST_BITS + 1 + q - wbits - _GRAIN_BITS - p, q, kc, factors, rate,
+    )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=1)
-def _geometric_bounds() -> tuple[np.ndarray, np.ndarray]:
-    """Bounds on 2^FAST_BITS exp(-v), v = 1, 2, ... while exp(-v) >= 2^-FAST_BITS."""
-    lo, hi = exp_table(13, (1, 1))  # exp(-12) < 2^-16
-    return lo[1:], hi[1:]
+def _scaled_below_exp(c: int, a: int, b: int, src: Entropy) -> bool:
+    """Bernoulli(2^c exp(-a/b)), given 2^c exp(-a/b) <= 1: for c >= 0, U < exp(-a/b) for U
+    uniform on [0, 2^-c); for c < 0, -c fresh zero bits (Bernoulli(2^c)) and U < exp(-a/b)."""
+    if c < 0:
+        if src.bits(-c).any():
+            return False
+        c = 0
+    return LazyUniform(0, c, src).below_exp(a, b)
 
 
-def _bernoulli_product(digits: list[np.ndarray], factors, src: Entropy) -> np.ndarray:
-    """Bernoulli(prod_i exp(-d_i num_i / den_i)) per row: the AND of independent trials,
-    one per factor (a product of independent Bernoullis is the Bernoulli of the product),
-    each a fresh word against the factor's bounds, undecided words settled exactly
-    (:class:`~.exact_exp.LazyUniform`); a row stops at its first failure."""
-    out = np.ones(digits[0].size, dtype=bool)
-    live = np.arange(out.size)
-    for d, f in zip(digits, factors, strict=True):
-        j = d[live]
-        w = src.words(live.size, FAST_BITS)
-        ok = w < f.lo[j]
-        for i in np.flatnonzero(~ok & (w < f.hi[j])):
-            ok[i] = LazyUniform(int(w[i]), FAST_BITS, src).below_exp(int(j[i]) * f.num, f.den)
-        out[live[~ok]] = False
-        live = live[ok]
+def _tail_draw(bins: _Bins, src: Entropy) -> int | None:
+    """One proposal from the tail |x| >= T (either sign, chosen by the caller) and its
+    acceptance; None when rejected. The proposal x = T + y, y = U + 2^q G has the weight
+    2^-q 2^-(G + 1) of the tail's total 2^(grain + p) W; the target's 2^FAST_BITS
+    exp(-x^2 / den) over it is
+
+        2^c exp(-T^2 / den) * exp(-(y^2 + 2 T U) / den) * (2 exp(-2 T 2^q / den))^G
+
+    (x^2 = T^2 + 2 T U + 2 T 2^q G + y^2), each factor at most 1 and its own trial."""
+    t, q = bins.t, bins.tail_step_bits
+    den = 2 * t * (t - 1)
+    top = bins.count << bins.width_bits
+    g = 0
+    while src.bits(1)[0]:
+        g += 1
+    u = int(uniform_below(1 << q, src, 1)[0]) if q else 0
+    y = u + (g << q)
+    if not _scaled_below_exp(bins.tail_pow2, top * top, den, src):
+        return None
+    if not LazyUniform(0, 0, src).below_exp(y * y + 2 * top * u, den):
+        return None
+    for _ in range(g):
+        if not LazyUniform(0, 1, src).below_exp(2 * top << q, den):
+            return None
+    return top + y
+
+
+def _factors_accept(m: np.ndarray, bins: _Bins, src: Entropy) -> np.ndarray:
+    """Bernoulli(exp(-m / den)) per row, as the AND of one independent trial per base-C
+    digit of m (a product of independent Bernoullis is the Bernoulli of the product):
+    a fresh word against the digit's bounds, undecided words settled exactly."""
+    k, kc = len(bins.factors), bins.digit_bits
+    out = np.ones(m.size, dtype=bool)
+    for j, f in enumerate(bins.factors):
+        d = m >> (kc * (k - 1 - j))
+        if j:
+            d &= (1 << kc) - 1
+        w = src.words(m.size, FAST_BITS)
+        ok = w < f.lo[d]
+        for i in np.flatnonzero(~ok & (w < f.hi[d])):
+            ok[i] = LazyUniform(int(w[i]), FAST_BITS, src).below_exp(int(d[i]) * f.num, f.den)
+        out &= ok
     return out
 
 
-def _geometric(n: int, src: Entropy) -> np.ndarray:
-    """n draws of V = max{v : U < exp(-v)}, one word each: j = #{v : w < lo_v} thresholds
-    are passed for sure (they fall with v); V = j when w >= hi_(j+1), else exactly."""
-    lo, hi = _geometric_bounds()
-    w = src.words(n, FAST_BITS)
-    j = (lo.size - np.searchsorted(lo[::-1], w, side="right")).astype(np.int64)
-    for i in np.flatnonzero((j == lo.size) | (w < hi[np.minimum(j, lo.size - 1)])):
-        j[i] = LazyUniform(int(w[i]), FAST_BITS, src).geometric(start=int(j[i]))
-    return j
-
-
-def _tabled_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
-    """:func:`discrete_gaussian` for t <= _TABLE_T: the same rejection sampler (a Laplace
-    proposal y = +-(u + t V), accepted with probability exp(-u/t), then with probability
-    exp(-(|y| - t + 1)^2 / (2 t (t - 1)))), each Bernoulli(exp(-x)) decided by words of
-    FAST_BITS bits against exact bounds (:mod:`.exact_exp`)."""
-    lap, gauss = _tables(t)
+def _binned_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
+    """:func:`discrete_gaussian` for t <= _TABLE_T: rejection from a piecewise-constant
+    envelope (:class:`_Bins`). One uniform integer u below 2 W total picks a proposal:
+    its low bits the offset l < W, the next the sign, the rest v < total a weight unit,
+    whose bin i is a look-up; r = v - start_i is uniform below weight_i. The proposal
+    x = iW + l is accepted with probability 2^FAST_BITS exp(-x^2 / den) / weight_i, the
+    product of two independent trials: r + U < 2^FAST_BITS exp(-(iW)^2 / den) (r against
+    the bin's bounds, settled exactly between them) and exp(-l (2 i W + l) / den), by its
+    digits. Negative zero is rejected (zero would count twice); the tail is
+    :func:`_tail_draw`. From 0.74 (t = 2) to 0.97 of the proposals are accepted."""
+    bins = _bins(t)
+    wbits, mask = bins.width_bits, (1 << bins.width_bits) - 1
     den = 2 * t * (t - 1)
-    kb, kc = lap[1].lo.size.bit_length() - 1, gauss[1].lo.size.bit_length() - 1  # B, C = 2^k
-    mask_b, mask_c = (1 << kb) - 1, (1 << kc) - 1
     out = np.empty(size, dtype=np.int64)
     done = 0
     while done < size:
-        y = np.empty(0, dtype=np.int64)
-        need = _proposals(size - done, _GAUSS_ACCEPT)
-        while y.size < need:  # Laplace proposals
-            u = uniform_below(t, src, _proposals(need - y.size, _LAPLACE_ACCEPT))
-            u = u[_bernoulli_product([u >> kb, u & mask_b], lap, src)]
-            x = u + t * _geometric(u.size, src)
-            sign = src.bits(u.size)
-            y = np.concatenate([y, np.where(sign == 1, -x, x)[~((sign == 1) & (x == 0))]])
-        y = y[:need]
-        m = (np.abs(y) - (t - 1)) ** 2  # a^2 < 2^62 for every |y| the Laplace step reaches
-        far = m >= _GAUSS_TAIL * den
-        mc = np.where(far, 0, m)
-        digits = [mc >> (2 * kc), (mc >> kc) & mask_c, mc & mask_c]
-        accept = _bernoulli_product(digits, gauss, src) & ~far
-        # p < 2^-32 there: a fresh 32-bit word above 0 rejects (U >= 2^-32 > p); a zero
-        # word is settled by the exact comparison
-        far_i = np.flatnonzero(far)
-        for i in far_i[src.words(far_i.size, 32) == 0]:
-            accept[i] = LazyUniform(0, 32, src).below_exp(int(abs(y[i]) - (t - 1)) ** 2, den)
-        got = y[accept][: size - done]
+        n = _proposals(size - done, bins.rate)
+        u = uniform_below(2 * bins.total << wbits, src, n)
+        neg = ((u >> wbits) & 1).astype(bool)
+        v = u >> (wbits + 1)
+        b = bins.lookup[v >> _GRAIN_BITS]
+        r = v - bins.start[b]
+        x = (b << wbits) | (u & mask)
+        accept = r < bins.lo[b]
+        for i in np.flatnonzero(~accept & (r < bins.hi[b])):
+            edge = int(b[i]) << wbits
+            accept[i] = LazyUniform(int(r[i]), FAST_BITS, src).below_exp(edge * edge, den)
+        accept &= ~(neg & (x == 0))
+        idx = np.flatnonzero(accept)
+        low = x[idx] & mask
+        accept[idx] = _factors_accept(low * (2 * x[idx] - low), bins, src)
+        for i in np.flatnonzero(b == bins.count):  # the tail: about 2^-30 of the proposals
+            y = _tail_draw(bins, src)
+            accept[i], x[i] = y is not None, y or 0
+        got = np.where(neg, -x, x)[accept][: size - done]
         out[done : done + got.size] = got
         done += got.size
     return out
@@ -358,12 +439,12 @@ def discrete_gaussian(
             f"share_variance must be t (t - 1) with 2 <= t <= {_MAX_T}, got {share_variance!r}"
         )
     tabled = t <= _TABLE_T
-    per_draw = next(b for top, b in (_TABLED_BYTES_PER_DRAW if tabled else _BYTES_PER_DRAW)
-                    if t <= top)  # fmt: skip
+    per_draw = (_bins(t).bytes_per_draw() if tabled
+                else next(b for top, b in _BYTES_PER_DRAW if t <= top))  # fmt: skip
     # proposals beyond the expected ones grow like sqrt(size) (:func:`_proposals`)
     src = Entropy(randbytes, int(1.05 * per_draw * (size + 20 * math.sqrt(size) + 100)) + 4096)
     if tabled:
-        return _tabled_gaussian(t, size, src)
+        return _binned_gaussian(t, size, src)
     den = 2 * t * (t - 1)
     out = np.empty(size, dtype=np.int64)
     done = 0

@@ -106,15 +106,6 @@ class LazyUniform:
             self.w = (self.w << 64) | int(self.src.words(1, 64)[0])
             self.bits += 64
 
-    def geometric(self, start: int = 0) -> int:
-        """max{v >= 0 : U < exp(-v)}: P(V >= v) = exp(-v), a geometric count. ``start``:
-        U < exp(-start) is already known (the caller's word decided it), so the count
-        starts there."""
-        v = int(start)
-        while self.below_exp(v + 1, 1):
-            v += 1
-        return v
-
 
 def exp_table(
     count: int, step: tuple[int, int], prec: int = FAST_BITS

@@ -1,12 +1,13 @@
-"""Exact Bernoulli(exp(-x)) by lazy comparison, and the tabled discrete Gaussian sampler.
+"""Exact Bernoulli(exp(-x)) by lazy comparison, and the binned discrete Gaussian sampler.
 
 The bounds are checked against 120-digit decimal arithmetic; the lazy comparison against
 the uniform its words spell out; the sampler's law by chi-square against the exact pmf,
-with its tables widened so that the exact fallback decides thousands of trials, and with
-a wrong table, which the same test rejects."""
+with its bounds widened so that the exact fallback decides thousands of trials, with its
+tail made common, and with a wrong table or a wrong tail, which the same test rejects."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -19,7 +20,7 @@ from scipy import stats
 from fedsgld.secagg import discrete_gaussian as dg
 from fedsgld.secagg.exact_exp import LazyUniform, exp_bounds
 
-BUILD_TABLES = dg._tables.__wrapped__  # uncached, unaffected by monkeypatching
+BUILD_BINS = dg._bins.__wrapped__  # uncached, unaffected by monkeypatching
 
 
 def exact(a: int, b: int, prec: int) -> Decimal:
@@ -42,21 +43,34 @@ def test_exp_bounds_bracket_the_exact_value_and_are_tight():
         exp_bounds(-1, 2, 32)
 
 
-@pytest.mark.parametrize("t", [2, 11, 300, 13_215])
-def test_every_table_entry_brackets_its_exact_value(t):
-    """The sampler's tables of t: every entry of every factor (at most 400 checked per
-    factor) within [lo, hi], hi - lo <= 2 at 16 bits; the geometric thresholds too."""
-    lap, gauss = dg._tables(t)
-    for f in (*lap, *gauss):
+@pytest.mark.parametrize("t", [2, 11, 300, 13_215, 1 << 16])
+def test_every_bound_of_the_envelope_brackets_its_exact_value(t):
+    """The sampler's envelope of t: every bin's bounds and every entry of every in-bin
+    factor (at most 400 checked per factor) within [lo, hi], hi - lo <= 2 at 16 bits; each
+    bin's weight at least its upper bound, a multiple of the grain, found by the look-up;
+    the factors cover every exponent l (2 i W + l); the tail's factors at most 1."""
+    bins = dg._bins(t)
+    den = 2 * t * (t - 1)
+    width, count = 1 << bins.width_bits, bins.count
+    weight = np.diff(np.append(bins.start, bins.total))
+    for i in range(count):
+        v = exact((i * width) ** 2, den, 16)
+        assert int(bins.lo[i]) <= v <= int(bins.hi[i]) <= int(bins.lo[i]) + 2
+        assert weight[i] >= bins.hi[i] and weight[i] % (1 << dg._GRAIN_BITS) == 0
+    slots = np.arange(bins.lookup.size) << dg._GRAIN_BITS
+    b = bins.lookup
+    assert np.all((bins.start[b] <= slots) & (slots < bins.start[b] + weight[b]))
+    for f in bins.factors:
         for j in range(0, f.lo.size, max(1, f.lo.size // 400)):
             assert int(f.lo[j]) <= exact(j * f.num, f.den, 16) <= int(f.hi[j]) <= int(f.lo[j]) + 2
-    # the factors cover every a^2 below 23 (2 t (t - 1)) and every u < t
-    assert gauss[0].lo.size * gauss[0].num >= 23 * 2 * t * (t - 1)
-    assert lap[0].lo.size * lap[0].num >= t and lap[1].lo.size == lap[0].num
-    lo, hi = dg._geometric_bounds()
-    for v in range(1, lo.size + 1):
-        assert int(lo[v - 1]) <= exact(v, 1, 16) <= int(hi[v - 1])
-    assert exact(lo.size + 1, 1, 16) < 1  # beyond the last threshold: below 2^-16
+    top_m = (2 * count - 1) * width * width
+    assert bins.factors[0].lo.size * bins.factors[0].num >= top_m
+    assert all(f.lo.size == 1 << bins.digit_bits for f in bins.factors[1:])
+    top = count * width
+    assert top >= dg._BIN_SPAN * t
+    c = bins.tail_pow2
+    assert exact(top * top, den, 0) * Decimal(2) ** c <= 1
+    assert 2 * exact(2 * top << bins.tail_step_bits, den, 0) <= 1
 
 
 class Words:
@@ -85,9 +99,6 @@ def test_lazy_comparison_refines_the_same_uniform_when_the_first_word_is_undecid
             p = (Decimal(-a) / b).exp()
             assert got == (u < p) and (u + Decimal(2) ** -96 <= p or u >= p)
         assert len(src.left) == 2  # one more word decided it
-    # the geometric count of one uniform: V = max{v : U < exp(-v)}
-    for w, v in ((0xFFFFFFFF, 0), (int(2**32 * 0.3), 1), (int(2**32 * 0.1), 2)):
-        assert LazyUniform(w, 32, Words()).geometric() == v
 
 
 def dg_pmf(s2: float, z: np.ndarray) -> np.ndarray:
@@ -104,32 +115,38 @@ def chisquare_p(x: np.ndarray, s2: float) -> float:
     return float(stats.chisquare(obs, p[keep] / p[keep].sum() * obs.sum()).pvalue)
 
 
-def widened(t: int, by: int, *, valid: bool = True):
-    """The tables of t with every bound moved out by ``by`` (still valid bounds: the
-    exact fallback then decides about by / 2^15 of the trials). ``valid`` False moves the
-    lower bounds of the Gaussian step's factors UP instead: a wrong sampler."""
-    lap, gauss = BUILD_TABLES(t)
+def widened(t: int, by: int, *, valid: bool = True, span: int = dg._BIN_SPAN):
+    """The envelope of t with every bound (the bins' and the factors') moved out by ``by``
+    (still valid bounds: the exact fallback then decides about by / 2^15 of the trials).
+    ``valid`` False moves the factors' lower bounds up and the bins' bounds down by
+    ``by`` instead: a wrong sampler."""
+    bins = BUILD_BINS(t, span)
 
-    def wide(f):
-        lo, hi = f.lo.astype(np.int64), f.hi.astype(np.int64)
-        lo, hi = np.maximum(lo - by, 0), np.minimum(hi + by, 1 << 16)
-        return dg._Factor(lo.astype(np.uint64), hi.astype(np.uint64), f.num, f.den)
+    def wide(lo, hi, top):
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        return np.maximum(lo - by, 0), np.minimum(hi + by, top)
 
+    def factor(f):
+        if valid:
+            lo, hi = wide(f.lo, f.hi, 1 << 16)
+        else:
+            lo = np.minimum(f.lo.astype(np.int64) + by, 1 << 16)
+            hi = np.maximum(lo, f.hi)
+        return dg._Factor(lo.astype(np.int32), hi.astype(np.int32), f.num, f.den)
+
+    weight = np.diff(np.append(bins.start, bins.total))
+    lo, hi = wide(bins.lo, bins.hi, weight)
     if not valid:
-
-        def bad(f):
-            lo = np.minimum(f.lo.astype(np.int64) + by, 1 << 16).astype(np.uint64)
-            return dg._Factor(lo, np.maximum(lo, f.hi), f.num, f.den)
-
-        return lap, tuple(map(bad, gauss))
-    return tuple(map(wide, lap)), tuple(map(wide, gauss))
+        lo, hi = np.maximum(bins.lo - by, 0), np.maximum(bins.hi - by, 0)
+    hi[bins.count] = lo[bins.count] = 0
+    return dataclasses.replace(bins, lo=lo, hi=hi, factors=tuple(map(factor, bins.factors)))
 
 
-@pytest.mark.parametrize("t", [3, 11])
+@pytest.mark.parametrize("t", [3, 300])
 def test_sampler_is_exact_when_the_fallback_decides_many_trials(t, monkeypatch):
     """Bounds widened by 2^10 (about 3 % of the trials undecided at 16 bits, all decided
     by the exact fallback): chi-square against the exact pmf accepts; a sampler whose
-    Gaussian acceptance is 2^13 / 2^16 too generous is rejected by the same test."""
+    acceptances are 2^13 / 2^16 off is rejected by the same test."""
     s2 = t * (t - 1)
     calls = []
 
@@ -139,38 +156,51 @@ def test_sampler_is_exact_when_the_fallback_decides_many_trials(t, monkeypatch):
             return super().below_exp(a, b)
 
     monkeypatch.setattr(dg, "LazyUniform", Counted)
-    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 10))
+    monkeypatch.setattr(dg, "_bins", lambda t_: widened(t_, 1 << 10))
     x = dg.discrete_gaussian(s2, 60_000)
     assert chisquare_p(x, s2) > 1e-4
     assert len(calls) > 2000  # the fallback decided thousands of trials
-    monkeypatch.setattr(dg, "_tables", lambda t_: widened(t_, 1 << 13, valid=False))
+    monkeypatch.setattr(dg, "_bins", lambda t_: widened(t_, 1 << 13, valid=False))
     assert chisquare_p(dg.discrete_gaussian(s2, 60_000), s2) < 1e-6
 
 
-def test_tabled_and_untabled_paths_draw_the_same_law():
-    """t = 2^16 (the last tabled t) and t = 2^16 + 1 (the rejection chains): both
+@pytest.mark.parametrize("t", [3, 40])
+def test_the_tail_is_exact_when_it_is_common(t, monkeypatch):
+    """Bins up to T = t only (span 1: about a third of the mass in the tail, which
+    :func:`_tail_draw` proposes and accepts in Python): chi-square accepts, with thousands
+    of tail draws; a tail that accepts every proposal is rejected by the same test."""
+    s2 = t * (t - 1)
+    monkeypatch.setattr(dg, "_bins", lambda t_: BUILD_BINS(t_, 1))
+    tails = []
+    real = dg._tail_draw
+
+    def counted(bins, src):
+        y = real(bins, src)
+        tails.append(y)
+        return y
+
+    monkeypatch.setattr(dg, "_tail_draw", counted)
+    x = dg.discrete_gaussian(s2, 20_000)
+    assert chisquare_p(x, s2) > 1e-4
+    assert sum(y is not None for y in tails) > 1000
+    assert min(y for y in tails if y is not None) == dg._bins(t).count << dg._bins(t).width_bits
+
+    class Accepts(LazyUniform):
+        def below_exp(self, a: int, b: int) -> bool:
+            return True
+
+    def accepts_every_tail_proposal(bins, src):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(dg, "LazyUniform", Accepts)
+            return real(bins, src)
+
+    monkeypatch.setattr(dg, "_tail_draw", accepts_every_tail_proposal)
+    assert chisquare_p(dg.discrete_gaussian(s2, 20_000), s2) < 1e-6
+
+
+def test_binned_and_unbinned_paths_draw_the_same_law():
+    """t = 2^16 (the last binned t) and t = 2^16 + 1 (the rejection chains): both
     within 3 % of their variance over 30,000 draws."""
     for t in (dg._TABLE_T, dg._TABLE_T + 1):
         x = dg.discrete_gaussian(t * (t - 1), 30_000, os.urandom)
         assert abs(x.var() / (t * (t - 1)) - 1) < 0.03 and abs(x.mean()) < 0.03 * t
-
-
-def test_a_geometric_count_resumed_from_a_known_start_is_the_same_count():
-    """The sampler's fast path knows U < exp(-j) from its word and resumes the count at j:
-    the same V as counting from 0, for uniforms near every threshold."""
-    for v in range(1, 12):
-        edge = int(2**32 * math.exp(-v))
-        for w in (edge - 1, edge, edge + 1):
-            full = LazyUniform(w, 32, Words(0, 1 << 63, (1 << 64) - 1)).geometric()
-            for start in range(0, full + 1):
-                src = Words(0, 1 << 63, (1 << 64) - 1)
-                assert LazyUniform(w, 32, src).geometric(start=start) == full
-
-
-def test_a_far_gaussian_proposal_is_rejected_by_any_nonzero_32_bit_word():
-    """The premise of the sampler's far-tail shortcut: exp(-a/den) <= exp(-23) < 2^-32 for
-    a >= 23 den, so a 32-bit word w >= 1 (U >= 2^-32) rejects, and only w = 0 is refined."""
-    for t in (2, 3, 1000, dg._TABLE_T):
-        den = 2 * t * (t - 1)
-        lo, hi = exp_bounds(dg._GAUSS_TAIL * den, den, 32)
-        assert (lo, hi) == (0, 1)
