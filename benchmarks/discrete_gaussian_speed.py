@@ -32,13 +32,32 @@ from fedsgld.secagg.crypto import os_randbytes
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _show(rev: str, path: str) -> str | None:
+    out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True,
+                         text=True)  # fmt: skip
+    return out.stdout if out.returncode == 0 else None
+
+
 def baseline_module(rev: str) -> types.ModuleType:
-    src = subprocess.run(
-        ["git", "show", f"{rev}:fedsgld/secagg/discrete_gaussian.py"],
-        cwd=ROOT, check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    mod = types.ModuleType("discrete_gaussian_baseline")
-    mod.__package__ = "fedsgld.secagg"  # its relative imports: today's package
+    """``discrete_gaussian.py`` of ``rev``, its relative imports resolved to the modules
+    of the same revision (``exact_exp.py``, where ``rev`` has it) in a package of their
+    own, so that later changes to today's modules do not break the baseline."""
+    src = _show(rev, "fedsgld/secagg/discrete_gaussian.py")
+    if src is None:
+        raise SystemExit(f"--baseline {rev}: no fedsgld/secagg/discrete_gaussian.py there")
+    pkg = types.ModuleType("secagg_baseline")
+    pkg.__path__ = []
+    sys.modules[pkg.__name__] = pkg
+    helper = _show(rev, "fedsgld/secagg/exact_exp.py")
+    if helper is not None:
+        sub = types.ModuleType("secagg_baseline.exact_exp")
+        sub.__package__ = pkg.__name__
+        sys.modules[sub.__name__] = sub
+        exec(compile(helper, f"{rev}:exact_exp.py", "exec"), sub.__dict__)  # noqa: S102
+        pkg.exact_exp = sub
+    mod = types.ModuleType("secagg_baseline.discrete_gaussian")
+    # its relative imports: the revision's own helper, else today's package
+    mod.__package__ = pkg.__name__ if helper is not None else "fedsgld.secagg"
     sys.modules[mod.__name__] = mod  # its dataclasses look their module up
     exec(compile(src, f"{rev}:discrete_gaussian.py", "exec"), mod.__dict__)  # noqa: S102
     return mod
