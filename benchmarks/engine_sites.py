@@ -1,7 +1,8 @@
 """In-process round time against the number of sites, at fixed total data.
 
     python benchmarks/engine_sites.py [--sites 4 16 64 256 1024] [--rounds 4]
-        [--per-site-up-to N] [--threads N] [--json]
+        [--per-site-up-to N] [--threads N] [--placement server|sites] [--local-steps N]
+        [--json]
 
 The demo configuration (``simulations/demo.toml``: MNIST-5k, 5,000 records in all (an IID
 split with 20 % of each site's records held out for testing), the paper CNN, DP-SGLD with pre-noise, q = 0.064) split over each number of sites; for each,
@@ -13,7 +14,9 @@ median wall time of rounds 2..``--rounds`` (round 1 warms up), and the median CP
 this process used in them (all its threads: what the round costs, less sensitive than
 wall time to other jobs on a shared machine). ``ratio_to_4_sites`` divides
 each by the 4-site time of the same pass; ``batched / per_site`` compares the passes at
-the same number of sites. No evaluation rounds.
+the same number of sites. No evaluation rounds. ``--placement sites`` times the ``sites``
+placement instead (every site adds its own full noise and runs ``--local-steps`` local
+steps; the first, from the server's parameters, is the one the batched pass covers).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def main() -> None:
         help="time the per-site pass only up to this many sites (it grows linearly)",
     )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--placement", choices=("server", "sites"), default="server")
+    ap.add_argument("--local-steps", type=int, default=1, help="with --placement sites")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2:
@@ -67,6 +72,8 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     for k in args.sites:
         over = {"sites": k, "eval_every": 0, "threads": args.threads}
+        if args.placement == "sites":
+            over |= {"noise_placement": "sites", "local_steps": args.local_steps}
         cfg = load_config("simulations/demo.toml", over)
         t0 = time.perf_counter()
         # the demo's split (IID, 20 % test per site), with sites of >= 4 records so that
@@ -96,7 +103,8 @@ def main() -> None:
             for p in (*PASSES, *(f"{q} cpu" for q in PASSES)):
                 row[f"{p} ratio_to_4_sites"] = row[p] / base[p]
     if args.json:
-        print(json.dumps({"load_average_1min": load, "sites": table}, indent=1))
+        print(json.dumps({"load_average_1min": load, "placement": args.placement,
+                          "local_steps": args.local_steps, "sites": table}, indent=1))  # fmt: skip
         return
     print(f"load average (1 min) at start and end: {load[0]:.1f}, {load[1]:.1f}")
     print("\n| sites | per-site s/round | batched s/round | batched / per-site | per-site / 4 "
