@@ -65,15 +65,22 @@ def open_sealed(key: bytes, sealed: bytes, aad: bytes) -> bytes:
     return ChaCha20Poly1305(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
 
 
-def mask(seed: bytes, length: int, bits: int) -> np.ndarray:
-    """``length`` words uniform modulo 2^bits (uint64): the ChaCha20 keystream of ``seed``
-    (32 bytes) read as little-endian words of 4 bytes when bits <= 32, else 8."""
+def mask_words(seed: bytes, length: int, bits: int) -> np.ndarray:
+    """The raw words of :func:`mask`: ``length`` little-endian words of the ChaCha20
+    keystream of ``seed`` (32 bytes), uint32 when bits <= 32, else uint64, before the
+    reduction modulo 2^bits (2^bits divides their own modulus, so sums of them may be
+    reduced once, at the end)."""
     if len(seed) != KEY_BYTES:
         raise ValueError(f"a mask seed is {KEY_BYTES} bytes, got {len(seed)}")
     width = 4 if bits <= 32 else 8
     encryptor = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
-    words = np.frombuffer(encryptor.update(bytes(width * length)), dtype=f"<u{width}")
-    return words.astype(np.uint64) & modulus_mask(bits)
+    return np.frombuffer(encryptor.update(bytes(width * length)), dtype=f"<u{width}")
+
+
+def mask(seed: bytes, length: int, bits: int) -> np.ndarray:
+    """``length`` words uniform modulo 2^bits (uint64): the ChaCha20 keystream of ``seed``
+    (32 bytes) read as little-endian words of 4 bytes when bits <= 32, else 8."""
+    return mask_words(seed, length, bits).astype(np.uint64) & modulus_mask(bits)
 
 
 def modulus_mask(bits: int) -> np.uint64:

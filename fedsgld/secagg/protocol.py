@@ -155,15 +155,16 @@ def pairwise_masks(
 ) -> np.ndarray:
     """sum over peers v (id -> mask public key) of +PRG(s_uv) (v > u) or -PRG(s_uv)
     (v < u), mod 2^bits, u = ``own_site``: the masks cancel in the sum over all sites."""
-    total = np.zeros(plan.length, dtype=np.uint64)
-    for v, pk in peers.items():  # in place; uint64 wraps modulo 2^64, a multiple of 2^bits
-        m = crypto.mask(_pair_seed(own_key, pk, plan), plan.length, plan.bits)
+    # in place, in the keystream's own words (uint32 up to 32 bits, else uint64): they wrap
+    # modulo 2^32 or 2^64, multiples of 2^bits, so one reduction at the end suffices
+    total = np.zeros(plan.length, dtype=np.uint32 if plan.bits <= 32 else np.uint64)
+    for v, pk in peers.items():
+        m = crypto.mask_words(_pair_seed(own_key, pk, plan), plan.length, plan.bits)
         if v > own_site:
             total += m
         else:
             total -= m
-    total &= crypto.modulus_mask(plan.bits)
-    return total
+    return total.astype(np.uint64) & crypto.modulus_mask(plan.bits)
 
 
 class SiteParty:
@@ -185,6 +186,9 @@ class SiteParty:
         self._u2: set[int] = set()  # the sites whose shares arrived (at masked_input)
         self._u3: list[int] = []  # the survivor set this site signed (at consistency)
         self._stage = 0
+        # the share-transport keys agreed at share_keys, for opening the same peers'
+        # shares at unmask (in memory only: a restored party agrees them again)
+        self._transport: dict[int, bytes] = {}
 
     def state(self) -> Message:
         """Everything this party holds between two steps (its round secrets included, its
@@ -225,6 +229,7 @@ class SiteParty:
         party._stage = int(state["stage"])
         party._u2 = {int(v) for v in state.get("u2", [])}
         party._u3 = [int(v) for v in state.get("u3", [])]
+        party._transport = {}
         return party
 
     def _advance(self, expected: int) -> None:
@@ -272,8 +277,7 @@ class SiteParty:
             if v == self.site:
                 self._inbox[v] = plaintext  # its own shares stay here, unencrypted
                 continue
-            key = crypto.agree(self._enc_key, keys[v][0], context=self.plan.context,
-                               purpose=b"share transport")  # fmt: skip
+            key = self._transport_key(v)
             out[v] = crypto.seal(key, plaintext, _aad(self.plan, self.site, v))
         return {"site": self.site, "shares": out}
 
@@ -299,13 +303,20 @@ class SiteParty:
         y = (y + pair) & crypto.modulus_mask(self.plan.bits)
         return {"site": self.site, "y": pack_words(y, self.plan.bits)}
 
+    def _transport_key(self, v: int) -> bytes:
+        """The key this site and v share for v's shares (X25519 of their roster keys)."""
+        if v not in self._transport:
+            self._transport[v] = crypto.agree(self._enc_key, self._roster[v][0],
+                                              context=self.plan.context,
+                                              purpose=b"share transport")  # fmt: skip
+        return self._transport[v]
+
     def _open(self, v: int) -> tuple[bytes, bytes]:
         """(share of s_v^SK, share of b_v) that v sent this site."""
         if v == self.site:
             plaintext = self._inbox[v]
         else:
-            key = crypto.agree(self._enc_key, self._roster[v][0], context=self.plan.context,
-                               purpose=b"share transport")  # fmt: skip
+            key = self._transport_key(v)
             try:
                 plaintext = crypto.open_sealed(key, self._inbox[v], _aad(self.plan, v, self.site))
             except InvalidTag:

@@ -97,6 +97,26 @@ def test_the_server_cannot_unmask_one_site_from_what_it_receives():
     assert stats.kstest(r, "uniform").pvalue > 1e-6
 
 
+@pytest.mark.parametrize("bits", [16, 32, 40])
+def test_pairwise_masks_summed_in_keystream_words_equal_the_reduced_sum(bits):
+    """The pairwise masks are summed in the keystream's own words (uint32 up to 32 bits)
+    and reduced once: the same as reducing each mask modulo 2^bits and summing in uint64."""
+    from fedsgld.secagg import crypto
+    from fedsgld.secagg.protocol import _pair_seed, pairwise_masks
+
+    plan = SecAggPlan(round_label=b"r", sites=(0, 1, 2, 3, 4), length=5_000, bits=bits)
+    keys = {v: crypto.new_private_key() for v in plan.sites}
+    peers = {v: crypto.public_bytes(keys[v]) for v in plan.sites if v != 2}
+    want = np.zeros(plan.length, dtype=np.uint64)
+    for v, pk in peers.items():
+        m = mask(_pair_seed(keys[2], pk, plan), plan.length, bits)
+        want = want + m if v > 2 else want - m
+    want &= np.uint64((1 << bits) - 1)
+    got = pairwise_masks(plan, 2, keys[2], peers)
+    assert got.dtype == np.uint64
+    np.testing.assert_array_equal(got, want)
+
+
 def test_masks_are_never_reused_across_rounds():
     """The same site sends x in round 1 and x + 1 in round 2: the difference of the server's
     residuals is uniform, not the constant 1 (it would be with masks reused)."""
