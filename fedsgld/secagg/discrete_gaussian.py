@@ -261,7 +261,7 @@ class _Bins:
     (i + 1) W, and each of its integers (either sign) has the proposal weight ``weight[i]``
     >= 2^FAST_BITS exp(-(iW)^2 / den), den = 2 t (t - 1): the target's largest value in
     the bin, rounded up to a multiple of 2^_GRAIN_BITS. Index ``count`` is the tail |x| >= T,
-    of weight ``weight[count]`` W (see :func:`_tail_draw`)."""
+    last, of weight ``weight[count]`` W (see :func:`_tail_draw`)."""
 
     t: int
     width_bits: int  # W = 2^width_bits
@@ -302,15 +302,15 @@ def _bins(t: int, span: int = _BIN_SPAN) -> _Bins:
     grain = 1 << _GRAIN_BITS
     weight = -(-np.maximum(hi, 1) // grain) * grain
     # the tail: x = T + U + 2^q G, U < 2^q uniform, P(G = g) = 2^-(g + 1), with 2^q 2 T >= den
-    # so that each step's factor 2 exp(-2 T 2^q / den) <= 2/e; its weight 2^(grain + p) W
-    # makes its first factor 2^c exp(-T^2 / den), c = 17 + q - wbits - _GRAIN_BITS - p, at
-    # most 1: c <= (T^2 / den) / ln 2, taking ln 2 < 0.6932
+    # so that each step's factor 2 exp(-2 T 2^q / den) <= 2/e; its weight 2^e (last: it
+    # need not be a multiple of the grain) makes its first factor 2^c exp(-T^2 / den),
+    # c = 17 + q - wbits - e, at most 1: c <= (T^2 / den) / ln 2, taking ln 2 < 0.6932
     q = max(0, (-(-den // (2 * top)) - 1).bit_length())
     c_max = (top * top * 10_000) // (den * 6932)
-    p = max(0, FAST_BITS + 1 + q - wbits - _GRAIN_BITS - c_max)
-    weight[count] = grain << p
+    e = max(0, FAST_BITS + 1 + q - wbits - c_max)
+    weight[count] = 1 << e
     start = np.concatenate([[0], np.cumsum(weight)[:-1]])
-    lookup = np.repeat(np.arange(count + 1, dtype=np.int64), weight // grain)
+    lookup = np.repeat(np.arange(count + 1, dtype=np.int64), -(-weight // grain))
     m_top = (2 * count - 1) * width * width  # m = l (2 i W + l) < (2 count - 1) W^2
     k = 1
     while 1 << -(-(m_top - 1).bit_length() // k) > _DIGIT_MAX:
@@ -327,7 +327,7 @@ def _bins(t: int, span: int = _BIN_SPAN) -> _Bins:
     rate = (1 << FAST_BITS) * math.sqrt(math.pi * den) / (2 * total << wbits)
     return _Bins(
         t, wbits, count, lo, hi, start, lookup, total,
-        FAST_BITS + 1 + q - wbits - _GRAIN_BITS - p, q, kc, factors, rate,
+        FAST_BITS + 1 + q - wbits - e, q, kc, factors, rate,
     )  # fmt: skip
 
 
@@ -344,7 +344,7 @@ def _scaled_below_exp(c: int, a: int, b: int, src: Entropy) -> bool:
 def _tail_draw(bins: _Bins, src: Entropy) -> int | None:
     """One proposal from the tail |x| >= T (either sign, chosen by the caller) and its
     acceptance; None when rejected. The proposal x = T + y, y = U + 2^q G has the weight
-    2^-q 2^-(G + 1) of the tail's total 2^(grain + p) W; the target's 2^FAST_BITS
+    2^-q 2^-(G + 1) of the tail's total 2^e W; the target's 2^FAST_BITS
     exp(-x^2 / den) over it is
 
         2^c exp(-T^2 / den) * exp(-(y^2 + 2 T U) / den) * (2 exp(-2 T 2^q / den))^G
@@ -403,9 +403,9 @@ def _binned_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
     done = 0
     while done < size:
         n = _proposals(size - done, bins.rate)
-        # a 64-bit word w below the largest multiple of m = 2 W total is uniform mod m; the
-        # rest (below m / 2^64 <= 2^-29 of the words) are rejected proposals: no redraws,
-        # and no 32-bit word losing up to half its draws to rejection when m is near 2^32
+        # a 64-bit word w below the largest multiple of m = 2 W total is uniform mod m (the
+        # rest are rejected below): no redraws, and no 32-bit word losing up to half its
+        # draws to rejection when m is near 2^32
         m = 2 * bins.total << wbits
         w = src.words(n, 64)
         u = (w % np.uint64(m)).astype(np.int64)
@@ -414,15 +414,17 @@ def _binned_gaussian(t: int, size: int, src: Entropy) -> np.ndarray:
         b = bins.lookup[v >> _GRAIN_BITS]
         r = v - bins.start[b]
         x = (b << wbits) | (u & mask)
-        accept = r < bins.lo[b]
-        for i in np.flatnonzero(~accept & (r < bins.hi[b])):
+        # words past the last multiple of m (below m / 2^64 <= 2^-29 of them) are rejected
+        valid = w < np.uint64((1 << 64) - (1 << 64) % m)
+        accept = (r < bins.lo[b]) & valid
+        for i in np.flatnonzero(~accept & valid & (r < bins.hi[b])):
             edge = int(b[i]) << wbits
             accept[i] = LazyUniform(int(r[i]), FAST_BITS, src).below_exp(edge * edge, den)
-        accept &= ~(neg & (x == 0)) & (w < np.uint64((1 << 64) - (1 << 64) % m))
+        accept &= ~(neg & (x == 0))
         idx = np.flatnonzero(accept)
         low = x[idx] & mask
         accept[idx] = _factors_accept(low * (2 * x[idx] - low), bins, src)
-        for i in np.flatnonzero(b == bins.count):  # the tail: about 2^-30 of the proposals
+        for i in np.flatnonzero((b == bins.count) & valid):  # the tail: 1 in about 10^6
             y = _tail_draw(bins, src)
             accept[i], x[i] = y is not None, y or 0
         got = np.where(neg, -x, x)[accept][: size - done]
