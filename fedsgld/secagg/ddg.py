@@ -43,14 +43,18 @@ def hadamard(x: np.ndarray) -> np.ndarray:
     inverse."""
     d = x.shape[0]
     y = np.array(x, dtype=np.float64, copy=True)
+    diff = np.empty(d // 2)
     h = 1
-    while h < d:
+    while h < d:  # butterflies in place: (a, b) -> (a + b, a - b), one buffer for a - b
         v = y.reshape(-1, 2, h)
-        a, b = v[:, 0, :].copy(), v[:, 1, :]
-        v[:, 0, :] += b
-        v[:, 1, :] = a - b
+        a, b = v[:, 0, :], v[:, 1, :]
+        t = diff.reshape(-1, h)
+        np.subtract(a, b, out=t)
+        a += b
+        b[...] = t
         h *= 2
-    return y / math.sqrt(d)
+    y /= math.sqrt(d)
+    return y
 
 
 def rotate(vector: np.ndarray, dim: int, label: bytes) -> np.ndarray:

@@ -117,6 +117,22 @@ def test_pairwise_masks_summed_in_keystream_words_equal_the_reduced_sum(bits):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("d", [1, 2, 64, 1024])
+def test_the_rotation_is_the_orthonormal_walsh_hadamard_transform(d):
+    """``hadamard`` (in-place butterflies) against the matrix H_d / sqrt(d) of scipy; it
+    leaves its input alone and is its own inverse."""
+    from scipy.linalg import hadamard as hadamard_matrix
+
+    from fedsgld.secagg.ddg import hadamard
+
+    x = np.random.default_rng(d).standard_normal(d)
+    kept = x.copy()
+    y = hadamard(x)
+    np.testing.assert_allclose(y, hadamard_matrix(d) @ x / math.sqrt(d), rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(x, kept)
+    np.testing.assert_allclose(hadamard(y), x, rtol=0, atol=1e-12)
+
+
 def test_masks_are_never_reused_across_rounds():
     """The same site sends x in round 1 and x + 1 in round 2: the difference of the server's
     residuals is uniform, not the constant 1 (it would be with masks reused)."""
