@@ -57,9 +57,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedsgld.clients.approval import stage_app
 from fedsgld.deploy.loopback import flower_env
 from fedsgld.deploy.loopback import run_config_arg as _run_config
+from fedsgld.deploy.staging import stage_app
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

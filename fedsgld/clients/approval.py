@@ -221,25 +221,6 @@ def build_bundle(directory: str | Path) -> bytes:
     return build_fab_from_files(app_files(directory))[0]
 
 
-def stage_app(directory: str | Path, dest: str | Path) -> Path:
-    """Copy into ``dest`` (a new or empty directory) only what a bundle of ``directory``
-    holds, with the files its build reads (``pyproject.toml``, ``.gitignore``): ``flwr run
-    DEST`` then builds the same bundle bytes without walking the rest of the project (a
-    ``.venv``, result directories). Returns ``dest``."""
-    import zipfile
-
-    root, out = Path(directory).expanduser().resolve(), Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(io.BytesIO(build_bundle(root))) as z:
-        inside = {n for n in z.namelist() if not n.startswith(".info/")}
-    for rel in sorted(inside | {"pyproject.toml", ".gitignore"}):
-        src = root / rel
-        if src.is_file():
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out / rel).write_bytes(src.read_bytes())
-    return out
-
-
 # -- the check at the site ---------------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedsgld.clients.approval import stage_app
+from fedsgld.deploy.staging import stage_app
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]  # the app's directory (its pyproject.toml)

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedsgld.clients.approval import stage_app
+from fedsgld.deploy.staging import stage_app
 
 STARTED = re.compile(r'Successfully started run (\d+)|"run-id": "(\d+)"')  # text | --format json
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -53,7 +53,7 @@ def _connection(argv: list[str]) -> str | None:
 
 def _start(argv: list[str]) -> tuple[int, int | None]:
     """Run ``flwr run`` (its output passed through); its exit status and the run's id. A
-    local APP directory is first staged (:func:`fedsgld.clients.approval.stage_app`: only
+    local APP directory is first staged (:func:`fedsgld.deploy.staging.stage_app`: only
     what its bundle holds, so ``flwr run`` builds the same bytes without walking the
     project's ``.venv``)."""
     with tempfile.TemporaryDirectory(prefix="fedsgld-app-") as tmp:

@@ -30,6 +30,7 @@ from fedsgld.clients.approval import (
 )
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.deploy import shim
+from fedsgld.deploy.staging import stage_app
 
 DIGEST = "ab" * 32
 
@@ -343,7 +344,7 @@ def test_the_fast_build_and_the_staged_app_give_flowers_own_bytes(tmp_path):
     flower = build_fab_from_disk(app)
     assert build_bundle(app) == flower
     assert ".venv/lib/python3.11/site-packages/evil.py" not in approval.app_files(app)
-    staged = approval.stage_app(app, tmp_path / "staged")
+    staged = stage_app(app, tmp_path / "staged")
     assert build_fab_from_disk(staged) == flower
     assert not (staged / ".venv").exists() and not (staged / "runs").exists()
     assert (staged / "fedsgld" / "apps" / "client_app.py").is_file()
