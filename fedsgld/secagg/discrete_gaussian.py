@@ -57,7 +57,7 @@ import numpy as np
 
 from .exact_exp import LazyUniform, exp_bounds, exp_table
 
-FAST_BITS = 16  #: the width of the tabled path's words (undecided: 2 in 2^16 at most)
+FAST_BITS = 16  #: the width of the binned path's words (undecided: 2 in 2^16 at most)
 
 RandBytes = Callable[[int], bytes]
 _MAX_T = 1 << 26  # 2 t (t - 1) * k stays far below 2^63
@@ -443,12 +443,12 @@ def discrete_gaussian(
         raise ValueError(
             f"share_variance must be t (t - 1) with 2 <= t <= {_MAX_T}, got {share_variance!r}"
         )
-    tabled = t <= _TABLE_T
-    per_draw = (_bins(t).bytes_per_draw() if tabled
+    binned = t <= _TABLE_T
+    per_draw = (_bins(t).bytes_per_draw() if binned
                 else next(b for top, b in _BYTES_PER_DRAW if t <= top))  # fmt: skip
     # proposals beyond the expected ones grow like sqrt(size) (:func:`_proposals`)
     src = Entropy(randbytes, int(1.05 * per_draw * (size + 20 * math.sqrt(size) + 100)) + 4096)
-    if tabled:
+    if binned:
         return _binned_gaussian(t, size, src)
     den = 2 * t * (t - 1)
     out = np.empty(size, dtype=np.int64)
