@@ -56,6 +56,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -113,7 +114,7 @@ class SecAggPlan:
         """The fewest masked inputs a released sum may hold (K - max_dropouts)."""
         return len(self.sites) - self.max_dropouts
 
-    @property
+    @cached_property  # built once per plan: every key agreement and signature binds it
     def context(self) -> bytes:
         ids = b"".join(struct.pack(">I", s) for s in self.sites)
         head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
