@@ -118,6 +118,7 @@ def _tasks_per_node(rounds: int) -> int:
 
 
 @pytest.mark.deploy
+@pytest.mark.slow  # about 70 s: in CI's slow subset (Makefile)
 def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(flower_tmp):
     root, procs = flower_tmp
     support = fast.support()  # what must apply on the installed flwr (its tables)
