@@ -200,6 +200,7 @@ class InProcess:
             round_label=round_label(server.run_key, plan.round),
             max_dropouts=server.privacy.max_dropouts,
             max_colluders=server.privacy.max_colluders,
+            neighbours=server.privacy.secagg_neighbours,
             drop=self.drop,
             encoder=encoder,
             credentials={i: g.credentials for i, g in enumerate(guards)},

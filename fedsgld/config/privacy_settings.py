@@ -109,6 +109,12 @@ class PrivacySettings:
         "sites assumed to collude with the server in secure aggregation (their noise shares are "
         "not counted on), in [0, sites - 1 - max_dropouts]",
     )
+    secagg_neighbours: int = setting(
+        0,
+        "secure aggregation's graph: 0 = every pair of sites agrees masks and shares secrets; "
+        "k = each site with its k ring neighbours only (SecAgg+; even, in [2 max_dropouts + "
+        "max_colluders + 1, sites - 2]; the same guarantees, k masks a site instead of sites - 1)",
+    )
     lr_schedule: str = setting(
         "polynomial",
         "polynomial (alpha_t = lr (1 + t / decay_t0)^(-decay_gamma)) | cyclical (cSGLD: cosine "
@@ -157,6 +163,7 @@ class PrivacySettings:
             )
         _int("max_dropouts", self.max_dropouts, 0, 10_000)
         _int("max_colluders", self.max_colluders, 0, 10_000)
+        _int("secagg_neighbours", self.secagg_neighbours, 0, 10_000)
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _int("cycle_length", self.cycle_length, 1, 10**9)
         _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)

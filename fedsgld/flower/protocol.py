@@ -335,7 +335,7 @@ def decode_evaluate(content: RecordDict) -> EvaluateRequest:
 # -- the train.secagg message: one codec ----------------------------------------------------
 
 SECAGG_FIELDS = ("signal-norm", "secagg-step", "secagg-sites", "secagg-length", "secagg-bits",
-                 "secagg-dropouts", "secagg-colluders")  # fmt: skip
+                 "secagg-dropouts", "secagg-colluders", "secagg-neighbours")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -368,6 +368,7 @@ def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
         "secagg-bits": sp.bits,
         "secagg-dropouts": sp.max_dropouts,
         "secagg-colluders": sp.max_colluders,
+        "secagg-neighbours": sp.neighbours,
     }
 
 
@@ -375,15 +376,19 @@ def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
     """The round's :class:`SecAggPlan` from a ``train.secagg`` plan record (``ValueError``,
     ``TypeError`` or ``KeyError`` for a malformed one)."""
     sites = rec["secagg-sites"]
-    ints = [rec[k] for k in ("secagg-length", "secagg-bits", "secagg-dropouts", "secagg-colluders")]
+    names = ("secagg-length", "secagg-bits", "secagg-dropouts", "secagg-colluders",
+             "secagg-neighbours")  # fmt: skip
+    ints = [rec[k] for k in names]
     if not isinstance(sites, list) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in [*sites, *ints]
     ):
-        raise TypeError("secagg-sites, -length, -bits, -dropouts, -colluders must be integers")
-    length, bits, dropouts, colluders = ints
+        raise TypeError(
+            "secagg-sites, -length, -bits, -dropouts, -colluders, -neighbours must be integers"
+        )
+    length, bits, dropouts, colluders, neighbours = ints
     return SecAggPlan(
         round_label=secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
-        bits=bits, max_dropouts=dropouts, max_colluders=colluders,
+        bits=bits, max_dropouts=dropouts, max_colluders=colluders, neighbours=neighbours,
     )  # fmt: skip
 
 

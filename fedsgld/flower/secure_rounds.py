@@ -132,6 +132,7 @@ class SecureRounds:
             round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
             sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
             max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
+            neighbours=p.secagg_neighbours,
         )  # fmt: skip
         party = ServerParty(sp)
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,

@@ -128,12 +128,15 @@ def run_round(
     round_label: bytes,
     max_dropouts: int = 0,
     max_colluders: int = 0,
+    neighbours: int = 0,
     drop: Mapping[int, str] | None = None,
     encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
     credentials: Mapping[int, Credentials] | None = None,
 ) -> RoundResult:
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
+    ``neighbours``: 0 for the complete graph, else the sparse neighbourhoods' k
+    (:class:`~fedsgld.secagg.protocol.SecAggPlan`).
     ``drop``: {site: step} makes a site fall silent from that step of :data:`STEPS` on.
     ``encoder(site, vector, plan)``: the site's encoded contribution, called when the site
     answers the ``masked_input`` step (where a site checks the plan and charges its ledger
@@ -145,7 +148,7 @@ def run_round(
     vectors, length, drop = _checked(vectors, params, drop)
     plan = SecAggPlan(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
-        max_dropouts=max_dropouts, max_colluders=max_colluders,
+        max_dropouts=max_dropouts, max_colluders=max_colluders, neighbours=neighbours,
     )  # fmt: skip
     creds = credentials if credentials is not None else ephemeral_credentials(plan.sites)
     sites = {v: SiteParty(v, plan, creds[v]) for v in plan.sites}

@@ -46,7 +46,31 @@ a survivor's self-mask shares and its mask-key shares the server must show two g
 different survivor sets and gather t signatures for each; each honest site signs one set,
 so that needs 2 (t - max_colluders) honest sites, which do not exist when
 K > 2 max_dropouts + max_colluders (a plan with more dropouts planned is not protected
-against that server). Not covered: the key list itself (whoever writes it decides who counts as a peer), a
+against that server).
+
+**Sparse neighbourhoods** (``neighbours`` = k > 0; SecAgg+, Bell et al., CCS 2020): each
+site agrees masks with, and secret-shares b_u and s_u^SK to, only its k neighbours, the
+sites at ring distance 1..k/2 on either side in the sorted site list (the Harary graph
+H_{k,K}, a function of the public plan alone: neither the server nor any site chooses it).
+Step 3's sums run over u's neighbours in U2, the Shamir threshold is t_n = k + 1 -
+max_dropouts among u's k + 1 holders (its neighbours and itself), and the server rebuilds
+each b_v or s_v^SK from v's holders. The plan requires k >= 2 max_dropouts + max_colluders
++ 1, which gives the same guarantees as the complete graph against the worst case, not
+only with high probability over a random graph:
+
+* H_{k,K} is k-vertex-connected (Harary 1962), and the server can remove at most
+  max_colluders + max_dropouts sites from the honest survivors' graph (colluders know
+  their pairwise seeds; a site is counted out of U3 only up to max_dropouts), fewer than
+  k: the honest survivors stay connected, so their masks cancel only in the whole sum;
+* t_n > max_colluders: u's colluding holders never rebuild its secrets alone;
+* an honest holder of u releases either its share of b_u or of s_u^SK, so both need
+  2 (t_n - max_colluders) honest holders, more than the k + 1 - max_colluders there are.
+
+The consistency check and the roster are unchanged and global (every site verifies every
+roster entry: a site cannot count an unauthenticated site towards the noise). A site's
+cost in masks, key agreements and shares is then k instead of K - 1.
+
+Not covered: the key list itself (whoever writes it decides who counts as a peer), a
 malicious site that sends an out-of-range input (it spoils the sum, learns nothing), and
 denial of service (a site or the server can always make a round abort).
 """
@@ -86,6 +110,7 @@ class SecAggPlan:
     bits: int
     max_dropouts: int = 0
     max_colluders: int = 0
+    neighbours: int = 0  # 0: the complete graph; else k, even (module docstring)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(int(s) for s in self.sites)))
@@ -97,6 +122,14 @@ class SecAggPlan:
             raise ValueError(f"length must be >= 1, got {self.length}")
         if self.max_dropouts < 0 or self.max_colluders < 0:
             raise ValueError("max_dropouts and max_colluders must be >= 0")
+        k, n = self.neighbours, len(self.sites)
+        if k and not (k % 2 == 0 and 2 * self.max_dropouts + self.max_colluders + 1 <= k <= n - 2):
+            low = 2 * self.max_dropouts + self.max_colluders + 1
+            raise ValueError(
+                f"neighbours must be 0 (every pair of sites) or even in [{low + low % 2}, "
+                f"sites - 2 = {n - 2}] (at least 2 max_dropouts + max_colluders + 1, so that "
+                f"the sparse graph keeps the complete graph's guarantees), got {k}"
+            )
         if self.threshold <= self.max_colluders:
             raise ValueError(
                 f"sites ({len(self.sites)}) - max_dropouts ({self.max_dropouts}) must exceed "
@@ -106,8 +139,25 @@ class SecAggPlan:
 
     @property
     def threshold(self) -> int:
-        """t = K - max_dropouts: shares needed to rebuild a secret."""
-        return len(self.sites) - self.max_dropouts
+        """Shares needed to rebuild a secret: K - max_dropouts, or with sparse
+        neighbourhoods k + 1 - max_dropouts (of a site's k + 1 holders)."""
+        holders = self.neighbours + 1 if self.neighbours else len(self.sites)
+        return holders - self.max_dropouts
+
+    def neighbourhood(self, site: int) -> tuple[int, ...]:
+        """The sites ``site`` masks with and shares its secrets with (itself excluded):
+        every other site, or its k ring neighbours (Harary graph H_{k,K})."""
+        return self._graph[site]
+
+    @cached_property
+    def _graph(self) -> dict[int, tuple[int, ...]]:
+        n, half = len(self.sites), self.neighbours // 2
+        if not self.neighbours:
+            return {u: tuple(v for v in self.sites if v != u) for u in self.sites}
+        return {
+            u: tuple(sorted({self.sites[(i + j) % n] for j in range(-half, half + 1) if j}))
+            for i, u in enumerate(self.sites)
+        }
 
     @property
     def min_inputs(self) -> int:
@@ -121,7 +171,10 @@ class SecAggPlan:
                            self.max_dropouts, self.max_colluders)  # fmt: skip
         # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
         # not verify against it, so mixed versions refuse the roster instead of
-        # summing masks that do not cancel
+        # summing masks that do not cancel. v3: sparse neighbourhoods (k in the context)
+        if self.neighbours:
+            head += struct.pack(">I", self.neighbours)
+            return b"fedsgld-secagg-v3|" + head + self.round_label + b"|" + ids
         return b"fedsgld-secagg-v2|" + head + self.round_label + b"|" + ids
 
     def point(self, site: int) -> int:
@@ -267,12 +320,16 @@ class SiteParty:
             raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
                                f"fewer than {self.plan.min_inputs}")  # fmt: skip
         self._roster = keys
-        points = [self.plan.point(v) for v in sorted(keys)]
+        holders = sorted({self.site, *self.plan.neighbourhood(self.site)} & set(keys))
         t = self.plan.threshold
+        if len(holders) < t:  # sparse neighbourhoods: more than max_dropouts neighbours gone
+            raise self._abort(f"site {self.site}: {len(holders)} of its neighbours and itself "
+                               f"advertised keys, fewer than t = {t}")  # fmt: skip
+        points = [self.plan.point(v) for v in holders]
         s_shares = shamir.split(crypto.private_bytes(self._mask_key), points, t)
         b_shares = shamir.split(self._self_seed, points, t)
         out = {}
-        for v in sorted(keys):
+        for v in holders:
             p = self.plan.point(v)
             plaintext = struct.pack(">II", self.site, v) + s_shares[p] + b_shares[p]
             if v == self.site:
@@ -287,9 +344,12 @@ class SiteParty:
         ``encoded``: this site's vector modulo 2^bits (e.g. :func:`fedsgld.secagg.ddg.encode`)."""
         self._advance(2)
         senders = {int(v) for v in inbox["shares"]} | {self.site}
-        if not senders <= set(self._roster) or len(senders) < self.plan.min_inputs:
+        # shares come from this site's holders (every site, or its neighbours); each one
+        # missing is a dropout, and at most max_dropouts may be
+        holders = {self.site, *self.plan.neighbourhood(self.site)} & set(self._roster)
+        if not senders <= holders or len(senders) < self.plan.threshold:
             raise self._abort(f"site {self.site}: shares from {sorted(senders)} do not allow "
-                               f"{self.plan.min_inputs} inputs")  # fmt: skip
+                               f"{self.plan.threshold} holders")  # fmt: skip
         for v, ct in inbox["shares"].items():
             self._inbox[int(v)] = ct
         self._u2 = senders
@@ -334,7 +394,9 @@ class SiteParty:
         signed: the only survivor set this site will unmask for."""
         self._advance(3)
         u3 = {int(v) for v in announcement["survivors"]}
-        if not u3 <= self._u2 or self.site not in u3:
+        # of this site's holders, only those whose shares it holds (U2) can have survived
+        mine = u3 & ({self.site, *self.plan.neighbourhood(self.site)})
+        if not u3 <= set(self._roster) or not mine <= self._u2 or self.site not in u3:
             raise self._abort(f"site {self.site}: the announced survivors are inconsistent")
         if len(u3) < self.plan.min_inputs:
             raise self._abort(

@@ -12,7 +12,8 @@ another statement.
   authenticated sites, before anything secret leaves the site.
 * ``survivors``: after the masked inputs, every survivor signs the survivor set U3 it was
   shown; :func:`check_consistency` releases no unmasking share unless at least t
-  (the Shamir threshold) valid signatures over the SAME U3 by members of U3 arrive. Two
+  (K - max_dropouts, the complete graph's Shamir threshold) valid signatures over the SAME
+  U3 by members of U3 arrive. Two
   honest sites shown different survivor sets therefore both refuse, unless the server
   holds t signatures over each, which needs 2 (t - max_colluders) honest signers: more
   than the K - max_colluders honest sites whenever K > 2 max_dropouts + max_colluders.
@@ -87,8 +88,8 @@ def check_consistency(
     signatures: Mapping[int, Any],
     creds: Credentials,
 ) -> int:
-    """How many members of U3 signed U3 (``signatures``: {v: signature}); at least the
-    threshold t, or :class:`RosterRefused`. A signature by a site outside U3, or one that
+    """How many members of U3 signed U3 (``signatures``: {v: signature}); at least
+    K - max_dropouts, or :class:`RosterRefused`. A signature by a site outside U3, or one that
     does not verify over this U3, is a refusal too: the server relayed it."""
     u3 = sorted(set(u3))
     statement = survivors(plan, u3)
@@ -101,9 +102,9 @@ def check_consistency(
                 "(different lists were announced, or the signature is of another round); "
                 "refusing to unmask"
             )
-    if len(signatures) < plan.threshold:
+    if len(signatures) < plan.min_inputs:
         raise RosterRefused(
             f"site {site}: {len(signatures)} survivors signed the survivor set {u3}, fewer "
-            f"than t = {plan.threshold}; refusing to unmask"
+            f"than t = {plan.min_inputs}; refusing to unmask"
         )
     return len(signatures)

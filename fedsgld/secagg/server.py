@@ -89,9 +89,10 @@ class ServerParty:
     def finish(self, messages: Sequence[Message]) -> np.ndarray:
         """Step 5: sum_{u in U3} x_u mod 2^bits (uint64) from >= t unmasking answers."""
         got = self._receive(4, "unmask", messages, self._u4)
-        t, plan = self.plan.threshold, self.plan
-        if len(got) < t:
-            raise RoundAborted(f"server: {len(got)} unmasking answers, fewer than t = {t}")
+        plan = self.plan
+        if len(got) < plan.min_inputs:
+            raise RoundAborted(f"server: {len(got)} unmasking answers, fewer than "
+                               f"K - max_dropouts = {plan.min_inputs}")  # fmt: skip
         u3 = set(self._inputs)
         total = np.zeros(plan.length, dtype=np.uint64)
         for y in self._inputs.values():
@@ -101,7 +102,7 @@ class ServerParty:
             total = total - crypto.mask(seed, plan.length, plan.bits)
         for v in sorted(self._u2 - u3):  # dropped after sharing keys: cancel its pairwise masks
             key = X25519PrivateKey.from_private_bytes(self._rebuild(got, "mask_key_shares", v))
-            peers = {u: self._keys[u][1] for u in u3}
+            peers = {u: self._keys[u][1] for u in u3 & set(plan.neighbourhood(v))}
             # survivor u added +-PRG(s_uv) with the sign seen from u; v's view has the
             # opposite sign, so adding v's pairwise total cancels them
             total = total + pairwise_masks(plan, v, key, peers)

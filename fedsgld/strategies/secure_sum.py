@@ -45,6 +45,7 @@ class SecureSum(RoundMode):
         if not p.secure_aggregation:
             raise ValueError("SecureSum needs secure_aggregation = true")
         self.max_dropouts, self.max_colluders = p.max_dropouts, p.max_colluders
+        self.neighbours = p.secagg_neighbours  # 0: the complete graph
         self.last_parameters: DDGParameters | None = None
         self.last_round: Any = None  # the engine's record of the last round (its transcript)
 
@@ -79,6 +80,7 @@ class SecureSum(RoundMode):
             bits=params.bits,
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
+            neighbours=self.neighbours,
         )
 
     def affordable_rounds(self) -> int:
@@ -145,6 +147,7 @@ class SecureSum(RoundMode):
             "accounting": ACCOUNTING,
             "max_dropouts": self.max_dropouts,
             "max_colluders": self.max_colluders,
+            "neighbours": self.neighbours or "all",
             "noise": "each site draws its share from the operating system (not reproducible)",
         }
         if self.last_parameters is not None:

@@ -43,6 +43,13 @@ SECAGG = {
         ({"max_colluders": 1.5}, "max_colluders must be an integer"),
         ({"secure_aggregation": "yes"}, "secure_aggregation must be true or false"),
         ({"max_dropouts": 2, "max_colluders": 2}, r"sites - 1 = 3"),
+        (
+            {"secagg_neighbours": 1},
+            r"secagg_neighbours must be 0 .* or even in \[2, sites - 2 = 2\]",
+        ),
+        ({"sites": 8, "max_dropouts": 1, "secagg_neighbours": 2}, r"even in \[4, sites - 2 = 6\]"),
+        ({"secagg_neighbours": 4}, r"sites - 2 = 2\] .*got 4"),
+        ({"secagg_neighbours": -2}, "secagg_neighbours must be an integer"),
     ],
 )
 def test_secure_aggregation_settings_are_checked(change, names):
@@ -51,6 +58,8 @@ def test_secure_aggregation_settings_are_checked(change, names):
 
 
 def test_secure_aggregation_settings_accepted_within_range():
+    assert Config.from_flat({**SECAGG, "sites": 8, "max_dropouts": 1,
+                             "secagg_neighbours": 4}).privacy.secagg_neighbours == 4  # fmt: skip
     cfg = Config.from_flat({**SECAGG, "sites": 4, "max_dropouts": 2, "max_colluders": 1})
     assert cfg.privacy.secure_aggregation and cfg.privacy.max_dropouts == 2
     # off, the plan bounds are not checked against the sites (they do not apply)
@@ -200,3 +209,21 @@ def test_every_share_is_drawn_through_the_receipt_of_its_sites_charge(monkeypatc
     assert len(drawn) == len(fed.sites)
     assert all(type(e).__name__ == "DistributedDiscreteGaussianStep" for e in drawn)
     assert [g.ledger.accountant.steps for g in fed.secure_sites()] == [1] * len(fed.sites)
+
+
+def test_sparse_neighbourhoods_mask_with_k_sites_and_charge_the_same(tmp_path):
+    """secagg_neighbours = 2 on 6 sites: every site sends its shares to its two ring
+    neighbours only, the run trains to a finite model, and the epsilon is the complete
+    graph's (the released sum, and so the mechanism, is the same)."""
+    sparse = _run(tmp_path, "sparse", sites=6, rounds=3, secagg_neighbours=2)
+    full = _run(tmp_path, "full", sites=6, rounds=3)
+    assert sparse["privacy"]["epsilon"]["pld"] == pytest.approx(full["privacy"]["epsilon"]["pld"])
+    on_disk = json.loads((tmp_path / "sparse" / "results.json").read_text())
+    assert on_disk["privacy"]["secure_aggregation"]["neighbours"] == 2
+    assert np.isfinite(on_disk["metrics"]["pooled"]["accuracy"])
+    fed, server = _federation(sites=6, secagg_neighbours=2)
+    plan = server.plan()
+    engine.secure_round(fed, server, plan)
+    party = server.mode.last_round.server
+    shares = dict(party.transcript)["share_keys"]
+    assert sorted(len(m["shares"]) for m in shares) == [2] * 6

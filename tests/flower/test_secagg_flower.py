@@ -150,6 +150,27 @@ def test_the_server_cannot_unmask_one_site_from_everything_it_receives(tmp_path)
     assert stats.kstest(centred, "uniform").pvalue < 1e-10
 
 
+def test_sparse_neighbourhoods_over_flower_share_with_the_ring_neighbours_only(tmp_path):
+    """secagg_neighbours = 2 of 4 sites: the plan travels with every step, each site sends
+    its shares to its two ring neighbours only (never to the opposite site), and the run
+    charges every site's ledger each round as the complete graph does."""
+    wire = Wire()
+    grid, res = _run(tmp_path, wire, secagg_neighbours=2)
+    assert res["privacy"]["steps"] == 3
+    assert res["privacy"]["secure_aggregation"]["neighbours"] == 2
+    inst = wire.instruction(1, "share_keys", 0).content["plan"]
+    assert inst["secagg-neighbours"] == 2
+    for rnd in range(3):
+        shares = wire.replies(rnd, "share_keys")
+        assert {v: sorted(int(u) for u in m["shares"]) for v, m in shares.items()} == {
+            0: [1, 3],
+            1: [0, 2],
+            2: [1, 3],
+            3: [0, 2],
+        }
+    assert [_ddg_rounds(led["ledger"]) for led in _ledgers(grid).values()] == [3, 3, 3, 3]
+
+
 def test_a_dropout_within_the_plan_completes_the_round(tmp_path):
     wire = Wire(lose=lambda rnd, step, site: (rnd, step, site) == (1, "masked_input", 2))
     _, res = _run(tmp_path, wire, max_dropouts=1)
