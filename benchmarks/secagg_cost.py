@@ -3,7 +3,8 @@
     python benchmarks/secagg_cost.py [--sites 4 8] [--dim 100000] [--rounds 3] [--json]
     python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--fast]
         [--against sites server] [--json]
-    python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2] [--json]
+    python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2]
+        [--neighbours K] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
 on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no dropouts
@@ -38,7 +39,9 @@ mechanism needs to reach the central epsilon.
 on the model of ``simulations/demo.toml`` (MNIST-5k, the paper CNN, P = 26,010 padded to
 d = 32,768; DP-SGLD, q = 0.064; its rounds cut to ``--rounds``, no evaluation rounds, a
 budget that does not bind), for each K in ``--sites``: the ``sites`` placement (every site
-adds its full noise), ``secure_aggregation = true`` and the ``server`` placement, one run
+adds its full noise), ``secure_aggregation = true`` (with ``--neighbours K``: SecAgg+'s
+sparse neighbourhoods, ``secagg_neighbours = K``, where K <= sites - 2) and the
+``server`` placement, one run
 of each, ``--repeats`` times, in the orders ABC CBA ... (so that a drift in the machine's
 load weighs on the three alike). Reported: the median wall time of rounds 2..N of each,
 pooled over its runs (the first
@@ -312,12 +315,16 @@ def engine_rounds(cfg: dict) -> tuple[list[float], list[float], object]:
     return wall, cpu, built["server"]
 
 
-def engine_cost(sites: int, rounds: int, repeats: int = 2) -> dict:
+def engine_cost(sites: int, rounds: int, repeats: int = 2, neighbours: int = 0) -> dict:
     """Median round seconds (rounds 2..N of every run: wall and CPU) of the three
     placements, run ``repeats`` times in the orders ABC CBA ABC ... (a drift of the
-    machine's load then weighs on all three alike)."""
-    base = {**demo_config(), **ENGINE_RUN, "sites": sites, "rounds": rounds}
-    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats}
+    machine's load then weighs on all three alike). ``neighbours``: the secure
+    placement's ``secagg_neighbours`` where ``sites`` allows it (k <= sites - 2), else
+    the complete graph."""
+    k = neighbours if neighbours <= sites - 2 else 0
+    base = {**demo_config(), **ENGINE_RUN, "sites": sites, "rounds": rounds,
+            "secagg_neighbours": k}  # fmt: skip
+    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats, "neighbours": k}
     wall: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     order = list(PLACEMENTS)
@@ -342,13 +349,13 @@ def engine_cost(sites: int, rounds: int, repeats: int = 2) -> dict:
 
 
 def print_engine(rows: list[dict]) -> None:
-    print("| K | rounds | `sites` round s | secure round s | `server` round s "
+    print("| K | neighbours | rounds | `sites` round s | secure round s | `server` round s "
           "| secure / sites | secure / server | the same in CPU s: sites / secure / server "
           "| CPU ratios: secure / sites, secure / server "
           "| secure: protocol s (last round) | of which masked_input s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['sites']} | {r['rounds']} | {r['sites_round_s']:.3f} | "
+        print(f"| {r['sites']} | {r['neighbours'] or 'all'} | {r['rounds']} | {r['sites_round_s']:.3f} | "
               f"{r['secure_round_s']:.3f} | {r['server_round_s']:.3f} | "
               f"{r['secure_to_sites']:.2f} | {r['secure_to_server']:.2f} | "
               f"{r['sites_round_cpu_s']:.3f} / {r['secure_round_cpu_s']:.3f} / "
@@ -359,7 +366,7 @@ def print_engine(rows: list[dict]) -> None:
 
 def main_engine(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
-    rows = [engine_cost(k, args.rounds, args.repeats) for k in args.sites]
+    rows = [engine_cost(k, args.rounds, args.repeats, args.neighbours) for k in args.sites]
     load = (load, os.getloadavg()[0])
     if args.json:
         print(json.dumps({"engine": rows, "load_average": load}, indent=2))
@@ -392,6 +399,9 @@ def main() -> None:
                     choices=["sites", "server"], help="--loopback: plain placements measured")  # fmt: skip
     ap.add_argument("--engine", action="store_true", help="rounds of the in-process engine")
     ap.add_argument("--repeats", type=int, default=2, help="--engine: runs of each placement")
+    ap.add_argument("--neighbours", type=int, default=0,
+                    help="--engine: secagg_neighbours of the secure runs (0: every pair; "
+                    "used where it is <= sites - 2)")  # fmt: skip
     args = ap.parse_args()
     if args.engine:
         args.rounds = args.rounds or 6
