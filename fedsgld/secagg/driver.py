@@ -11,8 +11,10 @@ runs the sites in parallel: divide the sites' share by K for its wall time).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,6 +131,7 @@ def run_round(
     max_dropouts: int = 0,
     max_colluders: int = 0,
     neighbours: int = 0,
+    workers: int = 1,
     drop: Mapping[int, str] | None = None,
     encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
     credentials: Mapping[int, Credentials] | None = None,
@@ -136,7 +139,10 @@ def run_round(
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
     ``neighbours``: 0 for the complete graph, else the sparse neighbourhoods' k
-    (:class:`~fedsgld.secagg.protocol.SecAggPlan`).
+    (:class:`~fedsgld.secagg.protocol.SecAggPlan`). ``workers`` > 1: the sites answer
+    each step on that many threads, as deployed sites answer at once (each party touches
+    only its own state; numpy, ChaCha20 and the OS's randomness release the GIL), the
+    server's steps stay in order.
     ``drop``: {site: step} makes a site fall silent from that step of :data:`STEPS` on.
     ``encoder(site, vector, plan)``: the site's encoded contribution, called when the site
     answers the ``masked_input`` step (where a site checks the plan and charges its ledger
@@ -170,20 +176,13 @@ def run_round(
 
     def step(name: str, call, deliver) -> object:
         def ask() -> list:
-            msgs = []
-            for v in live(name):
-                msgs.append(call(v))
-                res.sent[v] += message_bytes(msgs[-1])
+            asked = live(name)
+            msgs = list(pool.map(call, asked)) if pool is not None else [call(v) for v in asked]
+            for v, m in zip(asked, msgs, strict=True):
+                res.sent[v] += message_bytes(m)
             return msgs
 
         return timed(name + " (server)", deliver, timed(name, ask))
-
-    roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
-    for v in live("share_keys"):
-        res.received[v] += message_bytes(roster)
-    inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
-    for v in live("masked_input"):
-        res.received[v] += message_bytes(inbox.get(v, {}))
 
     def masked(v: int) -> dict:
         vector = np.asarray(vectors[v], dtype=np.float64)
@@ -193,14 +192,22 @@ def run_round(
             encoded = encode(vector, params, round_label)
         return sites[v].masked_input(inbox[v], encoded)
 
-    announcement = step("masked_input", masked, server.collect_masked)
-    for v in live("consistency"):
-        res.received[v] += message_bytes(announcement)
-    signed = step("consistency", lambda v: sites[v].consistency(announcement),
-                  server.collect_signatures)  # fmt: skip
-    for v in live("unmask"):
-        res.received[v] += message_bytes(signed)
-    modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
+    threaded = workers > 1 and len(plan.sites) > 1
+    with ThreadPoolExecutor(workers) if threaded else contextlib.nullcontext() as pool:
+        roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
+        for v in live("share_keys"):
+            res.received[v] += message_bytes(roster)
+        inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
+        for v in live("masked_input"):
+            res.received[v] += message_bytes(inbox.get(v, {}))
+        announcement = step("masked_input", masked, server.collect_masked)
+        for v in live("consistency"):
+            res.received[v] += message_bytes(announcement)
+        signed = step("consistency", lambda v: sites[v].consistency(announcement),
+                      server.collect_signatures)  # fmt: skip
+        for v in live("unmask"):
+            res.received[v] += message_bytes(signed)
+        modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
     res.total = timed("decode (server)", decode, modular, params, round_label, length)
     res.survivors = tuple(announcement["survivors"])
     return res

@@ -110,16 +110,18 @@ def test_a_sparse_round_sums_every_input_and_carries_the_central_noise(k):
     assert all(len(m["shares"]) == k for m in shares.values())
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("step", ["share_keys", "masked_input", "consistency", "unmask"])
-def test_a_planned_dropout_in_a_sparse_round_completes_with_the_right_sum(step):
+def test_a_planned_dropout_in_a_sparse_round_completes_with_the_right_sum(step, workers):
     """max_dropouts = 1, k = 4 on 9 sites: site 4 drops at ``step``; the server rebuilds its
-    self mask or its mask key from its neighbours alone."""
+    self mask or its mask key from its neighbours alone (the sites answering one after
+    the other, or on three threads)."""
     dim, n = 2048, 9
     p = _params(n, dim, max_dropouts=1)
     rng = np.random.default_rng(3)
     xs = [rng.normal(0, 50.0, dim) for _ in range(n)]
     res = run_round(xs, p, round_label=b"sparse-drop", max_dropouts=1, neighbours=4,
-                    drop={4: step})  # fmt: skip
+                    drop={4: step}, workers=workers)  # fmt: skip
     included = (
         list(range(n)) if step in ("consistency", "unmask") else [v for v in range(n) if v != 4]
     )
