@@ -274,6 +274,10 @@ def test_the_site_guard_refuses_replays_malformed_steps_and_steps_out_of_order(t
     # the site builds the round's mechanism itself: a plan with other bits is refused
     bits = _resend(grid, wire.instruction(0, "masked_input", 2), **{"round": 5, "secagg-bits": 20})
     assert bits.has_error() and "dimension or bits differ from the plan's" in bits.error.reason
+    # a server's own ServerApp asking for a graph too sparse for the dropouts it plans
+    sparse = _resend(grid, wire.instruction(0, "masked_input", 3),
+                     **{"round": 6, "secagg-dropouts": 1, "secagg-neighbours": 2})  # fmt: skip
+    assert sparse.has_error() and "neighbours must be 0" in sparse.error.reason
     assert _ledgers(grid) == before  # nothing refused was charged
 
 
