@@ -369,11 +369,13 @@ SECURE_ONE_STEP = {**ONE_STEP, "secure_aggregation": True, "noise_placement": "s
                    "local_steps": 1}  # fmt: skip
 
 
-def test_sound_with_secure_aggregation():
+@pytest.mark.parametrize("neighbours", [0, 2])
+def test_sound_with_secure_aggregation(neighbours):
     """The distributed discrete Gaussian: the server sees only the decoded secure sum, whose
     noise is the sites' shares; the audit, tested against the curve of the accountant's
-    dominating ledger, stays below the accountant's epsilon."""
-    r = _audit(SECURE_ONE_STEP, 10_000)
+    dominating ledger, stays below the accountant's epsilon (with every pair of sites
+    masking, and with sparse neighbourhoods)."""
+    r = _audit(SECURE_ONE_STEP, 10_000, sites=4, max_records=40, secagg_neighbours=neighbours)
     assert r["rounds_seen"] == 1 and r["curve"] == "accountant"
     _sound(r)
 
