@@ -184,6 +184,12 @@ def run_round(
 
         return timed(name + " (server)", deliver, timed(name, ask))
 
+    def broadcast(name: str, message: object) -> None:
+        """The same message to every site still answering at step ``name``."""
+        size = message_bytes(message)
+        for v in live(name):
+            res.received[v] += size
+
     def masked(v: int) -> dict:
         vector = np.asarray(vectors[v], dtype=np.float64)
         if encoder is not None:
@@ -195,18 +201,15 @@ def run_round(
     threaded = workers > 1 and len(plan.sites) > 1
     with ThreadPoolExecutor(workers) if threaded else contextlib.nullcontext() as pool:
         roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
-        for v in live("share_keys"):
-            res.received[v] += message_bytes(roster)
+        broadcast("share_keys", roster)
         inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
         for v in live("masked_input"):
             res.received[v] += message_bytes(inbox.get(v, {}))
         announcement = step("masked_input", masked, server.collect_masked)
-        for v in live("consistency"):
-            res.received[v] += message_bytes(announcement)
+        broadcast("consistency", announcement)
         signed = step("consistency", lambda v: sites[v].consistency(announcement),
                       server.collect_signatures)  # fmt: skip
-        for v in live("unmask"):
-            res.received[v] += message_bytes(signed)
+        broadcast("unmask", signed)
         modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
     res.total = timed("decode (server)", decode, modular, params, round_label, length)
     res.survivors = tuple(announcement["survivors"])
