@@ -1,5 +1,6 @@
 """Secure aggregation with distributed discrete Gaussian noise (docs/secure_aggregation.md).
 
+* :mod:`.plan`: a round's public plan (sites, thresholds, sparse neighbourhoods);
 * :mod:`.protocol` / :mod:`.server`: the pairwise-masking protocol with dropout recovery
   (Bonawitz et al. 2017) as explicit parties exchanging plain messages;
 * :mod:`.identity` / :mod:`.roster`: the sites' long-term Ed25519 keys and their key list,

@@ -29,7 +29,7 @@ from . import identity
 from .identity import Credentials
 
 if TYPE_CHECKING:
-    from .protocol import SecAggPlan
+    from .plan import SecAggPlan
 
 
 class RosterRefused(RuntimeError):

@@ -1,5 +1,5 @@
 """Sparse neighbourhoods (SecAgg+): each site masks with, and shares its secrets with, only
-its k ring neighbours (fedsgld.secagg.protocol, module docstring).
+its k ring neighbours (fedsgld.secagg.plan, module docstring).
 
 The attacker tests hold exactly what the server receives plus the secrets of the sites
 that collude with it, and try to unmask one honest site; they fail on a plan whose k is

@@ -1,0 +1,117 @@
+"""The public plan of a secure-aggregation round (:mod:`fedsgld.secagg.protocol` for the
+steps), the same at every party.
+
+**Sparse neighbourhoods** (``neighbours`` = k > 0; SecAgg+, Bell et al., CCS 2020): each
+site agrees masks with, and secret-shares b_u and s_u^SK to, only its k neighbours, the
+sites at ring distance 1..k/2 on either side in the sorted site list (the Harary graph
+H_{k,K}, a function of the public plan alone: neither the server nor any site chooses it).
+Step 3's sums run over u's neighbours in U2, the Shamir threshold is t_n = k + 1 -
+max_dropouts among u's k + 1 holders (its neighbours and itself), and the server rebuilds
+each b_v or s_v^SK from v's holders. The plan requires k >= 2 max_dropouts + max_colluders
++ 1, which gives the same guarantees as the complete graph against the worst case, not
+only with high probability over a random graph:
+
+* H_{k,K} is k-vertex-connected (Harary 1962), and the server can remove at most
+  max_colluders + max_dropouts sites from the honest survivors' graph (colluders know
+  their pairwise seeds; a site is counted out of U3 only up to max_dropouts), fewer than
+  k: the honest survivors stay connected, so their masks cancel only in the whole sum;
+* t_n > max_colluders: u's colluding holders never rebuild its secrets alone;
+* an honest holder of u releases either its share of b_u or of s_u^SK, so both need
+  2 (t_n - max_colluders) honest holders, more than the k + 1 - max_colluders there are.
+
+The consistency check and the roster are unchanged and global (every site verifies every
+roster entry: a site cannot count an unauthenticated site towards the noise). A site's
+cost in masks, key agreements and shares is then k instead of K - 1.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class SecAggPlan:
+    """The public parameters of one round, the same at every party.
+
+    ``round_label``: bytes naming the round uniquely (run key and round number); every
+    key and mask is bound to it. ``sites``: the site ids (distinct ints >= 0).
+    """
+
+    round_label: bytes
+    sites: tuple[int, ...]
+    length: int
+    bits: int
+    max_dropouts: int = 0
+    max_colluders: int = 0
+    neighbours: int = 0  # 0: the complete graph; else k, even (module docstring)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sites", tuple(sorted(int(s) for s in self.sites)))
+        if len(set(self.sites)) != len(self.sites) or any(s < 0 for s in self.sites):
+            raise ValueError(f"sites must be distinct integers >= 0, got {self.sites}")
+        if not (1 <= self.bits <= 64):
+            raise ValueError(f"bits must be in [1, 64], got {self.bits}")
+        if self.length < 1:
+            raise ValueError(f"length must be >= 1, got {self.length}")
+        if self.max_dropouts < 0 or self.max_colluders < 0:
+            raise ValueError("max_dropouts and max_colluders must be >= 0")
+        k, n = self.neighbours, len(self.sites)
+        if k and not (k % 2 == 0 and 2 * self.max_dropouts + self.max_colluders + 1 <= k <= n - 2):
+            low = 2 * self.max_dropouts + self.max_colluders + 1
+            raise ValueError(
+                f"neighbours must be 0 (every pair of sites) or even in [{low + low % 2}, "
+                f"sites - 2 = {n - 2}] (at least 2 max_dropouts + max_colluders + 1, so that "
+                f"the sparse graph keeps the complete graph's guarantees), got {k}"
+            )
+        if self.threshold <= self.max_colluders:
+            raise ValueError(
+                f"sites ({len(self.sites)}) - max_dropouts ({self.max_dropouts}) must exceed "
+                f"max_colluders ({self.max_colluders}): the colluders' shares must never "
+                "reach the reconstruction threshold"
+            )
+
+    @property
+    def threshold(self) -> int:
+        """Shares needed to rebuild a secret: K - max_dropouts, or with sparse
+        neighbourhoods k + 1 - max_dropouts (of a site's k + 1 holders)."""
+        holders = self.neighbours + 1 if self.neighbours else len(self.sites)
+        return holders - self.max_dropouts
+
+    def neighbourhood(self, site: int) -> tuple[int, ...]:
+        """The sites ``site`` masks with and shares its secrets with (itself excluded):
+        every other site, or its k ring neighbours (Harary graph H_{k,K})."""
+        return self._graph[site]
+
+    @cached_property
+    def _graph(self) -> dict[int, tuple[int, ...]]:
+        n, half = len(self.sites), self.neighbours // 2
+        if not self.neighbours:
+            return {u: tuple(v for v in self.sites if v != u) for u in self.sites}
+        return {
+            u: tuple(sorted({self.sites[(i + j) % n] for j in range(-half, half + 1) if j}))
+            for i, u in enumerate(self.sites)
+        }
+
+    @property
+    def min_inputs(self) -> int:
+        """The fewest masked inputs a released sum may hold (K - max_dropouts)."""
+        return len(self.sites) - self.max_dropouts
+
+    @cached_property  # built once per plan: every key agreement and signature binds it
+    def context(self) -> bytes:
+        ids = b"".join(struct.pack(">I", s) for s in self.sites)
+        head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
+                           self.max_dropouts, self.max_colluders)  # fmt: skip
+        # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
+        # not verify against it, so mixed versions refuse the roster instead of
+        # summing masks that do not cancel. v3: sparse neighbourhoods (k in the context)
+        if self.neighbours:
+            head += struct.pack(">I", self.neighbours)
+            return b"fedsgld-secagg-v3|" + head + self.round_label + b"|" + ids
+        return b"fedsgld-secagg-v2|" + head + self.round_label + b"|" + ids
+
+    def point(self, site: int) -> int:
+        """The Shamir evaluation point of ``site`` (its id + 1)."""
+        return site + 1
