@@ -32,18 +32,13 @@ demo: setup
 readme-numbers: demo
 	$(BIN)/python -m fedsgld.studies.readme_numbers runs/demo-dpsgld runs/demo-dpsgd
 
-# The CI test command: everything except tests marked slow, then a representative slow
-# subset: the full-size demo run against the README's numbers, a server with its own
+# The CI test command: everything except tests marked slow, then the slow subset (marker
+# `ci`): the full-size demo run against the README's numbers, a server with its own
 # ServerApp against deployed sites on loopback, the real deployments (stock, TLS with
-# SuperNode authentication, the fast path, a site's code approval) and the Ray simulations
-# and sweep, which take a minute or more each. `make test-all` runs every test.
-SLOW_SUBSET ?= tests/engine/test_readme_numbers.py::test_demo_dpsgld_matches_the_readme \
-	tests/flower/test_site_sovereignty_deploy.py \
-	tests/flower/test_flower_deploy.py \
-	tests/flower/test_site_approval.py::test_a_site_runs_the_bundle_it_approved_and_refuses_one_changed_line \
-	tests/flower/test_fast_deploy.py::test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm \
-	tests/flower/test_flower_simulation.py \
-	tests/calibration/test_sweep.py::test_tiny_sweep_on_ray_selects_on_validation_and_resumes
+# SuperNode authentication, the fast path, a site's code approval), the Ray simulations and
+# sweep, and the engine, audit and deployment tests of 7 s or more. `make test-all` runs
+# every test.
+SLOW_SUBSET ?= -m "slow and ci"
 test: setup
 	$(BIN)/python -m pytest -m "not slow" -q --durations=15
 	$(BIN)/python -m pytest -q $(SLOW_SUBSET)

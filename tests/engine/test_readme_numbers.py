@@ -29,6 +29,7 @@ def _demo(method: str, out: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # in CI's slow subset
 def test_demo_dpsgld_matches_the_readme(tmp_path):
     r = _demo("dpsgld", tmp_path / "dpsgld")
     assert rn.check(README.read_text(), {"dpsgld": r}, rn.TOLERANCE) == []

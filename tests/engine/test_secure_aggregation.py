@@ -212,18 +212,18 @@ def test_every_share_is_drawn_through_the_receipt_of_its_sites_charge(monkeypatc
 
 
 def test_sparse_neighbourhoods_mask_with_k_sites_and_charge_the_same(tmp_path):
-    """secagg_neighbours = 2 on 6 sites: every site sends its shares to its two ring
+    """secagg_neighbours = 2 on 5 sites: every site sends its shares to its two ring
     neighbours only, the run trains to a finite model, and the epsilon is the complete
     graph's (the released sum, and so the mechanism, is the same)."""
-    sparse = _run(tmp_path, "sparse", sites=6, rounds=3, secagg_neighbours=2)
-    full = _run(tmp_path, "full", sites=6, rounds=3)
+    sparse = _run(tmp_path, "sparse", sites=5, rounds=2, secagg_neighbours=2)
+    full = _run(tmp_path, "full", sites=5, rounds=2)
     assert sparse["privacy"]["epsilon"]["pld"] == pytest.approx(full["privacy"]["epsilon"]["pld"])
     on_disk = json.loads((tmp_path / "sparse" / "results.json").read_text())
     assert on_disk["privacy"]["secure_aggregation"]["neighbours"] == 2
     assert np.isfinite(on_disk["metrics"]["pooled"]["accuracy"])
-    fed, server = _federation(sites=6, secagg_neighbours=2)
+    fed, server = _federation(sites=5, secagg_neighbours=2)
     plan = server.plan()
     engine.secure_round(fed, server, plan)
     party = server.mode.last_round.server
     shares = dict(party.transcript)["share_keys"]
-    assert sorted(len(m["shares"]) for m in shares) == [2] * 6
+    assert sorted(len(m["shares"]) for m in shares) == [2] * 5
