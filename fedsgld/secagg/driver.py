@@ -139,7 +139,7 @@ def run_round(
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
     ``neighbours``: 0 for the complete graph, else the sparse neighbourhoods' k
-    (:class:`~fedsgld.secagg.protocol.SecAggPlan`). ``workers`` > 1: the sites answer
+    (:class:`~fedsgld.secagg.plan.SecAggPlan`). ``workers`` > 1: the sites answer
     each step on that many threads, as deployed sites answer at once (each party touches
     only its own state; numpy, ChaCha20 and the OS's randomness release the GIL), the
     server's steps stay in order.

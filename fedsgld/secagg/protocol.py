@@ -304,8 +304,9 @@ class SiteParty:
 
     def unmask(self, announcement: Message) -> Message:
         """``announcement``: {"survivors": U3, "signatures": {v: v's signature of U3}}.
-        Refused unless U3 is the set this site signed and at least t members of U3 signed
-        it (:func:`.roster.check_consistency`); then this site's unmasking shares."""
+        Refused unless U3 is the set this site signed and at least K - max_dropouts
+        members of U3 signed it (:func:`.roster.check_consistency`); then this site's
+        unmasking shares."""
         self._advance(4)
         if sorted({int(v) for v in announcement["survivors"]}) != self._u3:
             raise self._abort(f"site {self.site}: the survivors announced for unmasking are "
