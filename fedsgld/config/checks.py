@@ -76,6 +76,21 @@ def _choice(name: str, v: Any, options: tuple[str, ...]) -> None:
         )
 
 
+def check_neighbours(name: str, k: int, sites: int, max_dropouts: int, max_colluders: int) -> None:
+    """Secure aggregation's sparse neighbourhoods (:mod:`fedsgld.secagg.plan`): ``k`` is 0
+    (every pair of sites) or even in [2 max_dropouts + max_colluders + 1, sites - 2], the
+    range in which the sparse graph keeps the complete graph's guarantees; else
+    ``ValueError`` naming ``name`` and the range."""
+    low = 2 * max_dropouts + max_colluders + 1
+    low += low % 2
+    if k and not (k % 2 == 0 and low <= k <= sites - 2):
+        raise ValueError(
+            f"{name} must be 0 (every pair of sites) or even in [{low}, sites - 2 = "
+            f"{sites - 2}] (at least 2 max_dropouts + max_colluders + 1, so that the sparse "
+            f"graph keeps the complete graph's guarantees), got {k}"
+        )
+
+
 def unknown_settings_message(unknown: list[str], valid: typing.Iterable[str]) -> str:
     """One line naming each unknown key, with the nearest valid key where one is close
     ("did you mean"), and where the full list is (not the list itself)."""

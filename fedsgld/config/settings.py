@@ -23,6 +23,7 @@ from fedsgld.config.checks import (
     _choice,
     _int,
     _num,
+    check_neighbours,
     is_import_path,
     setting,
     unknown_settings_message,
@@ -265,16 +266,8 @@ class Config:
                     f"1 = {k - 1}] (at least one honest noise share), got max_dropouts = "
                     f"{p.max_dropouts}, max_colluders = {p.max_colluders}"
                 )
-            low = 2 * p.max_dropouts + p.max_colluders + 1
-            low += low % 2
-            if p.secagg_neighbours and not (
-                p.secagg_neighbours % 2 == 0 and low <= p.secagg_neighbours <= k - 2
-            ):
-                raise ValueError(
-                    f"secagg_neighbours must be 0 (every pair of sites) or even in [{low}, sites - "
-                    f"2 = {k - 2}] (at least 2 max_dropouts + max_colluders + 1), got "
-                    f"{p.secagg_neighbours}"
-                )
+            check_neighbours("secagg_neighbours", p.secagg_neighbours, k, p.max_dropouts,
+                             p.max_colluders)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {

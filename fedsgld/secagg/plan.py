@@ -30,6 +30,8 @@ import struct
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..config.checks import check_neighbours
+
 
 @dataclass(frozen=True)
 class SecAggPlan:
@@ -57,14 +59,8 @@ class SecAggPlan:
             raise ValueError(f"length must be >= 1, got {self.length}")
         if self.max_dropouts < 0 or self.max_colluders < 0:
             raise ValueError("max_dropouts and max_colluders must be >= 0")
-        k, n = self.neighbours, len(self.sites)
-        if k and not (k % 2 == 0 and 2 * self.max_dropouts + self.max_colluders + 1 <= k <= n - 2):
-            low = 2 * self.max_dropouts + self.max_colluders + 1
-            raise ValueError(
-                f"neighbours must be 0 (every pair of sites) or even in [{low + low % 2}, "
-                f"sites - 2 = {n - 2}] (at least 2 max_dropouts + max_colluders + 1, so that "
-                f"the sparse graph keeps the complete graph's guarantees), got {k}"
-            )
+        check_neighbours("neighbours", self.neighbours, len(self.sites), self.max_dropouts,
+                         self.max_colluders)  # fmt: skip
         if self.threshold <= self.max_colluders:
             raise ValueError(
                 f"sites ({len(self.sites)}) - max_dropouts ({self.max_dropouts}) must exceed "
@@ -83,6 +79,10 @@ class SecAggPlan:
         """The sites ``site`` masks with and shares its secrets with (itself excluded):
         every other site, or its k ring neighbours (Harary graph H_{k,K})."""
         return self._graph[site]
+
+    def holders(self, site: int) -> frozenset[int]:
+        """The sites that hold shares of ``site``'s secrets: its neighbourhood and itself."""
+        return frozenset((site, *self._graph[site]))
 
     @cached_property
     def _graph(self) -> dict[int, tuple[int, ...]]:

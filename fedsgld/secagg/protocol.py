@@ -214,7 +214,7 @@ class SiteParty:
             raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
                                f"fewer than {self.plan.min_inputs}")  # fmt: skip
         self._roster = keys
-        holders = sorted({self.site, *self.plan.neighbourhood(self.site)} & set(keys))
+        holders = sorted(self.plan.holders(self.site) & set(keys))
         t = self.plan.threshold
         if len(holders) < t:  # sparse neighbourhoods: more than max_dropouts neighbours gone
             raise self._abort(f"site {self.site}: {len(holders)} of its neighbours and itself "
@@ -240,7 +240,7 @@ class SiteParty:
         senders = {int(v) for v in inbox["shares"]} | {self.site}
         # shares come from this site's holders (every site, or its neighbours); each one
         # missing is a dropout, and at most max_dropouts may be
-        holders = {self.site, *self.plan.neighbourhood(self.site)} & set(self._roster)
+        holders = self.plan.holders(self.site) & set(self._roster)
         if not senders <= holders or len(senders) < self.plan.threshold:
             raise self._abort(f"site {self.site}: shares from {sorted(senders)} do not allow "
                                f"{self.plan.threshold} holders")  # fmt: skip
@@ -289,7 +289,7 @@ class SiteParty:
         self._advance(3)
         u3 = {int(v) for v in announcement["survivors"]}
         # of this site's holders, only those whose shares it holds (U2) can have survived
-        mine = u3 & ({self.site, *self.plan.neighbourhood(self.site)})
+        mine = u3 & self.plan.holders(self.site)
         if not u3 <= set(self._roster) or not mine <= self._u2 or self.site not in u3:
             raise self._abort(f"site {self.site}: the announced survivors are inconsistent")
         if len(u3) < self.plan.min_inputs:
