@@ -28,7 +28,7 @@ import numpy as np
 
 from ..privacy.distributed import DDGParameters, rounding_norm_bound
 from .crypto import modulus_mask, os_randbytes, public_key_stream
-from .discrete_gaussian import RandBytes, discrete_gaussian
+from .discrete_gaussian import BLOCK, RandBytes, discrete_gaussian
 
 
 def rotation_signs(label: bytes, dim: int) -> np.ndarray:
@@ -105,15 +105,20 @@ def randomized_round(
     (probability >= 1 - beta per try). beta = 0, the default and what the record-level
     accountant assumes, never repeats: the bound ||x|| + sqrt(d) holds for every draw.
     """
-    floor = np.floor(x)
-    frac = x - floor
     # beta = 0 checks nothing (the bound holds for every draw); norms without BLAS, whose
     # threads would spin on a busy machine for a one-off dot product
     bound = rounding_norm_bound(_norm(x), x.shape[0], beta) if beta != 0.0 else math.inf
     while True:
-        u = np.frombuffer(randbytes(8 * x.shape[0]), dtype="<u8") >> np.uint64(11)
-        rounded = floor.astype(np.int64)
-        rounded += u < frac * 2.0**53  # u 2^-53 < frac, both sides scaled exactly
+        words = np.frombuffer(randbytes(8 * x.shape[0]), dtype="<u8")
+        rounded = np.empty(x.shape[0], dtype=np.int64)
+        for s in range(0, x.shape[0], BLOCK):  # 64 KiB temporaries (see discrete_gaussian)
+            part = x[s : s + BLOCK]
+            floor = np.floor(part)
+            frac = part - floor
+            frac *= 2.0**53  # u 2^-53 < frac with both sides scaled exactly
+            out = rounded[s : s + BLOCK]
+            np.copyto(out, floor, casting="unsafe")
+            out += (words[s : s + BLOCK] >> np.uint64(11)) < frac
         if beta == 0.0 or _norm(rounded.astype(np.float64)) <= bound:
             return rounded
 
