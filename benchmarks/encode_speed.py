@@ -1,0 +1,71 @@
+"""CPU time of one site's DDG encoding (rotation, rounding, its discrete Gaussian share).
+
+    python benchmarks/encode_speed.py [--params 26010] [--sites 16] [--sigma 1.0]
+        [--repeats 200] [--threads 2] [--json]
+
+One site's contribution to a secure-aggregation round (:func:`fedsgld.secagg.ddg.encode`)
+for a vector of ``--params`` coordinates (the demo CNN's 26,010 by default, padded to
+32,768) at the parameters :func:`fedsgld.privacy.distributed.choose_ddg` picks for
+``--sites`` sites and noise multiplier ``--sigma``. Timed on a pool of ``--threads``
+threads, as the in-process engine's sites answer (``run_round(workers=...)``), and on the
+main thread alone: medians of ``--repeats`` encodings, each its own thread's CPU time
+(:func:`time.thread_time`), after 20 unmeasured ones. Compare two versions by putting
+another checkout's ``fedsgld/`` first on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from fedsgld.privacy.distributed import choose_ddg
+from fedsgld.secagg import ddg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=int, default=26_010)
+    ap.add_argument("--sites", type=int, default=16)
+    ap.add_argument("--sigma", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.repeats < 1 or args.threads < 1 or args.params < 1:
+        ap.error("--params, --repeats and --threads must be >= 1")
+    params = choose_ddg(noise_multiplier=args.sigma, clip=1.0, dim=args.params,
+                        sites=args.sites, signal_norm=float(args.sites))  # fmt: skip
+    vector = np.random.default_rng(0).normal(0.0, 0.01, args.params)
+
+    def one(_: int) -> float:
+        start = time.thread_time()
+        ddg.encode(vector, params, b"encode-speed")
+        return time.thread_time() - start
+
+    with ThreadPoolExecutor(args.threads) as pool:
+        list(pool.map(one, range(20)))
+        pooled = list(pool.map(one, range(args.repeats)))
+    alone = [one(i) for i in range(20 + args.repeats)][20:]
+    out = {
+        "fedsgld": ddg.__file__,
+        "dim": params.dim,
+        "share_variance": params.share_variance,
+        "threads": args.threads,
+        "pool_cpu_ms": 1e3 * statistics.median(pooled),
+        "main_thread_cpu_ms": 1e3 * statistics.median(alone),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"{out['fedsgld']}: d = {params.dim}, s^2 = {params.share_variance}")
+    print(f"one encoding, CPU ms (median of {args.repeats}): on a pool of {args.threads} "
+          f"threads {out['pool_cpu_ms']:.2f}, on the main thread {out['main_thread_cpu_ms']:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
