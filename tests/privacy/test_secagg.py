@@ -117,10 +117,10 @@ def test_pairwise_masks_summed_in_keystream_words_equal_the_reduced_sum(bits):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("d", [1, 2, 64, 1024])
+@pytest.mark.parametrize("d", [1, 2, 64, 1024, 4096])
 def test_the_rotation_is_the_orthonormal_walsh_hadamard_transform(d):
-    """``hadamard`` (in-place butterflies) against the matrix H_d / sqrt(d) of scipy; it
-    leaves its input alone and is its own inverse."""
+    """``hadamard`` (Kronecker-factor products) against the matrix H_d / sqrt(d) of scipy;
+    it leaves its input alone and is its own inverse."""
     from scipy.linalg import hadamard as hadamard_matrix
 
     from fedsgld.secagg.ddg import hadamard
@@ -131,6 +131,36 @@ def test_the_rotation_is_the_orthonormal_walsh_hadamard_transform(d):
     np.testing.assert_allclose(y, hadamard_matrix(d) @ x / math.sqrt(d), rtol=0, atol=1e-12)
     np.testing.assert_array_equal(x, kept)
     np.testing.assert_allclose(hadamard(y), x, rtol=0, atol=1e-12)
+
+
+def _butterflies(x: np.ndarray) -> np.ndarray:
+    """H x / sqrt(d) by the textbook in-place butterflies (a reference independent of the
+    factorisation ``hadamard`` uses)."""
+    y = np.array(x, dtype=np.float64)
+    h = 1
+    while h < y.shape[0]:
+        v = y.reshape(-1, 2, h)
+        a, b = v[:, 0, :].copy(), v[:, 1, :].copy()
+        v[:, 0, :], v[:, 1, :] = a + b, a - b
+        h *= 2
+    return y / math.sqrt(y.shape[0])
+
+
+@pytest.mark.parametrize("d", [2**15, 2**16, 2**17])
+def test_the_rotation_of_large_vectors_matches_butterflies(d):
+    """At lengths the models pad to (factors 32^3, 16^4 and 32 x 16^3), against butterflies:
+    each factor lands on its own axis (a product without the rotation between them fails)."""
+    from fedsgld.secagg.ddg import hadamard
+
+    x = np.random.default_rng(d).standard_normal(d)
+    np.testing.assert_allclose(hadamard(x), _butterflies(x), rtol=0, atol=1e-11)
+
+
+def test_the_rotation_refuses_a_length_not_a_power_of_two():
+    from fedsgld.secagg.ddg import hadamard
+
+    with pytest.raises(ValueError, match="power of two, got 24"):
+        hadamard(np.ones(24))
 
 
 def test_masks_are_never_reused_across_rounds():
