@@ -41,6 +41,21 @@ def _app_modules() -> list[str]:
     return [m for m in sys.modules if m.split(".")[0] in NEVER_PRELOAD]
 
 
+def not_preloaded(before: set[str], after: set[str]) -> list[str]:
+    """What a task imported beyond the server's preload: new top-level packages, and new
+    subpackages of preloaded ones by their first two names (``scipy.fft`` where ``scipy``
+    was preloaded, which the top-level name alone would hide); app packages and built-in
+    modules left out."""
+    tops = {m.split(".")[0] for m in before}
+    out = set()
+    for name in after - before:
+        parts = name.split(".")
+        if parts[0] in NEVER_PRELOAD or parts[0] in sys.builtin_module_names:
+            continue
+        out.add(".".join(parts[:2]) if parts[0] in tops else parts[0])
+    return sorted(out)
+
+
 def _recv_request(conn: socket.socket, maxfds: int = 3) -> tuple[dict, list[int]]:
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, maxfds)
     fds = list(fds)
@@ -123,8 +138,7 @@ def _child(conn: socket.socket, req: dict, fds: list[int], server: int) -> None:
             with contextlib.suppress(OSError):
                 prof.dump_stats(os.path.join(profile_dir, f"task-{os.getpid()}.prof"))
         if debug:
-            new = {m.split(".")[0] for m in set(sys.modules) - before}
-            libs = sorted(new - set(NEVER_PRELOAD) - set(sys.builtin_module_names))
+            libs = not_preloaded(before, set(sys.modules))
             _log(
                 f"task done (exit {code}) in {time.monotonic() - t0:.3f} s "
                 f"({time.process_time() - c0:.3f} s CPU); "

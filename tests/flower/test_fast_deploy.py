@@ -296,6 +296,19 @@ def test_fork_server_refuses_to_preload_the_app_package(tmp_path):
     assert not sock.exists()
 
 
+def test_debug_log_names_subpackages_a_task_imported_beyond_the_preload():
+    """FEDSGLD_WARM_DEBUG's list: a new subpackage of a preloaded library by its first two
+    names (the top-level name alone would hide it), a new library by its own; the app
+    package and built-in modules never."""
+    from fedsgld.deploy.warm_task import not_preloaded
+
+    before = {"scipy", "scipy.stats", "numpy", "sys"}
+    after = before | {"scipy.fft", "scipy.fft._basic", "cryptography.hazmat.primitives",
+                      "cryptography", "fedsgld", "fedsgld.privacy", "_io"}  # fmt: skip
+    assert not_preloaded(before, after) == ["cryptography", "scipy.fft"]
+    assert not_preloaded(before, before) == []
+
+
 def test_fork_server_socket_directory_must_be_private(tmp_path):
     d = tmp_path / "shared"
     d.mkdir(mode=0o755)
