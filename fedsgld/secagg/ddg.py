@@ -61,7 +61,7 @@ def hadamard(x: np.ndarray) -> np.ndarray:
     H_2), so x viewed as a row-major array of shape (2^a, 2^b, ...) is transformed by one
     small matrix along each axis: the last axis by a product, then the axes rotated (one
     transpose) to bring the next one last. 3 factors of 32 x 32 for d = 2^15, where
-    in-place butterflies took 15 passes over the vector (about 6x slower). Each product
+    in-place butterflies took 15 passes over the vector (4-8x slower here). Each product
     is cut into blocks of at most ``_BLOCK_ROWS`` rows, small enough that the BLAS runs it
     on the calling thread (OpenBLAS threads a product above 2^18 multiply-adds, and its
     idle threads then spin against the sites' own work)."""
