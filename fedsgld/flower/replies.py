@@ -114,14 +114,21 @@ SECAGG_REPLY_FIELDS = {
 }
 
 
+#: what a pipelined request also asks for, and the reply field that carries it: round
+#: t + 1's keys with round t's consistency, its shares with round t's unmask
+SECAGG_AHEAD = {"consistency": ("next", "advertise_keys"), "unmask": ("next_shares", "share_keys")}
+
+
 def check_secagg_reply(
     msg: Message, *, entry: SiteEntry | None, step: str, ahead: bool = False
 ) -> dict[str, Any]:
     """Validate one reply to a ``train.secagg`` step; return the site's protocol message
     or raise :class:`ReplyRejected`: the checks of :func:`check_train_reply` on the reply
-    and its node, then the step's fields (:mod:`fedsgld.secagg.wire`). ``ahead``: an
-    unmask request that asked for the next round's keys too; the reply then also holds
-    ``next``, an ``advertise_keys`` message of the same site."""
+    and its node, then the step's fields (:mod:`fedsgld.secagg.wire`). ``ahead``: a
+    consistency request that asked for the next round's keys too, or an unmask request
+    that carried the next round's roster; the reply then also holds the same site's
+    answer to that step of the next round (``next``: its ``advertise_keys`` message;
+    ``next_shares``: its ``share_keys`` message, :data:`SECAGG_AHEAD`)."""
     rec = _only_record(msg, entry, "secagg")
     try:
         m = unflatten(rec, "")
@@ -133,14 +140,15 @@ def check_secagg_reply(
             f"reply names site {m.get('site')!r} from node {node}; node {entry.node_id} was "
             f"asked for site {entry.site}"
         )
-    want = {"site", *SECAGG_REPLY_FIELDS[step], *(("next",) if ahead else ())}
+    field, of = SECAGG_AHEAD.get(step, ("", "")) if ahead else ("", "")
+    want = {"site", *SECAGG_REPLY_FIELDS[step], *((field,) if field else ())}
     if set(m) != want:
         raise ReplyRejected(f"a {step} reply holds {sorted(m)}, expected {sorted(want)}")
-    nxt = m.get("next")
-    if ahead and (not isinstance(nxt, dict) or nxt.get("site") != entry.site
-                  or set(nxt) != {"site", *SECAGG_REPLY_FIELDS["advertise_keys"]}):  # fmt: skip
-        raise ReplyRejected(f"the next round's keys in site {entry.site}'s unmask reply are "
-                            "malformed")  # fmt: skip
+    nxt = m.get(field)
+    if field and (not isinstance(nxt, dict) or nxt.get("site") != entry.site
+                  or set(nxt) != {"site", *SECAGG_REPLY_FIELDS[of]}):  # fmt: skip
+        raise ReplyRejected(f"the next round's {of} answer in site {entry.site}'s {step} "
+                            "reply is malformed")  # fmt: skip
     return m
 
 

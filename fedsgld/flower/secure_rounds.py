@@ -16,20 +16,22 @@ message in its own record, the server's half played by
 3. decode the modular sum; the round mode takes the Langevin step on it with no noise of
    the server's own (:meth:`~fedsgld.strategies.secure_sum.SecureSum.finish`).
 
-**Pipelined key advertisement** (``secagg-pipeline = true``, the default): the
-``unmask`` request of round t also asks each site to advertise its fresh keys for round
-t + 1 (``next_round`` in the request; the plan of round t + 1 is round t's with round
-t + 1's label), and the site's unmask reply carries them (``next``). Round t + 1 then
-starts at ``share_keys`` with those keys, four exchanges instead of five, when its plan
-is the one the keys were signed for and every site of the round advertised; otherwise
-(its bits changed with sigma_t, a site missed the unmask step, a resumed run) it
-starts with its own ``advertise_keys`` exchange, whose keys replace the early ones at the
-site. Nothing else moves: the keys are fresh per round and bound to round t + 1's
-context by the site's signature, each site still checks every roster entry against its
-key list at ``share_keys``, before any share leaves, and no step's checks are skipped.
-The other steps cannot be pipelined without weakening the protocol: each needs what the
-server collects in the step before (the roster, the relayed shares, the survivor set,
-its signatures).
+**Pipelined rounds** (``secagg-pipeline = true``, the default): the ``consistency``
+request of round t also asks each site to advertise its fresh keys for round t + 1
+(``next_round``; the plan of round t + 1 is round t's with round t + 1's label), and the
+site's consistency reply carries them (``next``). If every site of the plan sent them,
+the ``unmask`` request of round t carries round t + 1's roster (``next_keys``), each site
+checks every entry against its key list before any share leaves, and its unmask reply
+carries its ``share_keys`` answer of round t + 1 (``next_shares``). Round t + 1 then
+starts at ``masked_input``, three exchanges instead of five, when its plan is the one the
+keys were signed for and every site of it sent its shares; otherwise (its bits changed
+with sigma_t, a site missed a step, a resumed run) it starts with its own
+``advertise_keys``, whose keys replace the early ones at the site. Nothing else moves:
+the keys are fresh per round and bound to round t + 1's context by the site's
+signature, and no step's checks are skipped. Within a round, ``masked_input``,
+``consistency`` and ``unmask`` each need what the server collects in the step before
+(the relayed shares, the survivor set, its signatures), and round t + 1's
+``masked_input`` needs theta_{t+1}, which round t's unmask produces.
 
 A site that does not answer a step before ``round-timeout``, answers with an error (its
 guard refused), or answers out of shape is a dropout from that step on, recorded in the
@@ -74,8 +76,9 @@ class SecureRounds:
         self.strategy, self.send, self.pipeline = strategy, send, pipeline
         self.server = strategy.server
         self.costs: list[dict[str, Any]] = []
-        # the next round's plan and the keys the sites advertised for it with their unmask
-        self.ahead: tuple[SecAggPlan, list[dict[str, Any]]] | None = None
+        # the next round's server party (keys collected) and the sites' share_keys answers
+        # of it, which came with this round's unmask
+        self.ahead: tuple[ServerParty, list[dict[str, Any]]] | None = None
 
     def _message(
         self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
@@ -134,33 +137,36 @@ class SecureRounds:
             max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
             neighbours=p.secagg_neighbours,
         )  # fmt: skip
-        party = ServerParty(sp)
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
                                 "server_received": 0}  # fmt: skip
         t0 = time.perf_counter()
-        got = self._early_keys(sp)
-        if got is None:
+        early = self._early(sp)
+        if early is None:
+            party = ServerParty(sp)
             got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
-        else:
-            cost["seconds"]["advertise_keys"] = 0.0
+            roster = party.collect_keys(got)
+            got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster,
+                             cost)  # fmt: skip
+        else:  # keys and shares came with the last round's consistency and unmask
+            party, got = early
+            cost["seconds"].update(advertise_keys=0.0, share_keys=0.0)
             cost["pipelined"] = True
-        roster = party.collect_keys(got)
-        got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster, cost)
         inbox = party.route_shares(got)
         theta = {"theta": pack_vector(server.theta)}
         got = self._step(plan, sp, "masked_input", sorted(inbox), inbox.__getitem__, cost, theta)
         announcement = party.collect_masked(got)
         survivors = list(announcement["survivors"])
-        got = self._step(plan, sp, "consistency", survivors, lambda v: announcement, cost)
-        signed = party.collect_signatures(got)
         ahead = self.pipeline and plan.round + 1 < server.rounds
-        ask = {**signed, "next_round": plan.round + 1} if ahead else signed
+        ask = {**announcement, "next_round": plan.round + 1} if ahead else announcement
+        got = self._step(plan, sp, "consistency", survivors, lambda v: ask, cost, ahead=ahead)
+        keys = [m.pop("next") for m in got] if ahead else []
+        signed = party.collect_signatures(got)
+        nxt = self._next_party(sp, plan.round + 1, keys)
+        ask = {**signed, "next_keys": nxt[1]["keys"]} if nxt else signed
         got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: ask, cost,
-                         ahead=ahead)  # fmt: skip
-        if ahead:  # the next round's keys, signed for the next round's plan
-            nxt = replace(sp, round_label=secagg_label(strategy.run_key, strategy.epoch,
-                                                      plan.round + 1))  # fmt: skip
-            self.ahead = (nxt, [m.pop("next") for m in got])
+                         ahead=nxt is not None)  # fmt: skip
+        if nxt is not None:  # round t + 1's shares, relayed at its masked_input
+            self.ahead = (nxt[0], [m.pop("next_shares") for m in got])
         modular = party.finish(got)
         total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
         cost["seconds"]["round"] = time.perf_counter() - t0
@@ -169,14 +175,29 @@ class SecureRounds:
         strategy.last_train_sites = survivors
         return torch.from_numpy(total)
 
-    def _early_keys(self, sp: SecAggPlan) -> list[dict[str, Any]] | None:
-        """The keys advertised for the round of ``sp`` with the last unmask, if they were
-        signed for exactly this plan and every site of it advertised; else None."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is None or ahead[0] != sp:
+    def _next_party(
+        self, sp: SecAggPlan, rnd: int, keys: list[dict[str, Any]]
+    ) -> tuple[ServerParty, dict[str, Any]] | None:
+        """Round ``rnd``'s server party and roster from the keys its sites advertised with
+        this round's consistency step (signed for this round's plan with round ``rnd``'s
+        label), if every site of the plan advertised; else None (round ``rnd`` then
+        starts with its own ``advertise_keys``)."""
+        if sorted(int(m["site"]) for m in keys) != list(sp.sites):
             return None
-        keys = ahead[1]
-        return keys if sorted(int(m["site"]) for m in keys) == list(sp.sites) else None
+        nxt = replace(sp, round_label=secagg_label(self.strategy.run_key, self.strategy.epoch,
+                                                  rnd))  # fmt: skip
+        party = ServerParty(nxt)
+        return party, party.collect_keys(keys)
+
+    def _early(self, sp: SecAggPlan) -> tuple[ServerParty, list[dict[str, Any]]] | None:
+        """The party of the round of ``sp`` and its ``share_keys`` answers, sent with the
+        last round's unmask, if the party's plan is exactly ``sp`` and every site of its
+        roster answered; else None."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is None or ahead[0].plan != sp:
+            return None
+        party, shares = ahead
+        return (party, shares) if sorted(int(m["site"]) for m in shares) == list(sp.sites) else None
 
     def summary(self) -> dict[str, Any]:
         """results.json's ``flower.secure_aggregation``: the rounds' median cost."""

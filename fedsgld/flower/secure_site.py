@@ -33,8 +33,11 @@ theta_t (Poisson sample and pre-noise from the policy's sampler) and encodes it 
 share, drawn from the operating system through the receipt of that charge, then masks it. Between the steps of a round the site's
 :class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
 ``context.state``, on the site's machine; it is deleted after ``unmask``, and a new
-``advertise_keys`` replaces it. The ledger refuses a second ``masked_input`` for a round
-(replay numbering), so no round draws two shares.
+``advertise_keys`` replaces it. In pipelined rounds the party of round t + 1 is made at
+round t's ``consistency`` (its keys advertised) and kept beside round t's; at round t's
+``unmask`` it becomes the site's round in progress, after playing round t + 1's
+``share_keys`` on the roster the request carries. The ledger refuses a second
+``masked_input`` for a round (replay numbering), so no round draws two shares.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from fedsgld.secagg.identity import SIGNATURE_BYTES, Credentials
 from fedsgld.secagg.wire import flatten, unflatten
 
 STATE = "fedsgld.secagg-{}"  # a site's SiteParty between the steps of a round
+STATE_NEXT = "fedsgld.secagg-next-{}"  # its party for the next round, from consistency to unmask
 KEY_BYTES = 32
 
 
@@ -150,20 +154,22 @@ def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
     """The protocol message ``m`` a ``step`` request carries, checked for its shape
     (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
     keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
-    with their signatures of them)."""
+    with their signatures of them). Pipelined (``secagg-pipeline``): ``consistency`` may
+    ask for the next round's keys (``next_round``), and ``unmask`` may carry the next
+    round's roster (``next_keys``, shaped as ``share_keys``'s)."""
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
             "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
-    if step == "unmask" and "next_round" in m:  # the next round's keys asked for as well
+    if step == "consistency" and "next_round" in m:  # the next round's keys asked for as well
         want = {*want, "next_round"}
+    if step == "unmask" and "next_keys" in m:  # the next round's roster, for its shares
+        want = {*want, "next_keys"}
     if set(m) != want:
         raise ValueError(f"a {step} request carries {sorted(m)}, expected {sorted(want)}")
     if step == "share_keys":
-        for v, k in _ids(m["keys"], "keys").items():
-            if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk", "sig"}:
-                raise ValueError(f"keys of site {v} must be enc_pk, mask_pk and sig")
-            _key(k["enc_pk"], f"site {v}'s enc_pk"), _key(k["mask_pk"], f"site {v}'s mask_pk")
-            _key(k["sig"], f"site {v}'s sig", SIGNATURE_BYTES)
-    elif step == "masked_input":
+        _roster_keys(m["keys"])
+    elif step == "unmask" and "next_keys" in m:
+        _roster_keys(m["next_keys"])
+    if step == "masked_input":
         for v, ct in _ids(m["shares"], "shares").items():
             if not isinstance(ct, bytes):
                 raise ValueError(f"the shares from site {v} must be bytes")
@@ -175,18 +181,52 @@ def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def _next_round(r: _Request, creds: Credentials) -> tuple[SiteParty | None, dict[str, Any]]:
-    """At ``unmask`` with ``next_round``: the site's party for the next round (its fresh
-    keys signed for round t + 1's plan: this round's, with the next round's label) and the
-    unmask request without ``next_round``. A ``next_round`` other than t + 1 is refused."""
-    m = dict(r.secure.message)
-    if r.step != "unmask" or "next_round" not in m:
-        return None, m
+def _roster_keys(keys: Any) -> None:
+    """A roster's signed public keys, checked for their shape (``ValueError`` otherwise)."""
+    for v, k in _ids(keys, "keys").items():
+        if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk", "sig"}:
+            raise ValueError(f"keys of site {v} must be enc_pk, mask_pk and sig")
+        _key(k["enc_pk"], f"site {v}'s enc_pk"), _key(k["mask_pk"], f"site {v}'s mask_pk")
+        _key(k["sig"], f"site {v}'s sig", SIGNATURE_BYTES)
+
+
+def _next_plan(r: _Request) -> SecAggPlan:
+    """Round t + 1's plan as a pipelined request of round t implies it: round t's, with
+    round t + 1's label (keys signed for it are refused by any other plan)."""
     run_key, epoch, rnd = r.round_of
-    if m.pop("next_round") != rnd + 1:  # checked at the door already
-        raise PolicyRefused(f"unmask of round {rnd}: next_round must be {rnd + 1}")
-    plan = replace(r.secagg, round_label=secagg_label(run_key, epoch, rnd + 1))
-    return SiteParty(r.site.site_id, plan, creds), m
+    return replace(r.secagg, round_label=secagg_label(run_key, epoch, rnd + 1))
+
+
+def _ahead(
+    r: _Request, creds: Credentials, context: Context, out: dict[str, Any], next_keys: Any
+) -> dict[str, Any]:
+    """The next round's part of a pipelined request, after this round's step answered
+    ``out``. At ``consistency`` with ``next_round``: the site's party for round t + 1,
+    its fresh keys signed for round t + 1's plan, kept beside this round's party
+    (``next``). At ``unmask``: that party becomes the site's round in progress, and with
+    ``next_keys`` it plays round t + 1's ``share_keys`` on that roster first (every entry
+    checked against the site's key list before any share leaves: ``next_shares``)."""
+    site = r.site.site_id
+    later = STATE_NEXT.format(site)
+    if r.step == "consistency" and "next_round" in r.secure.message:
+        party = SiteParty(site, _next_plan(r), creds)
+        out = {**out, "next": party.advertise_keys()}
+        context.state[later] = ConfigRecord(flatten(party.state(), ""))
+        return out
+    if r.step != "unmask":
+        return out
+    kept = context.state.get(later)
+    if kept is None:
+        if next_keys is not None:
+            raise RoundAborted(f"site {site}: a roster for round {r.round_of[2] + 1} without "
+                               "its keys advertised")  # fmt: skip
+        return out
+    del context.state[later]
+    party = SiteParty.restore(_next_plan(r), unflatten(kept, ""), creds)
+    if next_keys is not None:
+        out = {**out, "next_shares": party.share_keys({"keys": next_keys})}
+    context.state[STATE.format(site)] = ConfigRecord(flatten(party.state(), ""))
+    return out
 
 
 def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
@@ -254,8 +294,8 @@ def secagg_door(msg: Message, context: Context) -> Admission:
     step_message(r.step, r.secure.message)
     nxt = r.secure.message.get("next_round", r.round_of[2] + 1)
     if isinstance(nxt, bool) or nxt != r.round_of[2] + 1:
-        raise PolicyRefused(f"secure aggregation: the unmask of round {r.round_of[2]} may ask "
-                            f"for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
+        raise PolicyRefused(f"secure aggregation: the consistency step of round {r.round_of[2]} "
+                            f"may ask for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
     plan, pol, run = r.secure.plan, r.policy, r.config.run
@@ -331,8 +371,11 @@ def handle_secagg(msg: Message, context: Context) -> Message:
     r: _Request = got.request
     slot = STATE.format(r.site.site_id)
     creds = site_credentials(r)
-    ahead, m = _next_round(r, creds)
-    if r.step == "advertise_keys":
+    m = dict(r.secure.message)
+    m.pop("next_round", None)
+    next_keys = m.pop("next_keys", None)
+    if r.step == "advertise_keys":  # a fresh round: any party kept for it is replaced
+        context.state.pop(STATE_NEXT.format(r.site.site_id), None)
         party = SiteParty(r.site.site_id, r.secagg, creds)
         out = party.advertise_keys()
     else:
@@ -347,20 +390,24 @@ def handle_secagg(msg: Message, context: Context) -> Message:
             out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
+            context.state.pop(STATE_NEXT.format(r.site.site_id), None)
             raise
         keep_layers_check(context, hosted, r.site)
     if r.step == "unmask":
         del context.state[slot]
-        if ahead is not None:  # the next round's party replaces this round's
-            out = {**out, "next": ahead.advertise_keys()}
-            context.state[slot] = ConfigRecord(flatten(ahead.state(), ""))
     else:
         context.state[slot] = ConfigRecord(flatten(party.state(), ""))
+    try:
+        out = _ahead(r, creds, context, out, next_keys)
+    except RoundAborted:  # a refused next roster: the site answers neither round
+        context.state.pop(slot, None)
+        raise
     return Message(RecordDict({"secagg": ConfigRecord(flatten(out, ""))}), reply_to=msg)
 
 
 __all__ = [
     "STATE",
+    "STATE_NEXT",
     "handle_secagg",
     "secagg_door",
     "site_credentials",

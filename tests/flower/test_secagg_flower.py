@@ -158,10 +158,10 @@ def test_sparse_neighbourhoods_over_flower_share_with_the_ring_neighbours_only(t
     grid, res = _run(tmp_path, wire, secagg_neighbours=2)
     assert res["privacy"]["steps"] == 3
     assert res["privacy"]["secure_aggregation"]["neighbours"] == 2
-    inst = wire.instruction(1, "share_keys", 0).content["plan"]
+    inst = wire.instruction(1, "masked_input", 0).content["plan"]
     assert inst["secagg-neighbours"] == 2
     for rnd in range(3):
-        shares = wire.replies(rnd, "share_keys")
+        shares = _shares(wire, rnd)
         assert {v: sorted(int(u) for u in m["shares"]) for v, m in shares.items()} == {
             0: [1, 3],
             1: [0, 2],
@@ -169,6 +169,31 @@ def test_sparse_neighbourhoods_over_flower_share_with_the_ring_neighbours_only(t
             3: [0, 2],
         }
     assert [_ddg_rounds(led["ledger"]) for led in _ledgers(grid).values()] == [3, 3, 3, 3]
+
+
+def _shares(wire: Wire, rnd: int) -> dict[int, dict]:
+    """Round ``rnd``'s share_keys answers: its own step's, or (pipelined) the ones that came
+    with round ``rnd`` - 1's unmask."""
+    own = wire.replies(rnd, "share_keys")
+    if own:
+        return own
+    return {v: m["next_shares"] for v, m in wire.replies(rnd - 1, "unmask").items()}
+
+
+def test_a_dropout_at_unmask_falls_back_to_a_fresh_start_of_the_next_round(tmp_path):
+    """Site 2's unmask reply of round 0 is lost (within the plan's one dropout): round 0
+    completes from the others' shares, and round 1, whose shares from site 2 never came,
+    starts with its own advertise_keys and share_keys instead of the early ones; round 2
+    is pipelined again."""
+    wire = Wire(lose=lambda rnd, step, site: (rnd, step, site) == (0, "unmask", 2))
+    _, res = _run(tmp_path, wire, max_dropouts=1)
+    assert res["privacy"]["steps"] == 3
+    assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 1
+    steps = [{m.content["plan"]["secagg-step"] for m, _ in wire.seen
+              if m.content["plan"]["round"] == rnd} for rnd in range(3)]  # fmt: skip
+    assert {"advertise_keys", "share_keys"} <= steps[1]
+    assert not {"advertise_keys", "share_keys"} & steps[2]
+    assert sorted(wire.replies(1, "share_keys")) == [0, 1, 2, 3]
 
 
 def test_a_dropout_within_the_plan_completes_the_round(tmp_path):
@@ -186,8 +211,8 @@ def test_a_dropout_within_the_plan_completes_the_round(tmp_path):
 
 def test_more_dropouts_than_planned_abort_the_round_and_keep_it_counted(tmp_path):
     wire = Wire(lose=lambda rnd, step, site: rnd == 1 and step == "share_keys" and site in (1, 2))
-    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):
-        _run(tmp_path, wire, max_dropouts=1)
+    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):  # rounds unpipelined:
+        _run(tmp_path, wire, max_dropouts=1, **{"secagg-pipeline": False})  # round 1 shares keys
     assert not wire.replies(1, "masked_input")  # no site drew a share for the aborted round
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert _ddg_rounds(ledger) == 2  # round 1 was charged before any site drew

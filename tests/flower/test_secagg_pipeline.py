@@ -1,10 +1,12 @@
-"""Pipelined key advertisement in secure-aggregation rounds over Flower (``secagg-pipeline``):
-round t + 1's keys ride on round t's unmask, and round t + 1 starts at ``share_keys``.
+"""Pipelined secure-aggregation rounds over Flower (``secagg-pipeline``): round t + 1's
+keys ride on round t's consistency step and its shares on round t's unmask, so round t + 1
+starts at ``masked_input``.
 
 What must hold: a pipelined round unmasks to the small noisy sum as an unpipelined one does
-(the pairwise masks agreed on the early keys cancel), the early keys are authenticated by
-every site at ``share_keys`` exactly as keys advertised in their own step, and a site
-refuses to advertise keys for any round but the next."""
+(the pairwise masks agreed on the early keys cancel, the early shares rebuild), the early
+roster is authenticated by every site before any share of round t + 1 leaves it, exactly
+as at its own ``share_keys``, and a site refuses to advertise keys for any round but the
+next."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from test_secagg_flower import SMALL, Wire, _resend, _run
 from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import SECAGG, secagg_plan
-from fedsgld.flower.secure_site import STATE
+from fedsgld.flower.secure_site import STATE, STATE_NEXT
 from fedsgld.secagg import RoundAborted
 from fedsgld.secagg.crypto import mask, modulus_mask
 from fedsgld.secagg.shamir import combine
@@ -55,15 +57,22 @@ def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path
     _, res0 = _run(tmp_path / "plain", plain, rounds=2, **{"secagg-pipeline": False})
     assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 1
     assert res0["flower"]["secure_aggregation"]["pipelined_rounds"] == 0
-    # round 1 started at share_keys, with the keys that came with round 0's unmask
+    # round 1 started at masked_input, with the keys that came with round 0's consistency
+    # step and the shares that came with its unmask
     assert _steps(piped, 0) == _steps(plain, 0) == _steps(plain, 1)
-    assert "advertise_keys" in _steps(piped, 0)
-    assert _steps(piped, 1) == _steps(piped, 0) - {"advertise_keys"}
-    early = {v: r["next"] for v, r in piped.replies(0, "unmask").items()}
-    roster = unflatten(piped.instruction(1, "share_keys", 0).content["plan"], "secagg/")["keys"]
-    assert early == {v: {"site": v, **e} for v, e in roster.items()}
-    assert "next" not in piped.replies(1, "unmask")[0]  # the run's last round asks for none
-    assert "next" not in plain.replies(0, "unmask")[0]
+    assert {"advertise_keys", "share_keys"} <= _steps(piped, 0)
+    assert _steps(piped, 1) == _steps(piped, 0) - {"advertise_keys", "share_keys"}
+    early = {v: r["next"] for v, r in piped.replies(0, "consistency").items()}
+    sent = unflatten(piped.instruction(0, "unmask", 0).content["plan"], "secagg/")["next_keys"]
+    assert early == {v: {"site": v, **e} for v, e in sent.items()}
+    shares = {v: r["next_shares"] for v, r in piped.replies(0, "unmask").items()}
+    assert sorted(shares) == [0, 1, 2, 3] and all(m["site"] == v for v, m in shares.items())
+    for v in range(4):  # round 1's relayed ciphertexts are the ones sent with round 0's unmask
+        inbox = unflatten(piped.instruction(1, "masked_input", v).content["plan"], "secagg/")
+        assert inbox["shares"] == {u: m["shares"][v] for u, m in shares.items() if u != v}
+    last = (*piped.replies(1, "consistency").values(), *piped.replies(1, "unmask").values())
+    assert not any({"next", "next_shares"} & set(m) for m in last)  # the last round asks none
+    assert not any({"next", "next_shares"} & set(m) for m in plain.replies(0, "unmask").values())
     # the pairwise masks of the early keys cancel: the unmasked sum is the small noisy sum,
     # as in an unpipelined round (a mask left over would make it uniform: spread 0.289)
     spreads = [_unmasked_spread(w, 1) for w in (piped, plain)]
@@ -71,7 +80,8 @@ def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path
     assert max(spreads) / min(spreads) < 3.0, spreads
     # every site charged each round once, and keeps no secret after the last round
     assert res["privacy"]["steps"] == res0["privacy"]["steps"] == 2
-    assert not any(STATE.format(k) in ctx.state for ctx in grid.contexts.values() for k in range(4))
+    assert not any(slot.format(k) in ctx.state for ctx in grid.contexts.values()
+                   for k in range(4) for slot in (STATE, STATE_NEXT))  # fmt: skip
 
 
 class _SwapEarlyKey(Wire):
@@ -83,7 +93,7 @@ class _SwapEarlyKey(Wire):
         if reply is None or reply.has_error() or msg.metadata.message_type != SECAGG:
             return reply
         plan = msg.content["plan"]
-        if plan["secagg-step"] != "unmask":
+        if plan["secagg-step"] != "consistency":
             return reply
         if plan["round"] != 0 or plan["site-id"] != 2:
             return reply
@@ -94,28 +104,49 @@ class _SwapEarlyKey(Wire):
         return out
 
 
-def test_a_substituted_early_key_is_refused_at_share_keys_before_any_share(tmp_path):
+def test_a_substituted_early_key_is_refused_before_any_share_of_the_next_round(tmp_path):
+    """The roster of round 1 comes with round 0's unmask: every site checks it there, as at
+    a share_keys step of its own, and refuses the whole request: no share of round 1's
+    secrets leaves a site, and none of round 0's either."""
     wire = _SwapEarlyKey()
-    with pytest.raises(RoundAborted, match="fewer than K - max_dropouts"):
+    with pytest.raises(RoundAborted):
         run_local({**SMALL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS, fault=wire)
-    assert "advertise_keys" not in _steps(wire, 1)  # the early keys were used
-    refusals = [r.error.reason for m, r in wire.seen if m.content["plan"]["round"] == 1
-                and m.content["plan"]["secagg-step"] == "share_keys" and r.has_error()]  # fmt: skip
+    refusals = [r.error.reason for m, r in wire.seen if m.content["plan"]["round"] == 0
+                and m.content["plan"]["secagg-step"] == "unmask" and r.has_error()]  # fmt: skip
     assert len(refusals) == 4  # every site, site 2 itself included
     assert all("site 2's round keys are not signed by its key" in why for why in refusals)
-    assert not wire.replies(1, "share_keys")  # no share of any secret left a site
-    assert not wire.replies(1, "masked_input")  # nothing was drawn or masked
+    assert not wire.replies(0, "unmask")  # no share of any secret left a site
+    assert not [m for m, _ in wire.seen if m.content["plan"]["round"] == 1]
 
 
 def test_a_site_advertises_keys_for_the_next_round_only(tmp_path):
     wire = Wire()
     grid, _ = _run(tmp_path, wire, rounds=2)
-    for bad in (0, 3, True, "1"):  # round 0's unmask may ask for round 1's keys, no other
-        got = _resend(grid, wire.instruction(0, "unmask", 1), **{"secagg/next_round": bad})
+    for bad in (0, 3, True, "1"):  # round 0's consistency may ask for round 1's keys, no other
+        got = _resend(grid, wire.instruction(0, "consistency", 1), **{"secagg/next_round": bad})
         assert got.has_error(), bad
         assert "may ask for the keys of round 1 only" in got.error.reason or (
             "malformed request" in got.error.reason
         ), got.error.reason
+
+
+def test_a_roster_for_the_next_round_needs_its_keys_advertised():
+    """An unmask request with a next round's roster, to a site that advertised no keys for
+    it (the server skipped the consistency step's request), is refused; without a roster
+    and without kept keys the unmask answer is left as it is."""
+    from types import SimpleNamespace
+
+    from flwr.app import Context
+
+    from fedsgld.flower.secure_site import _ahead
+
+    r = SimpleNamespace(step="unmask", site=SimpleNamespace(site_id=1), round_of=("k", 0, 0),
+                        secure=SimpleNamespace(message={}))  # fmt: skip
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(RoundAborted, match="a roster for round 1 without its keys advertised"):
+        _ahead(r, None, ctx, {"site": 1}, {0: {}})
+    assert _ahead(r, None, ctx, {"site": 1}, None) == {"site": 1}
+    assert STATE.format(1) not in ctx.state
 
 
 def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(tmp_path):
