@@ -68,6 +68,11 @@ from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
 Send = Callable[[list[Message]], list[Message]]
 
 
+def _every_site(messages: list[dict[str, Any]], sp: SecAggPlan) -> bool:
+    """Whether ``messages`` hold one answer from every site of ``sp``'s plan."""
+    return sorted(int(m["site"]) for m in messages) == list(sp.sites)
+
+
 class SecureRounds:
     """The secure-aggregation rounds of one Flower run (module docstring). ``send`` pushes
     one step's messages and returns the replies that came back in time."""
@@ -182,7 +187,7 @@ class SecureRounds:
         this round's consistency step (signed for this round's plan with round ``rnd``'s
         label), if every site of the plan advertised; else None (round ``rnd`` then
         starts with its own ``advertise_keys``)."""
-        if sorted(int(m["site"]) for m in keys) != list(sp.sites):
+        if not _every_site(keys, sp):
             return None
         nxt = replace(sp, round_label=secagg_label(self.strategy.run_key, self.strategy.epoch,
                                                   rnd))  # fmt: skip
@@ -197,7 +202,7 @@ class SecureRounds:
         if ahead is None or ahead[0].plan != sp:
             return None
         party, shares = ahead
-        return (party, shares) if sorted(int(m["site"]) for m in shares) == list(sp.sites) else None
+        return (party, shares) if _every_site(shares, sp) else None
 
     def summary(self) -> dict[str, Any]:
         """results.json's ``flower.secure_aggregation``: the rounds' median cost."""

@@ -57,6 +57,7 @@ from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
+from fedsgld.flower.secure_requests import step_message
 from fedsgld.flower.sites import (
     hosted_site,
     hosted_sites,
@@ -67,12 +68,11 @@ from fedsgld.flower.sites import (
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode, identity
-from fedsgld.secagg.identity import SIGNATURE_BYTES, Credentials
+from fedsgld.secagg.identity import Credentials
 from fedsgld.secagg.wire import flatten, unflatten
 
 STATE = "fedsgld.secagg-{}"  # a site's SiteParty between the steps of a round
 STATE_NEXT = "fedsgld.secagg-next-{}"  # its party for the next round, from consistency to unmask
-KEY_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -113,18 +113,6 @@ def _request(msg: Message, context: Context) -> _Request:
     return _Request(secure, policy, site)
 
 
-def _ids(d: Any, what: str) -> dict[int, Any]:
-    if not isinstance(d, dict) or not all(isinstance(k, int) for k in d):
-        raise ValueError(f"{what} must map site ids to values")
-    return d
-
-
-def _key(b: Any, what: str, size: int = KEY_BYTES) -> bytes:
-    if not isinstance(b, bytes) or len(b) != size:
-        raise ValueError(f"{what} must be {size} bytes")
-    return b
-
-
 def site_credentials(r: _Request) -> Credentials:
     """The site's long-term key and key list, from its policy (:class:`PolicyRefused`
     without them). A simulation node's policy has no list: its keys are derived from the
@@ -148,46 +136,6 @@ def site_credentials(r: _Request) -> Credentials:
     except ValueError as err:
         raise PolicyRefused(f"policy signing_key / peers: {err}") from None
     return creds
-
-
-def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
-    """The protocol message ``m`` a ``step`` request carries, checked for its shape
-    (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
-    keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
-    with their signatures of them). Pipelined (``secagg-pipeline``): ``consistency`` may
-    ask for the next round's keys (``next_round``), and ``unmask`` may carry the next
-    round's roster (``next_keys``, shaped as ``share_keys``'s)."""
-    want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
-            "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
-    if step == "consistency" and "next_round" in m:  # the next round's keys asked for as well
-        want = {*want, "next_round"}
-    if step == "unmask" and "next_keys" in m:  # the next round's roster, for its shares
-        want = {*want, "next_keys"}
-    if set(m) != want:
-        raise ValueError(f"a {step} request carries {sorted(m)}, expected {sorted(want)}")
-    if step == "share_keys":
-        _roster_keys(m["keys"])
-    elif step == "unmask" and "next_keys" in m:
-        _roster_keys(m["next_keys"])
-    if step == "masked_input":
-        for v, ct in _ids(m["shares"], "shares").items():
-            if not isinstance(ct, bytes):
-                raise ValueError(f"the shares from site {v} must be bytes")
-    elif step in ("consistency", "unmask") and not isinstance(m["survivors"], list):
-        raise ValueError("survivors must be a list of site ids")
-    if step == "unmask":
-        for v, sig in _ids(m["signatures"], "signatures").items():
-            _key(sig, f"site {v}'s signature of the survivors", SIGNATURE_BYTES)
-    return m
-
-
-def _roster_keys(keys: Any) -> None:
-    """A roster's signed public keys, checked for their shape (``ValueError`` otherwise)."""
-    for v, k in _ids(keys, "keys").items():
-        if not isinstance(k, dict) or set(k) != {"enc_pk", "mask_pk", "sig"}:
-            raise ValueError(f"keys of site {v} must be enc_pk, mask_pk and sig")
-        _key(k["enc_pk"], f"site {v}'s enc_pk"), _key(k["mask_pk"], f"site {v}'s mask_pk")
-        _key(k["sig"], f"site {v}'s sig", SIGNATURE_BYTES)
 
 
 def _next_plan(r: _Request) -> SecAggPlan:
@@ -369,13 +317,13 @@ def handle_secagg(msg: Message, context: Context) -> Message:
     """One step of the site's side of the round (behind its guard, from what it admitted)."""
     got = admitted(msg)
     r: _Request = got.request
-    slot = STATE.format(r.site.site_id)
+    slot, later = STATE.format(r.site.site_id), STATE_NEXT.format(r.site.site_id)
     creds = site_credentials(r)
     m = dict(r.secure.message)
     m.pop("next_round", None)
     next_keys = m.pop("next_keys", None)
     if r.step == "advertise_keys":  # a fresh round: any party kept for it is replaced
-        context.state.pop(STATE_NEXT.format(r.site.site_id), None)
+        context.state.pop(later, None)
         party = SiteParty(r.site.site_id, r.secagg, creds)
         out = party.advertise_keys()
     else:
@@ -390,7 +338,7 @@ def handle_secagg(msg: Message, context: Context) -> Message:
             out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
-            context.state.pop(STATE_NEXT.format(r.site.site_id), None)
+            context.state.pop(later, None)
             raise
         keep_layers_check(context, hosted, r.site)
     if r.step == "unmask":
