@@ -201,6 +201,7 @@ class InProcess:
             max_dropouts=server.privacy.max_dropouts,
             max_colluders=server.privacy.max_colluders,
             neighbours=server.privacy.secagg_neighbours,
+            one_shot=server.privacy.one_shot_rounds,
             workers=torch.get_num_threads(),  # the sites answer at once, as deployed
             drop=self.drop,
             encoder=encoder,

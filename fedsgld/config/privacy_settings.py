@@ -115,6 +115,13 @@ class PrivacySettings:
         "k = each site with its k ring neighbours only (SecAgg+; even, in [2 max_dropouts + "
         "max_colluders + 1, sites - 2]; the same guarantees, k masks a site instead of sites - 1)",
     )
+    secagg_one_shot: bool = setting(
+        True,
+        "with max_dropouts = 0, secure aggregation's one-shot rounds: a site's masked input "
+        "comes with the roster, with pairwise masks only (no self-mask, no shares, no "
+        "consistency or unmask step; a missing site aborts the round either way); false: "
+        "the full protocol. Ignored when max_dropouts > 0",
+    )
     lr_schedule: str = setting(
         "polynomial",
         "polynomial (alpha_t = lr (1 + t / decay_t0)^(-decay_gamma)) | cyclical (cSGLD: cosine "
@@ -164,6 +171,8 @@ class PrivacySettings:
         _int("max_dropouts", self.max_dropouts, 0, 10_000)
         _int("max_colluders", self.max_colluders, 0, 10_000)
         _int("secagg_neighbours", self.secagg_neighbours, 0, 10_000)
+        if not isinstance(self.secagg_one_shot, bool):
+            raise ValueError(f"secagg_one_shot must be true or false, got {self.secagg_one_shot!r}")
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _int("cycle_length", self.cycle_length, 1, 10**9)
         _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)
@@ -213,6 +222,12 @@ class PrivacySettings:
     @property
     def private(self) -> bool:
         return self.method not in ("sgd", "vi")
+
+    @property
+    def one_shot_rounds(self) -> bool:
+        """Whether secure aggregation runs one-shot rounds (``secagg_one_shot`` with no
+        dropouts planned: :class:`fedsgld.secagg.SecAggPlan`)."""
+        return self.secagg_one_shot and self.max_dropouts == 0
 
     @property
     def placement(self) -> str:

@@ -28,7 +28,8 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               train plan's fields and run config, without ``theta`` except at the
               ``masked_input`` step, plus the round's public secure-aggregation plan:
               ``secagg-step``, ``secagg-sites``, ``secagg-length``, ``secagg-bits``,
-              ``secagg-dropouts``, ``secagg-colluders``, ``signal-norm``; and the step's
+              ``secagg-dropouts``, ``secagg-colluders``, ``secagg-neighbours``,
+              ``secagg-one-shot``, ``signal-norm``; and the step's
               protocol message, flattened under ``secagg/``: :mod:`fedsgld.secagg.wire`).
               reply: ``secagg`` (ConfigRecord: the site's protocol message, flattened).
 ``evaluate``  server -> node, one model per message: ``thetas`` (ArrayRecord ``{"0":
@@ -335,7 +336,8 @@ def decode_evaluate(content: RecordDict) -> EvaluateRequest:
 # -- the train.secagg message: one codec ----------------------------------------------------
 
 SECAGG_FIELDS = ("signal-norm", "secagg-step", "secagg-sites", "secagg-length", "secagg-bits",
-                 "secagg-dropouts", "secagg-colluders", "secagg-neighbours")  # fmt: skip
+                 "secagg-dropouts", "secagg-colluders", "secagg-neighbours",
+                 "secagg-one-shot")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -369,6 +371,7 @@ def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
         "secagg-dropouts": sp.max_dropouts,
         "secagg-colluders": sp.max_colluders,
         "secagg-neighbours": sp.neighbours,
+        "secagg-one-shot": sp.one_shot,
     }
 
 
@@ -386,9 +389,13 @@ def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
             "secagg-sites, -length, -bits, -dropouts, -colluders, -neighbours must be integers"
         )
     length, bits, dropouts, colluders, neighbours = ints
+    one_shot = rec["secagg-one-shot"]
+    if not isinstance(one_shot, bool):
+        raise TypeError("secagg-one-shot must be true or false")
     return SecAggPlan(
         round_label=secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
         bits=bits, max_dropouts=dropouts, max_colluders=colluders, neighbours=neighbours,
+        one_shot=one_shot,
     )  # fmt: skip
 
 

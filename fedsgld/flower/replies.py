@@ -115,8 +115,10 @@ SECAGG_REPLY_FIELDS = {
 
 
 #: what a pipelined request also asks for, and the reply field that carries it: round
-#: t + 1's keys with round t's consistency, its shares with round t's unmask
-SECAGG_AHEAD = {"consistency": ("next", "advertise_keys"), "unmask": ("next_shares", "share_keys")}
+#: t + 1's keys with round t's consistency, its shares with round t's unmask; in one-shot
+#: rounds its keys with round t's masked input
+SECAGG_AHEAD = {"consistency": ("next", "advertise_keys"), "unmask": ("next_shares", "share_keys"),
+                "masked_input": ("next", "advertise_keys")}  # fmt: skip
 
 
 def check_secagg_reply(
@@ -125,7 +127,8 @@ def check_secagg_reply(
     """Validate one reply to a ``train.secagg`` step; return the site's protocol message
     or raise :class:`ReplyRejected`: the checks of :func:`check_train_reply` on the reply
     and its node, then the step's fields (:mod:`fedsgld.secagg.wire`). ``ahead``: a
-    consistency request that asked for the next round's keys too, or an unmask request
+    consistency request (or a one-shot round's masked_input request) that asked for the
+    next round's keys too, or an unmask request
     that carried the next round's roster; the reply then also holds the same site's
     answer to that step of the next round (``next``: its ``advertise_keys`` message;
     ``next_shares``: its ``share_keys`` message, :data:`SECAGG_AHEAD`)."""

@@ -25,17 +25,24 @@ def _key(b: Any, what: str, size: int = KEY_BYTES) -> bytes:
     return b
 
 
-def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
+def step_message(step: str, m: dict[str, Any], *, one_shot: bool = False) -> dict[str, Any]:
     """The protocol message ``m`` a ``step`` request carries, checked for its shape
     (``ValueError`` otherwise): nothing at ``advertise_keys``; the roster's signed public
     keys; the ciphertexts relayed to this site; the announced survivors (at ``unmask``
     with their signatures of them). Pipelined (``secagg-pipeline``): ``consistency`` may
     ask for the next round's keys (``next_round``), and ``unmask`` may carry the next
-    round's roster (``next_keys``, shaped as ``share_keys``'s)."""
+    round's roster (``next_keys``, shaped as ``share_keys``'s). In a ``one_shot`` round
+    (:attr:`fedsgld.secagg.SecAggPlan.one_shot`) ``masked_input`` carries the roster
+    (``keys``) instead of shares, and may ask for the next round's keys; the other steps
+    after ``advertise_keys`` are not part of it."""
     want = {"advertise_keys": set(), "share_keys": {"keys"}, "masked_input": {"shares"},
             "consistency": {"survivors"}, "unmask": {"survivors", "signatures"}}[step]  # fmt: skip
-    if step == "consistency" and "next_round" in m:  # the next round's keys asked for as well
-        want = {*want, "next_round"}
+    if one_shot and step not in ("advertise_keys", "masked_input"):
+        raise ValueError(f"a one-shot round has no {step} step")
+    if one_shot and step == "masked_input":
+        want = {"keys"}
+    if step == ("masked_input" if one_shot else "consistency") and "next_round" in m:
+        want = {*want, "next_round"}  # the next round's keys asked for as well
     if step == "unmask" and "next_keys" in m:  # the next round's roster, for its shares
         want = {*want, "next_keys"}
     if set(m) != want:
@@ -43,7 +50,7 @@ def step_message(step: str, m: dict[str, Any]) -> dict[str, Any]:
     for roster in ("keys", "next_keys"):  # share_keys's roster, or the next round's
         if roster in m:
             _roster_keys(m[roster])
-    if step == "masked_input":
+    if step == "masked_input" and not one_shot:
         for v, ct in _ids(m["shares"], "shares").items():
             if not isinstance(ct, bytes):
                 raise ValueError(f"the shares from site {v} must be bytes")

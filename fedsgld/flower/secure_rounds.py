@@ -33,6 +33,15 @@ signature, and no step's checks are skipped. Within a round, ``masked_input``,
 (the relayed shares, the survivor set, its signatures), and round t + 1's
 ``masked_input`` needs theta_{t+1}, which round t's unmask produces.
 
+**One-shot rounds** (``secagg_one_shot``, the default, with ``max_dropouts = 0``;
+:attr:`fedsgld.secagg.SecAggPlan.one_shot`): ``advertise_keys``, then one
+``masked_input`` request that carries theta_t and the roster, answered by each site's
+masked input (pairwise masks only); the server sums all K. Pipelined, that request also
+asks for the keys of round t + 1 (``next_round``) and the replies carry them (``next``),
+so round t + 1 is its ``masked_input`` exchange alone: one exchange a round, as a plain
+round. With no dropouts planned a missing site aborts the round in the full protocol too,
+so its shares, self-masks and consistency check would protect nothing.
+
 A site that does not answer a step before ``round-timeout``, answers with an error (its
 guard refused), or answers out of shape is a dropout from that step on, recorded in the
 run's dropped replies. More dropouts than the plan's ``max_dropouts`` abort the round
@@ -82,8 +91,9 @@ class SecureRounds:
         self.server = strategy.server
         self.costs: list[dict[str, Any]] = []
         # the next round's server party (keys collected) and the sites' share_keys answers
-        # of it, which came with this round's unmask
-        self.ahead: tuple[ServerParty, list[dict[str, Any]]] | None = None
+        # of it, which came with this round's unmask; in one-shot rounds its party and
+        # roster, which came with this round's masked inputs
+        self.ahead: tuple[ServerParty, Any] | None = None
 
     def _message(
         self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
@@ -140,11 +150,13 @@ class SecureRounds:
             round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
             sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
             max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
-            neighbours=p.secagg_neighbours,
+            neighbours=p.secagg_neighbours, one_shot=p.one_shot_rounds,
         )  # fmt: skip
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
                                 "server_received": 0}  # fmt: skip
         t0 = time.perf_counter()
+        if sp.one_shot:
+            return self._one_shot(plan, sp, params, cost, t0)
         early = self._early(sp)
         if early is None:
             party = ServerParty(sp)
@@ -172,13 +184,47 @@ class SecureRounds:
                          ahead=nxt is not None)  # fmt: skip
         if nxt is not None:  # round t + 1's shares, relayed at its masked_input
             self.ahead = (nxt[0], [m.pop("next_shares") for m in got])
-        modular = party.finish(got)
-        total = decode(modular, params, sp.round_label, int(server.theta.shape[0]))
+        return self._finish(sp, params, party.finish(got), survivors, cost, t0)
+
+    def _finish(
+        self, sp: SecAggPlan, params: DDGParameters, modular: Any, survivors: list[int],
+        cost: dict[str, Any], t0: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """The round's decoded sum, its cost recorded."""
+        total = decode(modular, params, sp.round_label, int(self.server.theta.shape[0]))
         cost["seconds"]["round"] = time.perf_counter() - t0
         cost["survivors"] = survivors
         self.costs.append(cost)
-        strategy.last_train_sites = survivors
+        self.strategy.last_train_sites = survivors
         return torch.from_numpy(total)
+
+    def _one_shot(
+        self, plan: RoundPlan, sp: SecAggPlan, params: DDGParameters, cost: dict[str, Any],
+        t0: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """A one-shot round (no dropouts planned: :attr:`SecAggPlan.one_shot`): the roster
+        comes with the request for the masked inputs, and every site's reply is the whole
+        round. Pipelined, that request also asks for each site's keys of round t + 1 (its
+        reply carries them: ``next``), so round t + 1 is this one exchange alone."""
+        early, self.ahead = self.ahead, None
+        if early is not None and early[0].plan == sp:  # keys from the last round's inputs
+            party, roster = early
+            cost["seconds"]["advertise_keys"] = 0.0
+            cost["pipelined"] = True
+        else:
+            party = ServerParty(sp)
+            roster = party.collect_keys(
+                self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+            )
+        ahead = self.pipeline and plan.round + 1 < self.server.rounds
+        ask = {"keys": roster["keys"], **({"next_round": plan.round + 1} if ahead else {})}
+        theta = {"theta": pack_vector(self.server.theta)}
+        got = self._step(plan, sp, "masked_input", list(sp.sites), lambda v: ask, cost, theta,
+                         ahead=ahead)  # fmt: skip
+        keys = [m.pop("next") for m in got] if ahead else []
+        modular = party.collect_one_shot(got)
+        self.ahead = self._next_party(sp, plan.round + 1, keys)  # every site's, or None
+        return self._finish(sp, params, modular, list(sp.sites), cost, t0)
 
     def _next_party(
         self, sp: SecAggPlan, rnd: int, keys: list[dict[str, Any]]

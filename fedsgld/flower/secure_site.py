@@ -38,6 +38,13 @@ round t's ``consistency`` (its keys advertised) and kept beside round t's; at ro
 ``unmask`` it becomes the site's round in progress, after playing round t + 1's
 ``share_keys`` on the roster the request carries. The ledger refuses a second
 ``masked_input`` for a round (replay numbering), so no round draws two shares.
+
+In a one-shot round (:attr:`fedsgld.secagg.SecAggPlan.one_shot`: no dropouts planned) the
+``masked_input`` request carries the roster: the door checks every entry against the key
+list and that it holds every site of the round BEFORE the charge, the party checks its
+own keys in it before the clipped sum is computed or the share drawn, and the party is
+deleted with the reply. A ``next_round`` in that request makes the site's party for
+round t + 1 (its keys in the reply: ``next``), kept as the site's round in progress.
 """
 
 from __future__ import annotations
@@ -67,7 +74,15 @@ from fedsgld.flower.sites import (
 )
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
-from fedsgld.secagg import RoundAborted, SecAggPlan, SiteParty, check_site_plan, encode, identity
+from fedsgld.secagg import (
+    RoundAborted,
+    SecAggPlan,
+    SiteParty,
+    check_site_plan,
+    encode,
+    identity,
+    roster,
+)
 from fedsgld.secagg.identity import Credentials
 from fedsgld.secagg.wire import flatten, unflatten
 
@@ -156,6 +171,12 @@ def _ahead(
     checked against the site's key list before any share leaves: ``next_shares``)."""
     site = r.site.site_id
     later = STATE_NEXT.format(site)
+    if r.secagg.one_shot:  # at masked_input, its last step: the next round's party follows
+        if r.step == "masked_input" and "next_round" in r.secure.message:
+            party = SiteParty(site, _next_plan(r), creds)
+            out = {**out, "next": party.advertise_keys()}
+            context.state[STATE.format(site)] = ConfigRecord(flatten(party.state(), ""))
+        return out
     if r.step == "consistency" and "next_round" in r.secure.message:
         party = SiteParty(site, _next_plan(r), creds)
         out = {**out, "next": party.advertise_keys()}
@@ -239,13 +260,21 @@ def secagg_door(msg: Message, context: Context) -> Admission:
     guard.check_placement(r.policy, r.site.site_id, "secure")
     creds = site_credentials(r)
     _check_plan(r, creds)
-    step_message(r.step, r.secure.message)
+    step_message(r.step, r.secure.message, one_shot=r.secagg.one_shot)
     nxt = r.secure.message.get("next_round", r.round_of[2] + 1)
     if isinstance(nxt, bool) or nxt != r.round_of[2] + 1:
-        raise PolicyRefused(f"secure aggregation: the consistency step of round {r.round_of[2]} "
+        raise PolicyRefused(f"secure aggregation: the {r.step} step of round {r.round_of[2]} "
                             f"may ask for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
+    if r.secagg.one_shot:  # the roster comes with it: authenticated and complete before
+        try:  # the charge (the party checks it again, with its own keys)
+            keys = roster.check_roster(r.secagg, r.site.site_id, r.secure.message["keys"], creds)
+        except roster.RosterRefused as err:
+            raise PolicyRefused(str(err)) from None
+        if sorted(keys) != list(r.secagg.sites):
+            raise PolicyRefused(f"secure aggregation: a one-shot round's roster must hold every "
+                                f"site of the round, got {sorted(keys)}")  # fmt: skip
     plan, pol, run = r.secure.plan, r.policy, r.config.run
     (steps, clip) = guard.check_training(
         pol,
@@ -288,16 +317,21 @@ def _masked_input(
         raise RuntimeError("masked_input without the guard's charge: no share is drawn")
     event = receipt.event  # the mechanism the guard built, checked and charged
     params = event.params
-    total = t.site.clipped_sum(
-        torch.from_numpy(t.theta),
-        round=t.plan.round,
-        sample_rate=event.sample_rate,
-        clip=params.clip,
-        prenoise=t.prenoise,
-        randomness=t.randomness,
-    )
-    encoded = receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
-    return party.masked_input(inbox, encoded)
+
+    def encoded():
+        total = t.site.clipped_sum(
+            torch.from_numpy(t.theta),
+            round=t.plan.round,
+            sample_rate=event.sample_rate,
+            clip=params.clip,
+            prenoise=t.prenoise,
+            randomness=t.randomness,
+        )
+        return receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
+
+    if r.secagg.one_shot:  # ``inbox`` is the roster: checked before anything is drawn
+        return party.one_shot_input(inbox, encoded)
+    return party.masked_input(inbox, encoded())
 
 
 def _play(
@@ -341,8 +375,8 @@ def handle_secagg(msg: Message, context: Context) -> Message:
             context.state.pop(later, None)
             raise
         keep_layers_check(context, hosted, r.site)
-    if r.step == "unmask":
-        del context.state[slot]
+    if r.step == "unmask" or (r.secagg.one_shot and r.step == "masked_input"):
+        del context.state[slot]  # the round's last step: no secret of it is kept
     else:
         context.state[slot] = ConfigRecord(flatten(party.state(), ""))
     try:

@@ -131,6 +131,7 @@ def run_round(
     max_dropouts: int = 0,
     max_colluders: int = 0,
     neighbours: int = 0,
+    one_shot: bool = False,
     workers: int = 1,
     drop: Mapping[int, str] | None = None,
     encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
@@ -139,7 +140,9 @@ def run_round(
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
     ``neighbours``: 0 for the complete graph, else the sparse neighbourhoods' k
-    (:class:`~fedsgld.secagg.plan.SecAggPlan`). ``workers`` > 1: the sites answer
+    (:class:`~fedsgld.secagg.plan.SecAggPlan`). ``one_shot`` (max_dropouts = 0 only):
+    ``advertise_keys`` and one ``masked_input`` that carries the roster, nothing else.
+    ``workers`` > 1: the sites answer
     each step on that many threads, as deployed sites answer at once (each party touches
     only its own state; numpy, ChaCha20 and the OS's randomness release the GIL), the
     server's steps stay in order.
@@ -155,6 +158,7 @@ def run_round(
     plan = SecAggPlan(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
         max_dropouts=max_dropouts, max_colluders=max_colluders, neighbours=neighbours,
+        one_shot=one_shot,
     )  # fmt: skip
     creds = credentials if credentials is not None else ephemeral_credentials(plan.sites)
     sites = {v: SiteParty(v, plan, creds[v]) for v in plan.sites}
@@ -190,27 +194,37 @@ def run_round(
         for v in live(name):
             res.received[v] += size
 
-    def masked(v: int) -> dict:
+    def encoded(v: int) -> np.ndarray:
         vector = np.asarray(vectors[v], dtype=np.float64)
         if encoder is not None:
-            encoded = encoder(v, vector, plan)
-        else:
-            encoded = encode(vector, params, round_label)
-        return sites[v].masked_input(inbox[v], encoded)
+            return encoder(v, vector, plan)
+        return encode(vector, params, round_label)
+
+    def masked(v: int) -> dict:
+        return sites[v].masked_input(inbox[v], encoded(v))
+
+    def one_shot(v: int) -> dict:
+        return sites[v].one_shot_input(roster, lambda: encoded(v))
 
     threaded = workers > 1 and len(plan.sites) > 1
     with ThreadPoolExecutor(workers) if threaded else contextlib.nullcontext() as pool:
         roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
-        broadcast("share_keys", roster)
-        inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
-        for v in live("masked_input"):
-            res.received[v] += message_bytes(inbox.get(v, {}))
-        announcement = step("masked_input", masked, server.collect_masked)
-        broadcast("consistency", announcement)
-        signed = step("consistency", lambda v: sites[v].consistency(announcement),
-                      server.collect_signatures)  # fmt: skip
-        broadcast("unmask", signed)
-        modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
+        if plan.one_shot:  # the roster comes with the request for the masked input
+            broadcast("masked_input", roster)
+            modular = step("masked_input", one_shot, server.collect_one_shot)
+            survivors = plan.sites
+        else:
+            broadcast("share_keys", roster)
+            inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
+            for v in live("masked_input"):
+                res.received[v] += message_bytes(inbox.get(v, {}))
+            announcement = step("masked_input", masked, server.collect_masked)
+            broadcast("consistency", announcement)
+            signed = step("consistency", lambda v: sites[v].consistency(announcement),
+                          server.collect_signatures)  # fmt: skip
+            broadcast("unmask", signed)
+            modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
+            survivors = announcement["survivors"]
     res.total = timed("decode (server)", decode, modular, params, round_label, length)
-    res.survivors = tuple(announcement["survivors"])
+    res.survivors = tuple(survivors)
     return res

@@ -22,6 +22,18 @@ only with high probability over a random graph:
 The consistency check and the roster are unchanged and global (every site verifies every
 roster entry: a site cannot count an unauthenticated site towards the noise). A site's
 cost in masks, key agreements and shares is then k instead of K - 1.
+
+**One-shot rounds** (``one_shot = True``, only with ``max_dropouts = 0``): the round is
+``advertise_keys`` and one ``masked_input`` that carries the roster, y_u = x_u + sum_v
++-PRG(s_uv) with no self-mask and no Shamir shares (:meth:`SiteParty.one_shot_input
+<fedsgld.secagg.protocol.SiteParty.one_shot_input>`). With no dropouts planned the full
+protocol's threshold is K: a round missing any site aborts, so no secret of a site is ever
+rebuilt, and the self-masks, the shares and the consistency check (which exist to recover
+dropped sites without exposing the late ones) protect nothing. The sum of every site's
+input is all the server can learn: an honest site's pairwise masks with the other honest
+sites cancel only in the sum over all of them (the graph minus the colluders stays
+connected, as above). ``one_shot`` is in the context, so keys signed for one kind of
+round are refused in the other.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ class SecAggPlan:
     max_dropouts: int = 0
     max_colluders: int = 0
     neighbours: int = 0  # 0: the complete graph; else k, even (module docstring)
+    one_shot: bool = False  # masked_input with the roster, no shares (module docstring)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(int(s) for s in self.sites)))
@@ -61,6 +74,11 @@ class SecAggPlan:
             raise ValueError("max_dropouts and max_colluders must be >= 0")
         check_neighbours("neighbours", self.neighbours, len(self.sites), self.max_dropouts,
                          self.max_colluders)  # fmt: skip
+        if self.one_shot and self.max_dropouts:
+            raise ValueError(
+                f"a one-shot round plans no dropouts, got max_dropouts = {self.max_dropouts}: "
+                "recovering a dropped site needs the full protocol's shares"
+            )
         if self.threshold <= self.max_colluders:
             raise ValueError(
                 f"sites ({len(self.sites)}) - max_dropouts ({self.max_dropouts}) must exceed "
@@ -106,11 +124,13 @@ class SecAggPlan:
                            self.max_dropouts, self.max_colluders)  # fmt: skip
         # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
         # not verify against it, so mixed versions refuse the roster instead of
-        # summing masks that do not cancel. v3: sparse neighbourhoods (k in the context)
+        # summing masks that do not cancel. v3: sparse neighbourhoods (k in the context).
+        # One-shot rounds are their own kind: keys signed for one are refused by the other
+        kind = b"-1shot" if self.one_shot else b""
         if self.neighbours:
             head += struct.pack(">I", self.neighbours)
-            return b"fedsgld-secagg-v3|" + head + self.round_label + b"|" + ids
-        return b"fedsgld-secagg-v2|" + head + self.round_label + b"|" + ids
+            return b"fedsgld-secagg-v3" + kind + b"|" + head + self.round_label + b"|" + ids
+        return b"fedsgld-secagg-v2" + kind + b"|" + head + self.round_label + b"|" + ids
 
     def point(self, site: int) -> int:
         """The Shamir evaluation point of ``site`` (its id + 1)."""

@@ -48,6 +48,13 @@ so that needs 2 (t - max_colluders) honest sites, which do not exist when
 K > 2 max_dropouts + max_colluders (a plan with more dropouts planned is not protected
 against that server).
 
+One-shot rounds (``one_shot``, only with ``max_dropouts = 0``): after step 1 each site
+gets the roster with its request for a masked input and answers y_u = x_u + sum_v
++-PRG(s_uv) at once, with no b_u and no shares (:meth:`SiteParty.one_shot_input`); the
+server sums all K inputs (:meth:`~fedsgld.secagg.server.ServerParty.collect_one_shot`) or
+aborts. With no dropouts planned the threshold above is K, so the full protocol never
+rebuilds anyone's secrets either: steps 2, 4 and 5 protect nothing then (:mod:`.plan`).
+
 Sparse neighbourhoods (SecAgg+, ``neighbours`` = k > 0): each site masks with and shares to
 its k ring neighbours only, with the same guarantees (:mod:`.plan`).
 
@@ -59,7 +66,7 @@ denial of service (a site or the server can always make a round abort).
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -202,18 +209,9 @@ class SiteParty:
         """``announced``: {"keys": {v: {"enc_pk", "mask_pk", "sig"}}} (U1). Refused, before
         anything is drawn or encrypted, unless every entry is authenticated
         (:func:`.roster.check_roster`)."""
+        self._kind(one_shot=False)
         self._advance(1)
-        try:
-            keys = roster.check_roster(self.plan, self.site, announced["keys"], self.credentials)
-        except roster.RosterRefused as err:
-            raise self._abort(str(err)) from None
-        own = (crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key))
-        if keys.get(self.site) != own or not set(keys) <= set(self.plan.sites):
-            raise self._abort(f"site {self.site}: the roster does not hold this site's keys")
-        if len(keys) < self.plan.min_inputs:
-            raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
-                               f"fewer than {self.plan.min_inputs}")  # fmt: skip
-        self._roster = keys
+        keys = self._roster = self._authenticated(announced)
         holders = sorted(self.plan.holders(self.site) & set(keys))
         t = self.plan.threshold
         if len(holders) < t:  # sparse neighbourhoods: more than max_dropouts neighbours gone
@@ -233,9 +231,63 @@ class SiteParty:
             out[v] = crypto.seal(key, plaintext, _aad(self.plan, self.site, v))
         return {"site": self.site, "shares": out}
 
+    def _kind(self, *, one_shot: bool) -> None:
+        """Refuses a step of the other kind of round (:attr:`SecAggPlan.one_shot`)."""
+        if self.plan.one_shot != one_shot:
+            kind = "a one-shot" if self.plan.one_shot else "a full"
+            raise self._abort(f"site {self.site}: that step is not part of {kind} round")
+
+    def _authenticated(self, announced: Message) -> dict[int, tuple[bytes, bytes]]:
+        """The roster U1 of ``announced`` ({"keys": ...}) once every entry is authenticated
+        (:func:`.roster.check_roster`), it holds this site's own keys and at least
+        ``min_inputs`` sites; a refusal (the round ends here) otherwise."""
+        try:
+            keys = roster.check_roster(self.plan, self.site, announced["keys"], self.credentials)
+        except roster.RosterRefused as err:
+            raise self._abort(str(err)) from None
+        own = (crypto.public_bytes(self._enc_key), crypto.public_bytes(self._mask_key))
+        if keys.get(self.site) != own or not set(keys) <= set(self.plan.sites):
+            raise self._abort(f"site {self.site}: the roster does not hold this site's keys")
+        if len(keys) < self.plan.min_inputs:
+            raise self._abort(f"site {self.site}: {len(keys)} sites advertised keys, "
+                               f"fewer than {self.plan.min_inputs}")  # fmt: skip
+        return keys
+
+    def _checked_input(self, encoded: np.ndarray) -> np.ndarray:
+        x = np.asarray(encoded, dtype=np.uint64)
+        if x.shape != (self.plan.length,) or np.any(x > crypto.modulus_mask(self.plan.bits)):
+            raise ValueError(
+                f"the encoded input must be {self.plan.length} words < 2^{self.plan.bits}"
+            )
+        return x
+
+    def one_shot_input(
+        self, announced: Message, encoded: np.ndarray | Callable[[], np.ndarray]
+    ) -> Message:
+        """A one-shot round's masked input (:attr:`SecAggPlan.one_shot`: no dropouts
+        planned), its only step after :meth:`advertise_keys`. ``announced``: the roster U1
+        ({"keys": ...}), refused unless every entry is authenticated and it holds every
+        site of the plan; ``encoded``: this site's vector modulo 2^bits, or the function
+        that makes it (called only once the roster is accepted, so that a refused roster
+        costs no draw). Then y_u = x_u +
+        sum_v +-PRG(s_uv) over its neighbourhood, with no self-mask and no shares: nothing
+        of this round is ever unmasked (a sum missing any site aborts). The party answers
+        no further step."""
+        self._kind(one_shot=True)
+        self._advance(1)
+        keys = self._authenticated(announced)  # K - max_dropouts = K: every site
+        x = self._checked_input(encoded() if callable(encoded) else encoded)
+        self._stage = -1  # one masked input per party, ever
+        peers = {v: keys[v][1] for v in self.plan.neighbourhood(self.site)}
+        y = (x + pairwise_masks(self.plan, self.site, self._mask_key, peers)) & crypto.modulus_mask(
+            self.plan.bits
+        )
+        return {"site": self.site, "y": pack_words(y, self.plan.bits)}
+
     def masked_input(self, inbox: Message, encoded: np.ndarray) -> Message:
         """``inbox``: {"shares": {v: ciphertext from v for this site}} (defines U2);
         ``encoded``: this site's vector modulo 2^bits (e.g. :func:`fedsgld.secagg.ddg.encode`)."""
+        self._kind(one_shot=False)
         self._advance(2)
         senders = {int(v) for v in inbox["shares"]} | {self.site}
         # shares come from this site's holders (every site, or its neighbours); each one
@@ -247,11 +299,7 @@ class SiteParty:
         for v, ct in inbox["shares"].items():
             self._inbox[int(v)] = ct
         self._u2 = senders
-        x = np.asarray(encoded, dtype=np.uint64)
-        if x.shape != (self.plan.length,) or np.any(x > crypto.modulus_mask(self.plan.bits)):
-            raise ValueError(
-                f"the encoded input must be {self.plan.length} words < 2^{self.plan.bits}"
-            )
+        x = self._checked_input(encoded)
         peers = {v: self._roster[v][1] for v in senders if v != self.site}
         y = x + crypto.mask(self._self_seed, self.plan.length, self.plan.bits)
         pair = pairwise_masks(self.plan, self.site, self._mask_key, peers)

@@ -61,6 +61,8 @@ class ServerParty:
 
     def route_shares(self, messages: Sequence[Message]) -> dict[int, Message]:
         """Step 2: each member of U2 gets the ciphertexts addressed to it by the others."""
+        if self.plan.one_shot:
+            raise RoundAborted("server: a one-shot round has no shares to route")
         got = self._receive(1, "share_keys", messages, set(self._keys))
         self._u2 = set(got)
         inboxes: dict[int, Message] = {v: {"shares": {}} for v in self._u2}
@@ -75,6 +77,22 @@ class ServerParty:
         got = self._receive(2, "masked_input", messages, self._u2)
         self._inputs = {v: unpack_words(m["y"], self.plan) for v, m in got.items()}
         return {"survivors": sorted(self._inputs)}
+
+    def collect_one_shot(self, messages: Sequence[Message]) -> np.ndarray:
+        """A one-shot round's second and last step (:attr:`SecAggPlan.one_shot`): the
+        masked inputs of every site of the roster, which must be every site of the plan;
+        their sum mod 2^bits (uint64), in which every pairwise mask cancels."""
+        if not self.plan.one_shot:
+            raise RoundAborted("server: a full round has no one-shot step")
+        got = self._receive(1, "masked_input", messages, set(self._keys))
+        if sorted(got) != list(self.plan.sites):  # min_inputs = K: never reached
+            raise RoundAborted("server: a one-shot round needs every site's masked input")
+        self._stage = 5
+        self._inputs = {v: unpack_words(m["y"], self.plan) for v, m in got.items()}
+        total = np.zeros(self.plan.length, dtype=np.uint64)
+        for y in self._inputs.values():
+            total += y
+        return total & crypto.modulus_mask(self.plan.bits)
 
     def collect_signatures(self, messages: Sequence[Message]) -> Message:
         """Step 4 (consistency check): U3 with the signatures of U3 by the survivors that

@@ -46,6 +46,7 @@ class SecureSum(RoundMode):
             raise ValueError("SecureSum needs secure_aggregation = true")
         self.max_dropouts, self.max_colluders = p.max_dropouts, p.max_colluders
         self.neighbours = p.secagg_neighbours  # 0: the complete graph
+        self.one_shot = p.one_shot_rounds  # no dropouts planned: one masking exchange
         self.last_parameters: DDGParameters | None = None
         self.last_round: Any = None  # the engine's record of the last round (its transcript)
 
@@ -81,6 +82,7 @@ class SecureSum(RoundMode):
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
             neighbours=self.neighbours,
+            one_shot=self.one_shot,
         )
 
     def affordable_rounds(self) -> int:
@@ -148,6 +150,7 @@ class SecureSum(RoundMode):
             "max_dropouts": self.max_dropouts,
             "max_colluders": self.max_colluders,
             "neighbours": self.neighbours or "all",
+            "one_shot": self.one_shot,
             "noise": "each site draws its share from the operating system (not reproducible)",
         }
         if self.last_parameters is not None:

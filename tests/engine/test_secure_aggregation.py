@@ -153,7 +153,7 @@ def test_the_server_sees_only_masked_inputs_and_the_sum():
     server party received in an engine round (the transcript), rebuilding and removing
     site 0's self mask leaves a residual that is uniform modulo 2^bits, unrelated to site
     0's encoded input. Fails when the pairwise masks are left out."""
-    fed, server = _federation()
+    fed, server = _federation(secagg_one_shot=False)
     plan = server.plan()
     engine.secure_round(fed, server, plan)
     party = server.mode.last_round.server
@@ -163,6 +163,25 @@ def test_the_server_sees_only_masked_inputs_and_the_sum():
     assert stats.kstest(u, "uniform").pvalue > 1e-6
     names = [name for name, _ in party.transcript]
     assert names == ["advertise_keys", "share_keys", "masked_input", "consistency", "unmask"]
+
+
+def test_a_one_shot_round_shows_the_server_masked_inputs_and_the_sum_only():
+    """The default with no dropouts planned (secagg_one_shot): the server receives the keys
+    and one masked input per site, nothing else, and site 0's input as the server holds it
+    is uniform modulo 2^bits (no secret of any site is ever released to remove a mask);
+    the sum carries the central noise as in the full protocol's round."""
+    fed, server = _federation()
+    plan = server.plan()
+    theta0 = server.theta.clone()
+    engine.secure_round(fed, server, plan)
+    party = server.mode.last_round.server
+    assert party.plan.one_shot
+    assert [name for name, _ in party.transcript] == ["advertise_keys", "masked_input"]
+    y = dict(party.transcript)["masked_input"][0]["y"]
+    u = np.frombuffer(y, dtype="<u4").astype(np.float64) / 2.0**party.plan.bits
+    assert stats.kstest(u, "uniform").pvalue > 1e-6
+    assert server.t == 1 and torch.isfinite(server.theta).all()
+    assert not torch.equal(server.theta, theta0)
 
 
 def test_the_engine_sum_carries_the_central_noise():
@@ -215,13 +234,14 @@ def test_sparse_neighbourhoods_mask_with_k_sites_and_charge_the_same(tmp_path):
     """secagg_neighbours = 2 on 5 sites: every site sends its shares to its two ring
     neighbours only, the run trains to a finite model, and the epsilon is the complete
     graph's (the released sum, and so the mechanism, is the same)."""
-    sparse = _run(tmp_path, "sparse", sites=5, rounds=2, secagg_neighbours=2)
-    full = _run(tmp_path, "full", sites=5, rounds=2)
+    sparse = _run(tmp_path, "sparse", sites=5, rounds=2, secagg_neighbours=2,
+                  secagg_one_shot=False)  # fmt: skip
+    full = _run(tmp_path, "full", sites=5, rounds=2, secagg_one_shot=False)
     assert sparse["privacy"]["epsilon"]["pld"] == pytest.approx(full["privacy"]["epsilon"]["pld"])
     on_disk = json.loads((tmp_path / "sparse" / "results.json").read_text())
     assert on_disk["privacy"]["secure_aggregation"]["neighbours"] == 2
     assert np.isfinite(on_disk["metrics"]["pooled"]["accuracy"])
-    fed, server = _federation(sites=5, secagg_neighbours=2)
+    fed, server = _federation(sites=5, secagg_neighbours=2, secagg_one_shot=False)
     plan = server.plan()
     engine.secure_round(fed, server, plan)
     party = server.mode.last_round.server

@@ -8,7 +8,9 @@ to that file. The first run (3 sites) checks the result file's blocks, that ever
 ledger holds exactly one distributed discrete Gaussian charge per round, and that the
 run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites) gives one site a
 policy that assumes more dropouts than the plan: it refuses every round, which is a
-dropout within the plan, so the run completes without it and names the refusal.
+dropout within the plan, so the run completes without it and names the refusal. The
+third (3 sites, ``max_dropouts = 0``, on the fast path) runs the default one-shot rounds:
+every round after the first is one exchange, and every ledger holds its rounds.
 """
 
 from __future__ import annotations
@@ -40,25 +42,26 @@ RUN = {
 ROUNDS = RUN["rounds"]
 
 
-def _engine_config(sites: int):
-    return load_config(None, {k: v for k, v in {**RUN, "sites": sites}.items() if "-" not in k})
+def _engine_config(sites: int, **over):
+    run = {**RUN, "sites": sites, **over}
+    return load_config(None, {k: v for k, v in run.items() if "-" not in k})
 
 
-def _reference(sites: int) -> tuple[float, list]:
+def _reference(sites: int, **over) -> tuple[float, list]:
     """The run's epsilon (``ddg_epsilon`` of its rounds) and each round's [q, params, 1]
     as a site's ledger file writes it."""
-    cfg = _engine_config(sites)
+    cfg = _engine_config(sites, **over)
     server = Federation(cfg, log=lambda s: None).make_server()
     rounds = [(cfg.privacy.sample_rate, server.mode.parameters(t), 1) for t in range(ROUNDS)]
     entries = [[q, dataclasses.asdict(p), c] for q, p, c in rounds]
     return ddg_epsilon(rounds, cfg.privacy.delta)[0], json.loads(json.dumps(entries))
 
 
-def _deploy(root: Path, policies: list[str]) -> dict:
+def _deploy(root: Path, policies: list[str], *, fast: bool = False, **over) -> dict:
     """``policies[k]``: site k's policy file text, to which its long-term key (written by
     ``identity.generate`` in its own directory, mode 0600) and the consortium's key list
-    are added. The run's results.json."""
-    files = export_sites(_engine_config(len(policies)), root / "data")
+    are added. ``fast``: on the fast path; ``over``: run settings. The run's results.json."""
+    files = export_sites(_engine_config(len(policies), **over), root / "data")
     public = {k: identity.generate(root / f"site{k}" / "site.key") for k in range(len(policies))}
     peers = "".join(f'{k} = "{h}"\n' for k, h in public.items())
     nodes = []
@@ -70,8 +73,9 @@ def _deploy(root: Path, policies: list[str]) -> dict:
             f"site-id={k} site-data='{data}' privacy-policy='{root / f'site{k}' / 'policy.toml'}'"
         )
     with Loopback(root / "flwr") as lo:
-        lo.start(nodes)
-        return lo.run({**RUN, "sites": len(policies), "out": str(root / "out")}, timeout=1200.0)
+        lo.start(nodes, fast=fast)
+        run = {**RUN, "sites": len(policies), "out": str(root / "out"), **over}
+        return lo.run(run, timeout=1200.0)
 
 
 def _ledger(root: Path, k: int) -> dict:
@@ -141,3 +145,24 @@ def test_a_site_whose_policy_assumes_more_dropouts_refuses_and_the_round_complet
     # the refusing site answered no round, charged no share (only its final evaluations)
     refused = _ledger(tmp_path, 3)
     assert refused["answered"] == {} and "ddg" not in refused["ledger"]
+
+
+@pytest.mark.ci
+def test_one_shot_rounds_deployed_are_one_exchange_after_the_first(tmp_path):
+    """No dropouts planned (the sites' policies too): the default one-shot rounds on the
+    fast path. Round 0 asks for keys, then every round is its masked_input exchange alone,
+    whose request carries the roster and whose reply the next round's keys; each site's
+    ledger holds one charge per round and the epsilon is the reference's."""
+    epsilons = [20.0, 25.0, 30.0]
+    ref, entries = _reference(3, max_dropouts=0)
+    r = _deploy(tmp_path, [f"epsilon = {e}\n" for e in epsilons], fast=True, max_dropouts=0)
+    p = r["privacy"]
+    assert p["steps"] == ROUNDS and not p["halted"]
+    assert p["secure_aggregation"]["one_shot"] is True
+    assert p["secure_aggregation"]["epsilon"] == pytest.approx(ref, rel=1e-9)
+    cost = r["flower"]["secure_aggregation"]
+    assert set(cost["median_seconds"]) == {"advertise_keys", "masked_input", "round"}
+    assert cost["pipelined_rounds"] == ROUNDS - 1
+    assert cost["median_seconds"]["advertise_keys"] == 0.0  # rounds 1.. ask for no keys
+    assert r["flower"]["dropped_replies"] == []
+    _check_ledgers(tmp_path, epsilons, entries)

@@ -131,7 +131,7 @@ def test_the_server_cannot_unmask_one_site_from_everything_it_receives(tmp_path)
     the same attack on the sum of all inputs finds the small noisy sum (so the test can
     tell the two apart)."""
     wire = Wire()
-    _run(tmp_path, wire, rounds=1)
+    _run(tmp_path, wire, rounds=1, secagg_one_shot=False)  # one-shot: test_secagg_one_shot.py
     inst = wire.instruction(0, "unmask", 0).content["plan"]
     sp = secagg_plan(inst, run_key=inst["run-key"], epoch=inst["epoch"], rnd=0)
     masked, unmask = wire.replies(0, "masked_input"), wire.replies(0, "unmask")
@@ -155,7 +155,7 @@ def test_sparse_neighbourhoods_over_flower_share_with_the_ring_neighbours_only(t
     its shares to its two ring neighbours only (never to the opposite site), and the run
     charges every site's ledger each round as the complete graph does."""
     wire = Wire()
-    grid, res = _run(tmp_path, wire, secagg_neighbours=2)
+    grid, res = _run(tmp_path, wire, secagg_neighbours=2, secagg_one_shot=False)
     assert res["privacy"]["steps"] == 3
     assert res["privacy"]["secure_aggregation"]["neighbours"] == 2
     inst = wire.instruction(1, "masked_input", 0).content["plan"]
@@ -288,7 +288,7 @@ def _resend(grid, msg: Message, **change) -> Message:
 
 def test_the_site_guard_refuses_replays_malformed_steps_and_steps_out_of_order(tmp_path):
     wire = Wire()
-    grid, _ = _run(tmp_path, wire, rounds=1)
+    grid, _ = _run(tmp_path, wire, rounds=1, secagg_one_shot=False)
     before = _ledgers(grid)
     replay = _resend(grid, wire.instruction(0, "masked_input", 1))
     assert replay.has_error() and "refusing the replayed request" in replay.error.reason

@@ -24,6 +24,8 @@ from fedsgld.secagg.crypto import mask, modulus_mask
 from fedsgld.secagg.shamir import combine
 from fedsgld.secagg.wire import flatten, unflatten
 
+FULL = {"secagg_one_shot": False}  # the full protocol (one-shot rounds: test_secagg_one_shot.py)
+
 
 def _unmasked_spread(wire: Wire, rnd: int) -> float:
     """The server's attack on round ``rnd``'s whole transcript: every masked input minus its
@@ -53,8 +55,8 @@ def _steps(wire: Wire, rnd: int) -> set[str]:
 @pytest.mark.ci
 def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path):
     piped, plain = Wire(), Wire()
-    grid, res = _run(tmp_path / "piped", piped, rounds=2)
-    _, res0 = _run(tmp_path / "plain", plain, rounds=2, **{"secagg-pipeline": False})
+    grid, res = _run(tmp_path / "piped", piped, rounds=2, **FULL)
+    _, res0 = _run(tmp_path / "plain", plain, rounds=2, **FULL, **{"secagg-pipeline": False})
     assert res["flower"]["secure_aggregation"]["pipelined_rounds"] == 1
     assert res0["flower"]["secure_aggregation"]["pipelined_rounds"] == 0
     # round 1 started at masked_input, with the keys that came with round 0's consistency
@@ -110,7 +112,8 @@ def test_a_substituted_early_key_is_refused_before_any_share_of_the_next_round(t
     secrets leaves a site, and none of round 0's either."""
     wire = _SwapEarlyKey()
     with pytest.raises(RoundAborted):
-        run_local({**SMALL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS, fault=wire)
+        run_local({**SMALL, **FULL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS,
+                  fault=wire)  # fmt: skip
     refusals = [r.error.reason for m, r in wire.seen if m.content["plan"]["round"] == 0
                 and m.content["plan"]["secagg-step"] == "unmask" and r.has_error()]  # fmt: skip
     assert len(refusals) == 4  # every site, site 2 itself included
@@ -121,7 +124,7 @@ def test_a_substituted_early_key_is_refused_before_any_share_of_the_next_round(t
 
 def test_a_site_advertises_keys_for_the_next_round_only(tmp_path):
     wire = Wire()
-    grid, _ = _run(tmp_path, wire, rounds=2)
+    grid, _ = _run(tmp_path, wire, rounds=2, **FULL)
     for bad in (0, 3, True, "1"):  # round 0's consistency may ask for round 1's keys, no other
         got = _resend(grid, wire.instruction(0, "consistency", 1), **{"secagg/next_round": bad})
         assert got.has_error(), bad
@@ -141,7 +144,8 @@ def test_a_roster_for_the_next_round_needs_its_keys_advertised():
     from fedsgld.flower.secure_site import _ahead
 
     r = SimpleNamespace(step="unmask", site=SimpleNamespace(site_id=1), round_of=("k", 0, 0),
-                        secure=SimpleNamespace(message={}))  # fmt: skip
+                        secure=SimpleNamespace(message={}),
+                        secagg=SimpleNamespace(one_shot=False))  # fmt: skip
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     with pytest.raises(RoundAborted, match="a roster for round 1 without its keys advertised"):
         _ahead(r, None, ctx, {"site": 1}, {0: {}})
@@ -156,7 +160,7 @@ def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(t
     from fedsgld.config import Config
     from fedsgld.flower import sites as site_side
 
-    grid, _ = _run(tmp_path, rounds=2)
+    grid, _ = _run(tmp_path, rounds=2)  # one-shot rounds, the default
     config = Config.from_flat({k: v for k, v in SMALL.items() if "-" not in k} | {"rounds": 2})
     for ctx in grid.contexts.values():
         hosted = site_side.hosted_sites(ctx, config)
