@@ -64,6 +64,10 @@ every task in a fresh interpreter, as Flower's own SuperNode does. Reported: the
 wall time of a round (the ServerApp's own timer, results.json ``round_wall_time_s``) of
 both, their ratio, and the secure rounds' median protocol bytes and per-step seconds
 (results.json ``flower.secure_aggregation``).
+
+The secure runs plan no dropouts, so they run one-shot rounds (``secagg_one_shot``, the
+default: keys, then one masked input a round); ``--full`` runs the full protocol (five
+steps, three a round when pipelined) for ``--engine`` and ``--loopback``.
 """
 
 from __future__ import annotations
@@ -269,6 +273,11 @@ def print_loopback(rows: list[dict]) -> None:
               f"{r['plain_server_sent_kib']:.0f} / {r['plain_server_received_kib']:.0f} |")  # fmt: skip
 
 
+def _kind() -> str:
+    """The secure runs' protocol: one-shot rounds (the default with no dropouts) or full."""
+    return "full" if SECURE.get("secagg_one_shot") is False else "one-shot"
+
+
 def main_loopback(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="fedsgld-secagg-") as tmp:
@@ -279,8 +288,9 @@ def main_loopback(args: argparse.Namespace) -> None:
         print(json.dumps({"loopback": rows, "load_average": load}, indent=2))
         return
     path = "fast path" if args.fast else ("cold" if args.cold else "warm") + " stock sites"
-    print(f"loopback deployment, {path}, demo CNN (padded dim {rows[0]['dim']}); load "
-          f"average {load[0]:.1f} at the start, {load[1]:.1f} at the end:")  # fmt: skip
+    print(f"loopback deployment, {path}, demo CNN (padded dim {rows[0]['dim']}), {_kind()} "
+          f"secure rounds; load average {load[0]:.1f} at the start, {load[1]:.1f} at the "
+          "end:")  # fmt: skip
     print_loopback(rows)
 
 
@@ -371,8 +381,8 @@ def main_engine(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"engine": rows, "load_average": load}, indent=2))
         return
-    print(f"in-process engine, demo CNN; load average {load[0]:.1f} at the start, "
-          f"{load[1]:.1f} at the end:")  # fmt: skip
+    print(f"in-process engine, demo CNN, {_kind()} secure rounds; load average "
+          f"{load[0]:.1f} at the start, {load[1]:.1f} at the end:")  # fmt: skip
     print_engine(rows)
 
 
@@ -402,7 +412,12 @@ def main() -> None:
     ap.add_argument("--neighbours", type=int, default=0,
                     help="--engine: secagg_neighbours of the secure runs (0: every pair; "
                     "used where it is <= sites - 2)")  # fmt: skip
+    ap.add_argument("--full", action="store_true",
+                    help="--engine, --loopback: the secure runs with secagg_one_shot = false "
+                    "(the full protocol; one-shot rounds are the default with no dropouts)")  # fmt: skip
     args = ap.parse_args()
+    if args.full:  # PLACEMENTS["secure"] is this same dict
+        SECURE["secagg_one_shot"] = False
     if args.engine:
         args.rounds = args.rounds or 6
         main_engine(args)

@@ -27,7 +27,11 @@ from fedsgld.secagg.wire import flatten, unflatten
 
 def _steps(wire: Wire, rnd: int) -> list[str]:
     return sorted(
-        {m.content["plan"]["secagg-step"] for m, _ in wire.seen if m.content["plan"]["round"] == rnd}
+        {
+            m.content["plan"]["secagg-step"]
+            for m, _ in wire.seen
+            if m.content["plan"]["round"] == rnd
+        }
     )
 
 
