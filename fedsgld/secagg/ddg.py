@@ -31,12 +31,16 @@ from .crypto import modulus_mask, os_randbytes, public_key_stream
 from .discrete_gaussian import BLOCK, RandBytes, discrete_gaussian
 
 
+@functools.lru_cache(maxsize=4)  # public, and the same for every site of a round
 def rotation_signs(label: bytes, dim: int) -> np.ndarray:
-    """The public +-1 diagonal D of the round named by ``label`` (float64, length ``dim``)."""
+    """The public +-1 diagonal D of the round named by ``label`` (float64, length ``dim``;
+    read-only: one array serves every party of the round in one process)."""
     bits = np.unpackbits(
         np.frombuffer(public_key_stream(b"rotation|" + label, (dim + 7) // 8), np.uint8)
     )
-    return 1.0 - 2.0 * bits[:dim].astype(np.float64)
+    signs = 1.0 - 2.0 * bits[:dim].astype(np.float64)
+    signs.flags.writeable = False
+    return signs
 
 
 _FACTOR_BITS = 5  #: the Kronecker factors of H_d are at most 2^5 x 2^5
