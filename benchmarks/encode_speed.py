@@ -9,8 +9,10 @@ for a vector of ``--params`` coordinates (the demo CNN's 26,010 by default, padd
 ``--sites`` sites and noise multiplier ``--sigma``. Timed on a pool of ``--threads``
 threads, as the in-process engine's sites answer (``run_round(workers=...)``), and on the
 main thread alone: medians of ``--repeats`` encodings, each its own thread's CPU time
-(:func:`time.thread_time`), after 20 unmeasured ones. Compare two versions by putting
-another checkout's ``fedsgld/`` first on ``PYTHONPATH``.
+(:func:`time.thread_time`), after 20 unmeasured ones. Also the wall time of a round's
+worth of encodings (``--sites`` of them), one after the other and on the pool (medians of
+15): the pool's speed-up says how much of the encoding runs outside the GIL. Compare two
+versions by putting another checkout's ``fedsgld/`` first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def main() -> None:
     with ThreadPoolExecutor(args.threads) as pool:
         list(pool.map(one, range(20)))
         pooled = list(pool.map(one, range(args.repeats)))
+        seq, par = [], []  # a round's encodings: one after the other, then on the pool
+        for _ in range(15):
+            t0 = time.perf_counter()
+            for i in range(args.sites):
+                one(i)
+            seq.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            list(pool.map(one, range(args.sites)))
+            par.append(time.perf_counter() - t0)
     alone = [one(i) for i in range(20 + args.repeats)][20:]
     out = {
         "fedsgld": ddg.__file__,
@@ -58,6 +69,8 @@ def main() -> None:
         "threads": args.threads,
         "pool_cpu_ms": 1e3 * statistics.median(pooled),
         "main_thread_cpu_ms": 1e3 * statistics.median(alone),
+        "round_wall_ms_one_by_one": 1e3 * statistics.median(seq),
+        "round_wall_ms_pool": 1e3 * statistics.median(par),
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -65,6 +78,9 @@ def main() -> None:
     print(f"{out['fedsgld']}: d = {params.dim}, s^2 = {params.share_variance}")
     print(f"one encoding, CPU ms (median of {args.repeats}): on a pool of {args.threads} "
           f"threads {out['pool_cpu_ms']:.2f}, on the main thread {out['main_thread_cpu_ms']:.2f}")  # fmt: skip
+    print(f"{args.sites} encodings, wall ms (median of 15): one after the other "
+          f"{out['round_wall_ms_one_by_one']:.1f}, on the pool {out['round_wall_ms_pool']:.1f} "
+          f"({out['round_wall_ms_one_by_one'] / out['round_wall_ms_pool']:.2f} times faster)")  # fmt: skip
 
 
 if __name__ == "__main__":
