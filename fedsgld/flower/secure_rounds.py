@@ -159,9 +159,7 @@ class SecureRounds:
             return self._one_shot(plan, sp, params, cost, t0)
         early = self._early(sp)
         if early is None:
-            party = ServerParty(sp)
-            got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
-            roster = party.collect_keys(got)
+            party, roster = self._advertise(plan, sp, cost)
             got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster,
                              cost)  # fmt: skip
         else:  # keys and shares came with the last round's consistency and unmask
@@ -185,6 +183,14 @@ class SecureRounds:
         if nxt is not None:  # round t + 1's shares, relayed at its masked_input
             self.ahead = (nxt[0], [m.pop("next_shares") for m in got])
         return self._finish(sp, params, party.finish(got), survivors, cost, t0)
+
+    def _advertise(
+        self, plan: RoundPlan, sp: SecAggPlan, cost: dict[str, Any]
+    ) -> tuple[ServerParty, dict[str, Any]]:
+        """A fresh server party of ``sp`` and the roster of the keys its sites advertise."""
+        party = ServerParty(sp)
+        got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+        return party, party.collect_keys(got)
 
     def _finish(
         self, sp: SecAggPlan, params: DDGParameters, modular: Any, survivors: list[int],
@@ -212,10 +218,7 @@ class SecureRounds:
             cost["seconds"]["advertise_keys"] = 0.0
             cost["pipelined"] = True
         else:
-            party = ServerParty(sp)
-            roster = party.collect_keys(
-                self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
-            )
+            party, roster = self._advertise(plan, sp, cost)
         ahead = self.pipeline and plan.round + 1 < self.server.rounds
         ask = {"keys": roster["keys"], **({"next_round": plan.round + 1} if ahead else {})}
         theta = {"theta": pack_vector(self.server.theta)}

@@ -171,16 +171,12 @@ def _ahead(
     checked against the site's key list before any share leaves: ``next_shares``)."""
     site = r.site.site_id
     later = STATE_NEXT.format(site)
-    if r.secagg.one_shot:  # at masked_input, its last step: the next round's party follows
-        if r.step == "masked_input" and "next_round" in r.secure.message:
+    if r.step == ("masked_input" if r.secagg.one_shot else "consistency"):
+        if "next_round" in r.secure.message:  # the next round's party, its keys advertised
             party = SiteParty(site, _next_plan(r), creds)
             out = {**out, "next": party.advertise_keys()}
-            context.state[STATE.format(site)] = ConfigRecord(flatten(party.state(), ""))
-        return out
-    if r.step == "consistency" and "next_round" in r.secure.message:
-        party = SiteParty(site, _next_plan(r), creds)
-        out = {**out, "next": party.advertise_keys()}
-        context.state[later] = ConfigRecord(flatten(party.state(), ""))
+            # a one-shot round is over: the next one becomes the round in progress
+            _keep(context, (STATE if r.secagg.one_shot else STATE_NEXT).format(site), party)
         return out
     if r.step != "unmask":
         return out
@@ -194,8 +190,14 @@ def _ahead(
     party = SiteParty.restore(_next_plan(r), unflatten(kept, ""), creds)
     if next_keys is not None:
         out = {**out, "next_shares": party.share_keys({"keys": next_keys})}
-    context.state[STATE.format(site)] = ConfigRecord(flatten(party.state(), ""))
+    _keep(context, STATE.format(site), party)
     return out
+
+
+def _keep(context: Context, slot: str, party: SiteParty) -> None:
+    """``party`` (its round secrets included) in the node's ``context.state``, on the site's
+    machine: never sent."""
+    context.state[slot] = ConfigRecord(flatten(party.state(), ""))
 
 
 def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
@@ -378,7 +380,7 @@ def handle_secagg(msg: Message, context: Context) -> Message:
     if r.step == "unmask" or (r.secagg.one_shot and r.step == "masked_input"):
         del context.state[slot]  # the round's last step: no secret of it is kept
     else:
-        context.state[slot] = ConfigRecord(flatten(party.state(), ""))
+        _keep(context, slot, party)
     try:
         out = _ahead(r, creds, context, out, next_keys)
     except RoundAborted:  # a refused next roster: the site answers neither round

@@ -23,7 +23,7 @@ from fedsgld.privacy.distributed import ddg_epsilon
 from fedsgld.secagg import RoundAborted, identity
 from fedsgld.secagg.crypto import mask, modulus_mask
 from fedsgld.secagg.shamir import combine
-from fedsgld.secagg.wire import unflatten
+from fedsgld.secagg.wire import flatten, unflatten
 
 SMALL = {
     "dataset": "synthetic",
@@ -80,6 +80,29 @@ class Wire:
             if (m.content["plan"]["round"], m.content["plan"]["secagg-step"]) == (rnd, step)
             and m.content["plan"]["site-id"] == site
         )
+
+
+class EditReply(Wire):
+    """Edits one reply before the server sees it: ``edit(m)`` changes site ``site``'s
+    protocol message of ``step`` in round ``rnd`` in place, its signatures kept (what a
+    server substituting a value of its own would relay to the other sites)."""
+
+    def __init__(self, step: str, rnd: int, site: int, edit) -> None:
+        super().__init__()
+        self.at, self.edit = (step, rnd, site), edit
+
+    def __call__(self, msg: Message, reply: Message) -> Message | None:
+        reply = super().__call__(msg, reply)
+        if reply is None or reply.has_error() or msg.metadata.message_type != SECAGG:
+            return reply
+        plan = msg.content["plan"]
+        if (plan["secagg-step"], plan["round"], plan["site-id"]) != self.at:
+            return reply
+        m = unflatten(reply.content["secagg"], "")
+        self.edit(m)
+        out = Message(RecordDict({"secagg": ConfigRecord(flatten(m, ""))}), reply_to=msg)
+        self.seen[-1] = (msg, out)
+        return out
 
 
 def _run(tmp_path, wire=None, **over):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from scipy import stats
-from test_secagg_flower import SMALL, Wire, _ddg_rounds, _ledgers, _resend, _run
+from test_secagg_flower import SMALL, EditReply, Wire, _ddg_rounds, _ledgers, _resend, _run
 
 from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
@@ -22,7 +22,7 @@ from fedsgld.flower.protocol import SECAGG, secagg_plan
 from fedsgld.flower.secure_site import STATE, STATE_NEXT
 from fedsgld.secagg import RoundAborted
 from fedsgld.secagg.crypto import modulus_mask
-from fedsgld.secagg.wire import flatten, unflatten
+from fedsgld.secagg.wire import unflatten
 
 
 def _steps(wire: Wire, rnd: int) -> list[str]:
@@ -67,29 +67,17 @@ def test_one_shot_rounds_are_one_exchange_after_the_first_and_sum_exactly(tmp_pa
                    for k in range(4) for slot in (STATE, STATE_NEXT))  # fmt: skip
 
 
-class _SwapNextKey(Wire):
+def _swap_next_key() -> EditReply:
     """Replaces site 2's next-round ``mask_pk`` in its round 0 reply, its signature kept:
     what a server substituting a key of its own into round 1's roster would relay."""
-
-    def __call__(self, msg: Message, reply: Message) -> Message | None:
-        reply = super().__call__(msg, reply)
-        if reply is None or reply.has_error() or msg.metadata.message_type != SECAGG:
-            return reply
-        plan = msg.content["plan"]
-        if (plan["secagg-step"], plan["round"], plan["site-id"]) != ("masked_input", 0, 2):
-            return reply
-        m = unflatten(reply.content["secagg"], "")
-        m["next"]["mask_pk"] = bytes(32)
-        out = Message(RecordDict({"secagg": ConfigRecord(flatten(m, ""))}), reply_to=msg)
-        self.seen[-1] = (msg, out)
-        return out
+    return EditReply("masked_input", 0, 2, lambda m: m["next"].update(mask_pk=bytes(32)))
 
 
 def test_a_substituted_key_is_refused_before_any_site_is_charged_or_draws(tmp_path):
     """Round 1's roster holds a key site 2 never signed: every site's door refuses the
     request before its charge, so no site draws a share or sends a masked input, no
     site's ledger counts round 1, and the round aborts."""
-    wire = _SwapNextKey()
+    wire = _swap_next_key()
     with pytest.raises(RoundAborted):
         run_local({**SMALL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS, fault=wire)
     refusals = [r.error.reason for m, r in wire.seen

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, RecordDict
-from test_secagg_flower import SMALL, Wire, _resend, _run
+from flwr.app import RecordDict
+from test_secagg_flower import SMALL, EditReply, Wire, _resend, _run
 
 from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
-from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.protocol import secagg_plan
 from fedsgld.flower.secure_site import STATE, STATE_NEXT
 from fedsgld.secagg import RoundAborted
 from fedsgld.secagg.crypto import mask, modulus_mask
 from fedsgld.secagg.shamir import combine
-from fedsgld.secagg.wire import flatten, unflatten
+from fedsgld.secagg.wire import unflatten
 
 FULL = {"secagg_one_shot": False}  # the full protocol (one-shot rounds: test_secagg_one_shot.py)
 
@@ -86,31 +86,17 @@ def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path
                    for k in range(4) for slot in (STATE, STATE_NEXT))  # fmt: skip
 
 
-class _SwapEarlyKey(Wire):
+def _swap_early_key() -> EditReply:
     """Replaces site 2's early ``enc_pk`` (the server's relay of round 1's keys) by another
     key, its signature kept: what a server substituting a site's key would send."""
-
-    def __call__(self, msg: Message, reply: Message) -> Message | None:
-        reply = super().__call__(msg, reply)
-        if reply is None or reply.has_error() or msg.metadata.message_type != SECAGG:
-            return reply
-        plan = msg.content["plan"]
-        if plan["secagg-step"] != "consistency":
-            return reply
-        if plan["round"] != 0 or plan["site-id"] != 2:
-            return reply
-        m = unflatten(reply.content["secagg"], "")
-        m["next"]["enc_pk"] = bytes(32)
-        out = Message(RecordDict({"secagg": ConfigRecord(flatten(m, ""))}), reply_to=msg)
-        self.seen[-1] = (msg, out)
-        return out
+    return EditReply("consistency", 0, 2, lambda m: m["next"].update(enc_pk=bytes(32)))
 
 
 def test_a_substituted_early_key_is_refused_before_any_share_of_the_next_round(tmp_path):
     """The roster of round 1 comes with round 0's unmask: every site checks it there, as at
     a share_keys step of its own, and refuses the whole request: no share of round 1's
     secrets leaves a site, and none of round 0's either."""
-    wire = _SwapEarlyKey()
+    wire = _swap_early_key()
     with pytest.raises(RoundAborted):
         run_local({**SMALL, **FULL, "out": str(tmp_path / "run"), "rounds": 2}, **APPS,
                   fault=wire)  # fmt: skip
