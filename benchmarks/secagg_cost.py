@@ -4,7 +4,7 @@
     python benchmarks/secagg_cost.py --loopback [--sites 4 8] [--rounds 4] [--cold] [--fast]
         [--against sites server] [--json]
     python benchmarks/secagg_cost.py --engine [--sites 4 8 16] [--rounds 6] [--repeats 2]
-        [--neighbours K] [--json]
+        [--neighbours K] [--encoders auto|threads|processes] [--json]
 
 For each number of sites K, ``--rounds`` whole rounds of :func:`fedsgld.secagg.run_round`
 on K random vectors of ``--dim`` coordinates (noise multiplier 1.46, clip 1, no dropouts
@@ -48,7 +48,10 @@ pooled over its runs (the first
 includes warm-up: imports, key generation, the first accounting), the secure round's
 ratio to the other two, and where the last secure round's time went
 (:attr:`fedsgld.secagg.RoundResult.seconds`: the protocol's five steps, all parties, of
-which the ``masked_input`` step: each site's guard, encoding and masking).
+which the ``masked_input`` step: each site's guard, encoding and masking). ``--encoders``
+sets the secure runs' ``secagg_encoders`` (where the sites' encodings run: the round's
+threads, or child processes outside the interpreter lock); their CPU seconds include the
+child processes' encodings.
 
 ``--loopback`` measures whole rounds of a real deployment instead
 (:class:`fedsgld.deploy.loopback.Loopback`: one stock ``flower-superlink`` and one stock
@@ -304,16 +307,21 @@ PLACEMENTS = {
 
 
 def engine_rounds(cfg: dict) -> tuple[list[float], list[float], object]:
-    """The wall and the CPU seconds (this process, all its threads) of every round of one
-    in-process run of ``cfg`` (between two per-round callbacks), and its server."""
+    """The wall and the CPU seconds (this process, all its threads, and the encodings of
+    its encoding processes where the run has them) of every round of one in-process run
+    of ``cfg`` (between two per-round callbacks), and its server."""
     from fedsgld import engine
     from fedsgld.config import load_config
 
     stamps: list[tuple[float, float]] = []
     built: dict = {}
 
+    def cpu_now() -> float:  # this process, and its encoding processes' encodings
+        workers = built["federation"].encode_workers if built else None
+        return time.process_time() + (workers.cpu_seconds if workers is not None else 0.0)
+
     def stamp(info) -> None:
-        stamps.append((time.perf_counter(), time.process_time()))
+        stamps.append((time.perf_counter(), cpu_now()))
 
     with tempfile.TemporaryDirectory(prefix="fedsgld-secagg-") as tmp:
         t0 = (time.perf_counter(), time.process_time())
@@ -325,7 +333,9 @@ def engine_rounds(cfg: dict) -> tuple[list[float], list[float], object]:
     return wall, cpu, built["server"]
 
 
-def engine_cost(sites: int, rounds: int, repeats: int = 2, neighbours: int = 0) -> dict:
+def engine_cost(
+    sites: int, rounds: int, repeats: int = 2, neighbours: int = 0, encoders: str = "auto"
+) -> dict:
     """Median round seconds (rounds 2..N of every run: wall and CPU) of the three
     placements, run ``repeats`` times in the orders ABC CBA ABC ... (a drift of the
     machine's load then weighs on all three alike). ``neighbours``: the secure
@@ -333,8 +343,9 @@ def engine_cost(sites: int, rounds: int, repeats: int = 2, neighbours: int = 0) 
     the complete graph."""
     k = neighbours if neighbours <= sites - 2 else 0
     base = {**demo_config(), **ENGINE_RUN, "sites": sites, "rounds": rounds,
-            "secagg_neighbours": k}  # fmt: skip
-    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats, "neighbours": k}
+            "secagg_neighbours": k, "secagg_encoders": encoders}  # fmt: skip
+    out: dict = {"sites": sites, "rounds": rounds, "repeats": repeats, "neighbours": k,
+                 "encoders": encoders}  # fmt: skip
     wall: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     cpu: dict[str, list[float]] = {name: [] for name in PLACEMENTS}
     order = list(PLACEMENTS)
@@ -376,12 +387,14 @@ def print_engine(rows: list[dict]) -> None:
 
 def main_engine(args: argparse.Namespace) -> None:
     load = os.getloadavg()[0]
-    rows = [engine_cost(k, args.rounds, args.repeats, args.neighbours) for k in args.sites]
+    rows = [engine_cost(k, args.rounds, args.repeats, args.neighbours, args.encoders)
+            for k in args.sites]  # fmt: skip
     load = (load, os.getloadavg()[0])
     if args.json:
         print(json.dumps({"engine": rows, "load_average": load}, indent=2))
         return
-    print(f"in-process engine, demo CNN, {_kind()} secure rounds; load average "
+    print(f"in-process engine, demo CNN, {_kind()} secure rounds, secagg_encoders = "
+          f"{args.encoders}; load average "
           f"{load[0]:.1f} at the start, {load[1]:.1f} at the end:")  # fmt: skip
     print_engine(rows)
 
@@ -415,6 +428,9 @@ def main() -> None:
     ap.add_argument("--full", action="store_true",
                     help="--engine, --loopback: the secure runs with secagg_one_shot = false "
                     "(the full protocol; one-shot rounds are the default with no dropouts)")  # fmt: skip
+    ap.add_argument("--encoders", default="auto", choices=["auto", "threads", "processes"],
+                    help="--engine: secagg_encoders of the secure runs (auto: processes from "
+                    "8 sites up on 2 or more threads)")  # fmt: skip
     args = ap.parse_args()
     if args.full:  # PLACEMENTS["secure"] is this same dict
         SECURE["secagg_one_shot"] = False

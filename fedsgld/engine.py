@@ -12,7 +12,8 @@ drawn, checkpoints, resume with fresh noise, the evaluation schedule, results.js
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.evaluation import Evaluation, Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
 from fedsgld.secagg import run_round
+from fedsgld.secagg.workers import EncodeWorkers
+from fedsgld.secagg.workers import available as workers_available
 from fedsgld.strategies import LangevinServer
 from fedsgld.strategies.secure_sum import round_label
 
@@ -276,7 +279,8 @@ def run(
     release (``LangevinServer.on_release``). ``model_fn`` / ``site_data``: a user's own model
     factory and sites (:class:`~fedsgld.federation.Federation`); ``on_round``: called after
     every round (:class:`~fedsgld.run.progress.RoundInfo`); ``built``: a dict that receives the
-    run's ``federation`` and ``server`` (the Python API reads the trained model from them)."""
+    run's ``federation`` and ``server`` before its first round (the Python API reads the
+    trained model from them)."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
     fed = Federation(
         lc.config,
@@ -289,14 +293,36 @@ def run(
     lc.attach(server)
     if audit is not None:
         audit.attach(fed, server)
+    if built is not None:
+        built.update(federation=fed, server=server)
     test = partial(_evaluate_groups, fed)
-    lc.train(partial(one_round, fed, server), test, progress=progress, on_round=on_round)
-    result = lc.finish(
+    with _encode_workers(fed):
+        lc.train(partial(one_round, fed, server), test, progress=progress, on_round=on_round)
+    return lc.finish(
         test,
         sites=fed.site_table(),
         config_source=config_source,
         **_held_out_evaluations(lc, fed, server),
     )
-    if built is not None:
-        built.update(federation=fed, server=server)
-    return result
+
+
+@contextlib.contextmanager
+def _encode_workers(fed: Federation) -> Iterator[None]:
+    """The run's encoding processes for its secure rounds, where ``secagg_encoders`` asks
+    for them (:meth:`fedsgld.config.PerfSettings.encode_processes`), stopped when training
+    ends, however it ends."""
+    config = fed.config
+    count = 0
+    if config.privacy.secure_aggregation:
+        count = config.perf.encode_processes(len(fed.sites), torch.get_num_threads())
+    if config.perf.secagg_encoders == "auto" and not workers_available():
+        count = 0  # "processes" says why it cannot run (EncodeWorkers)
+    if not count:
+        yield
+        return
+    with EncodeWorkers(count) as workers:
+        fed.encode_workers = workers
+        try:
+            yield
+        finally:
+            fed.encode_workers = None

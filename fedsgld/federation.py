@@ -35,6 +35,7 @@ from fedsgld.data.datasets import ArrayDataset, subsample
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.secagg.identity import ephemeral_credentials
+from fedsgld.secagg.workers import EncodeWorkers
 from fedsgld.strategies import LangevinServer, PosteriorSamples
 from fedsgld.vi import VariationalModel
 
@@ -354,6 +355,9 @@ class Federation:
             )
             for d in self.site_data
         ]
+        #: the run's child processes for the sites' secure-sum encodings (None: encoded on
+        #: the round's threads); the engine sets and closes them (:func:`fedsgld.engine.run`)
+        self.encode_workers: EncodeWorkers | None = None
 
     def make_server(
         self, on_spend=None, randomness: Randomness | None = None, run_key: str = ""
@@ -373,7 +377,8 @@ class Federation:
         """Each site's guard for secure sums (``secure_aggregation = true``), built once: a
         simulated site's ledger (budget: the run's epsilon) and the run's plan bounds as its
         policy's; its shares from the operating system; fresh long-term keys for the run
-        (one party plays every site, so they authenticate nobody)."""
+        (one party plays every site, so they authenticate nobody); their encodings in
+        ``encode_workers`` while the run has them."""
         if not hasattr(self, "_secure_sites"):
             p = self.config.privacy
             policy = SitePolicy.simulation(epsilon=p.epsilon, delta=p.delta)
@@ -389,6 +394,8 @@ class Federation:
                 )
                 for s in self.sites
             ]
+        for guard in self._secure_sites:
+            guard.use_workers(self.encode_workers)
         return self._secure_sites
 
     def site_table(self) -> list[dict[str, Any]]:

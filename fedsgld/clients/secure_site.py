@@ -7,7 +7,8 @@ ITS OWN ledger with the round's
 :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`
 (:meth:`fedsgld.clients.policy.SiteLedger.admit`, persisted before any noise exists), and
 only then encodes its clipped sum with its discrete Gaussian share, drawn from the
-operating system (:func:`fedsgld.secagg.encode`). The masking itself is the protocol's
+operating system (:func:`fedsgld.secagg.encode`; in an in-process run of many sites,
+in one of the run's :class:`~fedsgld.secagg.workers.EncodeWorkers`). The masking itself is the protocol's
 :class:`~fedsgld.secagg.SiteParty`, which the transport plays with the site's
 ``credentials`` (its long-term signing key and key list: the roster it accepts).
 """
@@ -23,6 +24,7 @@ from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import Credentials, SecAggPlan, check_site_plan, encode
 from fedsgld.secagg.crypto import os_randbytes
+from fedsgld.secagg.workers import EncodeWorkers
 
 
 class SecureSumSite:
@@ -46,6 +48,13 @@ class SecureSumSite:
         self.clip = clip
         self.max_dropouts, self.max_colluders = max_dropouts, max_colluders
         self.randbytes = randbytes
+        self.workers: EncodeWorkers | None = None
+
+    def use_workers(self, workers: EncodeWorkers | None) -> None:
+        """Encode in ``workers`` from now on (None: in the calling thread). Only with the
+        operating system's randomness: the children draw from their own, so a site given
+        another source (a test's) keeps encoding here."""
+        self.workers = workers if self.randbytes is os_randbytes else None
 
     def contribution(
         self,
@@ -71,4 +80,6 @@ class SecureSumSite:
         paid = self.ledger.admit(
             event=DistributedDiscreteGaussianStep(params, sample_rate), round_of=round_of
         )
+        if self.workers is not None:
+            return paid.draw(self.workers.encode, vector, params, plan.round_label)
         return paid.draw(encode, vector, params, plan.round_label, self.randbytes)

@@ -33,6 +33,8 @@ from fedsgld.config.privacy_settings import PrivacySettings
 SITE_PASSES = ("auto", "per_site", "batched")
 #: ``site_pass = "auto"`` batches the sites' per-record pass from this many sites up
 BATCHED_FROM_SITES = 8
+SECAGG_ENCODERS = ("auto", "threads", "processes")
+ENCODE_PROCESSES_FROM_SITES = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +58,18 @@ class PerfSettings:
         f"from {BATCHED_FROM_SITES} sites up)",
     )
 
+    secagg_encoders: str = setting(
+        "auto",
+        "in-process secure rounds: threads (the sites' encodings on the round's threads) | "
+        "processes (on child processes, one per torch thread: outside the interpreter lock) "
+        f"| auto (processes from {ENCODE_PROCESSES_FROM_SITES} sites up when torch has 2 or "
+        "more threads)",
+    )
+
     def __post_init__(self) -> None:
         _int("chunk_size", self.chunk_size, 1)
         _choice("site_pass", self.site_pass, SITE_PASSES)
+        _choice("secagg_encoders", self.secagg_encoders, SECAGG_ENCODERS)
         _int("threads", self.threads, 0, 256)
         _choice("device", self.device, DEVICES)
 
@@ -67,6 +78,15 @@ class PerfSettings:
         if self.site_pass == "auto":
             return sites >= BATCHED_FROM_SITES
         return self.site_pass == "batched"
+
+    def encode_processes(self, sites: int, threads: int) -> int:
+        """How many child processes encode an in-process secure round's contributions over
+        ``sites`` sites on ``threads`` torch threads (0: none, the round's threads do)."""
+        if self.secagg_encoders == "auto":
+            use = sites >= ENCODE_PROCESSES_FROM_SITES and threads >= 2
+        else:
+            use = self.secagg_encoders == "processes"
+        return max(1, threads) if use else 0
 
     def torch_device(self):
         """The torch.device to run on; ValueError for ``cuda`` on a machine without a GPU."""

@@ -247,3 +247,31 @@ def test_sparse_neighbourhoods_mask_with_k_sites_and_charge_the_same(tmp_path):
     party = server.mode.last_round.server
     shares = dict(party.transcript)["share_keys"]
     assert sorted(len(m["shares"]) for m in shares) == [2] * 5
+
+
+def test_encoding_processes_release_the_same_mechanism_and_stop_with_the_run(tmp_path):
+    """secagg_encoders = processes: the sites' encodings run in the run's child processes
+    (their CPU time counts encodings), every site's ledger is charged once a round as
+    with the round's threads, the epsilon is the threads run's, and no child outlives
+    the run."""
+    seen: dict = {}
+    built: dict = {}
+
+    def during(info) -> None:
+        w = built["federation"].encode_workers
+        seen.update(pids=w.pids, procs=[x.proc for x in w._workers], cpu=w.cpu_seconds)
+
+    cfg = load_config(None, {**SMALL, "rounds": 2, "eval_every": 0, "threads": 2,
+                             "secagg_encoders": "processes"})  # fmt: skip
+    res = engine.run(cfg, out_dir=tmp_path / "procs", progress=False, log=lambda s: None,
+                     on_round=during, built=built)  # fmt: skip
+    assert len(seen["pids"]) == 2 and seen["cpu"] > 0.0
+    assert all(p.poll() is not None for p in seen["procs"])  # stopped with the run
+    fed = built["federation"]
+    assert fed.encode_workers is None
+    assert [g.ledger.accountant.steps for g in fed.secure_sites()] == [2] * 4
+    threads = _run(tmp_path, "threads", rounds=2, eval_every=0, threads=2,
+                   secagg_encoders="threads")  # fmt: skip
+    assert res["privacy"]["epsilon"]["pld"] == pytest.approx(threads["privacy"]["epsilon"]["pld"])
+    assert res["privacy"]["steps"] == threads["privacy"]["steps"] == 2
+    assert np.isfinite(res["metrics"]["pooled"]["accuracy"])
