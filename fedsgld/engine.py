@@ -13,7 +13,7 @@ drawn, checkpoints, resume with fresh noise, the evaluation schedule, results.js
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -282,22 +282,25 @@ def run(
     run's ``federation`` and ``server`` before its first round (the Python API reads the
     trained model from them)."""
     lc = RunLifecycle(config, out=out_dir, resume=resume, transport="in-process", log=log)
-    fed = Federation(
-        lc.config,
-        log=log,
-        randomness=lc.site_randomness,
-        model_fn=model_fn,
-        site_data=site_data,
-    )
-    server = fed.make_server(randomness=lc.server_randomness(), run_key=lc.run_key)
-    lc.attach(server)
-    if audit is not None:
-        audit.attach(fed, server)
-    if built is not None:
-        built.update(federation=fed, server=server)
-    test = partial(_evaluate_groups, fed)
-    with _encode_workers(fed):
+    with contextlib.ExitStack() as stack:
+        workers = _encode_workers(lc.config, stack)  # their start overlaps the data's loading
+        fed = Federation(
+            lc.config,
+            log=log,
+            randomness=lc.site_randomness,
+            model_fn=model_fn,
+            site_data=site_data,
+        )
+        fed.encode_workers = workers
+        server = fed.make_server(randomness=lc.server_randomness(), run_key=lc.run_key)
+        lc.attach(server)
+        if audit is not None:
+            audit.attach(fed, server)
+        if built is not None:
+            built.update(federation=fed, server=server)
+        test = partial(_evaluate_groups, fed)
         lc.train(partial(one_round, fed, server), test, progress=progress, on_round=on_round)
+        fed.encode_workers = None
     return lc.finish(
         test,
         sites=fed.site_table(),
@@ -306,23 +309,14 @@ def run(
     )
 
 
-@contextlib.contextmanager
-def _encode_workers(fed: Federation) -> Iterator[None]:
-    """The run's encoding processes for its secure rounds, where ``secagg_encoders`` asks
-    for them (:meth:`fedsgld.config.PerfSettings.encode_processes`), stopped when training
-    ends, however it ends."""
-    config = fed.config
-    count = 0
-    if config.privacy.secure_aggregation:
-        count = config.perf.encode_processes(len(fed.sites), torch.get_num_threads())
-    if config.perf.secagg_encoders == "auto" and not workers_available():
-        count = 0  # "processes" says why it cannot run (EncodeWorkers)
-    if not count:
-        yield
-        return
-    with EncodeWorkers(count) as workers:
-        fed.encode_workers = workers
-        try:
-            yield
-        finally:
-            fed.encode_workers = None
+def _encode_workers(config: Config, stack: contextlib.ExitStack) -> EncodeWorkers | None:
+    """The run's encoding processes for its secure rounds where ``secagg_encoders`` asks
+    for them (:meth:`fedsgld.config.PerfSettings.encode_processes`), closed with ``stack``
+    (when training ends, however it ends); None where the round's threads encode."""
+    if not config.privacy.secure_aggregation:
+        return None
+    threads = config.perf.threads or torch.get_num_threads()
+    count = config.perf.encode_processes(config.run.sites, threads)
+    if not count or (config.perf.secagg_encoders == "auto" and not workers_available()):
+        return None  # "processes" where they cannot run: EncodeWorkers says why
+    return stack.enter_context(EncodeWorkers(count))
