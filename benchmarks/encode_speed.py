@@ -11,8 +11,11 @@ threads, as the in-process engine's sites answer (``run_round(workers=...)``), a
 main thread alone: medians of ``--repeats`` encodings, each its own thread's CPU time
 (:func:`time.thread_time`), after 20 unmeasured ones. Also the wall time of a round's
 worth of encodings (``--sites`` of them), one after the other and on the pool (medians of
-15): the pool's speed-up says how much of the encoding runs outside the GIL. Compare two
-versions by putting another checkout's ``fedsgld/`` first on ``PYTHONPATH``.
+15): the pool's speed-up says how much of the encoding runs outside the GIL; and on
+``--threads`` encoding processes (:class:`fedsgld.secagg.workers.EncodeWorkers`, called
+from as many threads, as the engine's ``secagg_encoders = processes``), with a child's CPU
+time per encoding. Compare two versions by putting another checkout's ``fedsgld/`` first
+on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from fedsgld.privacy.distributed import choose_ddg
-from fedsgld.secagg import ddg
+from fedsgld.secagg import ddg, workers
 
 
 def main() -> None:
@@ -62,6 +65,22 @@ def main() -> None:
             list(pool.map(one, range(args.sites)))
             par.append(time.perf_counter() - t0)
     alone = [one(i) for i in range(20 + args.repeats)][20:]
+    procs, child_ms = [], float("nan")  # the same round on as many encoding processes
+    if workers.available():
+        with workers.EncodeWorkers(args.threads) as children, \
+                ThreadPoolExecutor(args.threads) as pool:  # fmt: skip
+
+            def remote(_: int) -> None:
+                children.encode(vector, params, b"encode-speed")
+
+            list(pool.map(remote, range(2 * args.threads)))  # started and warm
+            before, calls = children.cpu_seconds, 0
+            for _ in range(15):
+                t0 = time.perf_counter()
+                list(pool.map(remote, range(args.sites)))
+                procs.append(time.perf_counter() - t0)
+                calls += args.sites
+            child_ms = 1e3 * (children.cpu_seconds - before) / calls
     out = {
         "fedsgld": ddg.__file__,
         "dim": params.dim,
@@ -71,6 +90,8 @@ def main() -> None:
         "main_thread_cpu_ms": 1e3 * statistics.median(alone),
         "round_wall_ms_one_by_one": 1e3 * statistics.median(seq),
         "round_wall_ms_pool": 1e3 * statistics.median(par),
+        "round_wall_ms_processes": 1e3 * statistics.median(procs) if procs else float("nan"),
+        "process_cpu_ms": child_ms,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -80,7 +101,10 @@ def main() -> None:
           f"threads {out['pool_cpu_ms']:.2f}, on the main thread {out['main_thread_cpu_ms']:.2f}")  # fmt: skip
     print(f"{args.sites} encodings, wall ms (median of 15): one after the other "
           f"{out['round_wall_ms_one_by_one']:.1f}, on the pool {out['round_wall_ms_pool']:.1f} "
-          f"({out['round_wall_ms_one_by_one'] / out['round_wall_ms_pool']:.2f} times faster)")  # fmt: skip
+          f"({out['round_wall_ms_one_by_one'] / out['round_wall_ms_pool']:.2f} times faster), "
+          f"on {args.threads} encoding processes {out['round_wall_ms_processes']:.1f} "
+          f"({out['round_wall_ms_one_by_one'] / out['round_wall_ms_processes']:.2f} times "
+          f"faster; an encoding {out['process_cpu_ms']:.2f} ms of the child's CPU)")  # fmt: skip
 
 
 if __name__ == "__main__":

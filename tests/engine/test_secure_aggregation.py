@@ -275,3 +275,24 @@ def test_encoding_processes_release_the_same_mechanism_and_stop_with_the_run(tmp
     assert res["privacy"]["epsilon"]["pld"] == pytest.approx(threads["privacy"]["epsilon"]["pld"])
     assert res["privacy"]["steps"] == threads["privacy"]["steps"] == 2
     assert np.isfinite(res["metrics"]["pooled"]["accuracy"])
+
+
+def test_with_encoding_processes_the_server_still_sees_uniform_inputs_and_the_sum():
+    """The server's view of a round whose encodings ran in the children: site 0's masked
+    input is uniform modulo 2^bits and the round steps; every site's share was drawn by
+    the receipt of its own charge (the ledgers), in a child (its CPU time)."""
+    from fedsgld.secagg.workers import EncodeWorkers
+
+    fed, server = _federation()
+    with EncodeWorkers(2) as workers:
+        fed.encode_workers = workers
+        engine.secure_round(fed, server, server.plan())
+        assert workers.cpu_seconds > 0.0
+    party = server.mode.last_round.server
+    y = dict(party.transcript)["masked_input"][0]["y"]
+    u = np.frombuffer(y, dtype="<u4").astype(np.float64) / 2.0**party.plan.bits
+    assert stats.kstest(u, "uniform").pvalue > 1e-6
+    assert server.t == 1 and torch.isfinite(server.theta).all()
+    assert [g.ledger.accountant.steps for g in fed.secure_sites()] == [1] * len(fed.sites)
+    fed.encode_workers = None
+    assert all(g.workers is None for g in fed.secure_sites())
