@@ -24,6 +24,7 @@ import mmap
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -65,13 +66,18 @@ class _Worker:
         self.fd = os.memfd_create("fedsgld-encode")
         self.size = 0
         self.shared: mmap.mmap | None = None
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fedsgld.secagg.workers", str(self.fd)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            pass_fds=(self.fd,),
-            env=env,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fedsgld.secagg.workers", str(self.fd)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(self.fd,),
+                env=env,
+                process_group=0,  # its own group: a terminal's Ctrl-C goes to the parent only
+            )
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.ready = False
 
     def _gone(self) -> WorkerError:
@@ -153,7 +159,14 @@ class EncodeWorkers:
             raise ValueError("encoding workers need os.memfd_create (Linux): set "
                              "secagg_encoders = threads on this system")  # fmt: skip
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
-        self._workers = [_Worker() for _ in range(processes)]
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(processes):
+                self._workers.append(_Worker())
+        except BaseException:
+            for w in self._workers:  # the ones already started
+                w.stop()
+            raise
         for w in self._workers:
             self._idle.put(w)
         self._lock = threading.Lock()
@@ -224,6 +237,8 @@ def _serve(fd: int, requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 if __name__ == "__main__":
+    # an interrupt is the parent's to handle (it closes the pipes, and the loop ends there)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _replies = sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the replies
     _serve(int(sys.argv[1]), sys.stdin.buffer, _replies)

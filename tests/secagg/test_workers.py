@@ -84,6 +84,21 @@ def test_an_encoding_error_is_raised_in_the_caller_and_the_workers_go_on(workers
     assert workers.encode(np.zeros(1024), p, b"good").shape == (1024,)
 
 
+def test_an_interrupt_is_left_to_the_parent(workers):
+    """The children run in their own process group (a terminal's Ctrl-C reaches the
+    parent only) and ignore an interrupt sent to them: they go on answering, and the
+    parent stops them by closing their pipes."""
+    p = _params(4, 1024)
+    for _ in workers.pids:  # both started (calls alternate between free workers)
+        workers.encode(np.zeros(1024), p, b"before ^C")
+    for pid in workers.pids:
+        assert os.getpgid(pid) == pid != os.getpgid(0)
+        os.kill(pid, signal.SIGINT)
+    for _ in workers.pids:
+        assert workers.encode(np.zeros(1024), p, b"after ^C").shape == (1024,)
+    assert all(w.proc.poll() is None for w in workers._workers)
+
+
 def test_a_dead_worker_is_a_clear_error_and_close_stops_every_child():
     pool = EncodeWorkers(2)
     p = _params(4, 1024)
