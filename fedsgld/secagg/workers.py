@@ -5,10 +5,11 @@ An in-process run plays every site in one interpreter, and a site's encoding
 share) is many numpy calls on 8,192-element blocks with the interpreter lock taken
 between them: on the engine's threads the sites' encodings barely run side by side.
 :class:`EncodeWorkers` runs them in ``processes`` child interpreters instead
-(``python -m fedsgld.secagg.workers``), each answering one encoding at a time over its
-pipes, so that two threads encode on two cores.
+(``python -m fedsgld.secagg.workers``), each answering one encoding at a time, so that
+two threads encode on two cores. The vector goes in and the encoding comes out through a
+shared memory file per child; its pipes carry the rest and the reply.
 
-What crosses the pipe is what the site's guard hands to ``encode`` after its charge: the
+What reaches the child is what the site's guard hands to ``encode`` after its charge: the
 clipped sum, the round's public parameters and label. The child draws the rounding and
 the share from its own operating system randomness (:func:`~fedsgld.secagg.crypto.os_randbytes`,
 a fresh key per call, as in the parent) and returns the encoded vector; it keeps nothing
