@@ -66,7 +66,9 @@ first on PATH: a task is forked from a process that has imported torch); ``--col
 every task in a fresh interpreter, as Flower's own SuperNode does. Reported: the median
 wall time of a round (the ServerApp's own timer, results.json ``round_wall_time_s``) of
 both, their ratio, and the secure rounds' median protocol bytes and per-step seconds
-(results.json ``flower.secure_aggregation``).
+(results.json ``flower.secure_aggregation``), and each run's peak memory: the summed
+proportional set size (PSS, ``/proc/PID/smaps_rollup``) of the deployment's processes,
+sampled every second.
 
 The secure runs plan no dropouts, so they run one-shot rounds (``secagg_one_shot``, the
 default: keys, then one masked input a round); ``--full`` runs the full protocol (five
@@ -174,6 +176,58 @@ def demo_config() -> dict:
         return {k: v for k, v in tomllib.load(f).items() if k not in SKIP}
 
 
+def _pss_mib(pid: int) -> float:
+    """A process's proportional set size (its private pages plus its share of shared ones)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return 0.0  # gone, or not Linux
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+class PeakMemory:
+    """The peak, over one-second samples, of the summed PSS of this process's descendants
+    (the deployment's SuperLink, SuperNodes, fork servers, tasks and ServerApp)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            total = sum(_pss_mib(p) for p in _descendants(os.getpid()))
+            self.peak_mib = max(self.peak_mib, total)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def loopback_run(cfg: dict, root: Path, *, warm: bool, fast: bool = False) -> dict:
     """One deployment of run config ``cfg`` under ``root``; its results.json."""
     from fedsgld.config import load_config
@@ -225,13 +279,15 @@ def loopback_cost(
     """The secure deployment of the demo's model with ``sites`` sites, and the same
     deployment in each placement of ``against`` (one fresh federation per run)."""
     base = {**demo_config(), **LOOPBACK_RUN, "sites": sites, "rounds": rounds}
-    runs = {}
+    runs, peak = {}, {}
     tag = "fast" if fast else ("warm" if warm else "cold")
     todo = [("secure", SECURE), *((a, LOOPBACK_PLACEMENTS[a]) for a in against)]
     for name, over in todo:
         t0 = time.perf_counter()
-        runs[name] = loopback_run({**base, **over}, tmp / f"{name}-{tag}-{sites}",
-                                  warm=warm, fast=fast)  # fmt: skip
+        with PeakMemory() as mem:
+            runs[name] = loopback_run({**base, **over}, tmp / f"{name}-{tag}-{sites}",
+                                      warm=warm, fast=fast)  # fmt: skip
+        peak[name] = mem.peak_mib
         print(f"K={sites} {tag} {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     sec = runs["secure"]
     cost = sec["flower"]["secure_aggregation"]
@@ -249,6 +305,7 @@ def loopback_cost(
         "plain_server_sent_kib": sites * plain_kib,
         "plain_server_received_kib": sites * plain_kib,
         "secure_epsilon": sec["privacy"]["secure_aggregation"]["epsilon"],
+        "peak_pss_gib": {name: mib / 1024 for name, mib in peak.items()},
     }
     for a in against:
         p = runs[a]["round_wall_time_s"]["median"]
@@ -263,8 +320,9 @@ def print_loopback(rows: list[dict]) -> None:
           + "".join(f"`{a}` round s | secure / `{a}` | " for a in against)
           + "secure steps s: keys / shares / masked input / consistency / unmask "
           "| secure: server sent / received KiB per round "
-          "| plain: server sent / received KiB per round |")  # fmt: skip
-    print("|---" * (7 + 2 * len(against)) + "|")
+          "| plain: server sent / received KiB per round "
+          "| peak memory GiB (PSS): secure / plain |")  # fmt: skip
+    print("|---" * (8 + 2 * len(against)) + "|")
     for r in rows:
         st = r["secure_step_s"]
         steps = " / ".join(f"{st.get(k, 0.0):.2f}" for k in
@@ -273,7 +331,8 @@ def print_loopback(rows: list[dict]) -> None:
         vs = "".join(f"{r[f'{a}_round_s']:.2f} | {r[f'ratio_to_{a}']:.2f} | " for a in against)
         print(f"| {r['sites']} | {r['path']} | {r['rounds']} | {r['secure_round_s']:.2f} | {vs}"
               f"{steps} | {r['server_sent_kib']:.0f} / {r['server_received_kib']:.0f} | "
-              f"{r['plain_server_sent_kib']:.0f} / {r['plain_server_received_kib']:.0f} |")  # fmt: skip
+              f"{r['plain_server_sent_kib']:.0f} / {r['plain_server_received_kib']:.0f} | "
+              f"{' / '.join(f'{v:.1f}' for v in r['peak_pss_gib'].values())} |")  # fmt: skip
 
 
 def _kind() -> str:
