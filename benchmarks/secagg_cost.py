@@ -187,7 +187,11 @@ def _pss_mib(pid: int) -> float:
 
 def _descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # not Linux: no peak is measured
+        names = []
+    for name in names:
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat") as f:

@@ -150,7 +150,8 @@ class EncodeWorkers:
     """``processes`` encoding workers: :meth:`encode` is :func:`fedsgld.secagg.ddg.encode`
     with the operating system's randomness, run in whichever worker is free (threads
     calling it at once use different workers). ``cpu_seconds``: the workers' CPU time
-    spent encoding so far (not in this process's :func:`time.process_time`). Use as a
+    spent encoding so far (not in this process's :func:`time.process_time`);
+    ``encodings``: how many they returned. Use as a
     context manager, or call :meth:`close`."""
 
     def __init__(self, processes: int) -> None:
@@ -172,6 +173,7 @@ class EncodeWorkers:
             self._idle.put(w)
         self._lock = threading.Lock()
         self.cpu_seconds = 0.0
+        self.encodings = 0
         self.closed = False
 
     @property
@@ -190,6 +192,7 @@ class EncodeWorkers:
             self._idle.put(worker)
         with self._lock:
             self.cpu_seconds += cpu
+            self.encodings += 1
         return out
 
     def close(self) -> None:

@@ -259,13 +259,15 @@ def test_encoding_processes_release_the_same_mechanism_and_stop_with_the_run(tmp
 
     def during(info) -> None:
         w = built["federation"].encode_workers
-        seen.update(pids=w.pids, procs=[x.proc for x in w._workers], cpu=w.cpu_seconds)
+        seen.update(pids=w.pids, procs=[x.proc for x in w._workers], cpu=w.cpu_seconds,
+                    encodings=w.encodings)  # fmt: skip
 
     cfg = load_config(None, {**SMALL, "rounds": 2, "eval_every": 0, "threads": 2,
                              "secagg_encoders": "processes"})  # fmt: skip
     res = engine.run(cfg, out_dir=tmp_path / "procs", progress=False, log=lambda s: None,
                      on_round=during, built=built)  # fmt: skip
     assert len(seen["pids"]) == 2 and seen["cpu"] > 0.0
+    assert seen["encodings"] == 2 * 4  # every site's share of both rounds, in a child
     assert all(p.poll() is not None for p in seen["procs"])  # stopped with the run
     fed = built["federation"]
     assert fed.encode_workers is None
@@ -287,7 +289,7 @@ def test_with_encoding_processes_the_server_still_sees_uniform_inputs_and_the_su
     with EncodeWorkers(2) as workers:
         fed.encode_workers = workers
         engine.secure_round(fed, server, server.plan())
-        assert workers.cpu_seconds > 0.0
+        assert workers.encodings == len(fed.sites) and workers.cpu_seconds > 0.0
     party = server.mode.last_round.server
     y = dict(party.transcript)["masked_input"][0]["y"]
     u = np.frombuffer(y, dtype="<u4").astype(np.float64) / 2.0**party.plan.bits
