@@ -7,23 +7,22 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from fedsgld.config import Config
-from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.secagg.ddg import centre, decode, to_modular
 from fedsgld.secagg.workers import EncodeWorkers, WorkerError
 
-SIGMA, CLIP, DIM = 1.5, 0.5, 32_768
+sys.path.insert(0, str(Path(__file__).parents[1] / "privacy"))
+from test_secagg import CLIP, SIGMA, params  # noqa: E402  (the primitives' mechanism)
 
-
-def _params(sites: int, dim: int = DIM):
-    return choose_ddg(noise_multiplier=SIGMA, clip=CLIP, dim=dim, sites=sites,
-                      signal_norm=1000.0)  # fmt: skip
+DIM = 32_768
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def test_the_sum_of_worker_encodings_carries_the_central_noise(workers):
     """Four sites' zero vectors encoded by two workers, called from two threads at once:
     the decoded sum is the central mechanism's N(0, sigma^2 C^2) (variance within 5 of its
     standard errors; a KS test that rejects 2/3 and 3/2 of the scale)."""
-    p = _params(4)
+    p = params(4, DIM)
     out: dict[int, np.ndarray] = {}
 
     def site(i: int) -> None:
@@ -63,7 +62,7 @@ def test_every_worker_encoding_draws_a_fresh_share(workers):
     other alternate between the free workers): every pair differs by two independent
     shares, variance 2 s^2 per coordinate (0 if a worker replayed its own or the other's
     randomness), and the vector itself decodes back within the noise."""
-    p = _params(4, 8192)
+    p = params(4, 8192)
     x = np.random.default_rng(2).normal(0.0, 1.0, 8192)
     encoded = [workers.encode(x, p, b"same round").view(np.int64) for _ in range(4)]
     for i in range(4):
@@ -76,7 +75,7 @@ def test_every_worker_encoding_draws_a_fresh_share(workers):
 
 
 def test_an_encoding_error_is_raised_in_the_caller_and_the_workers_go_on(workers):
-    p = _params(4, 1024)
+    p = params(4, 1024)
     with pytest.raises(ValueError, match="vector must be finite"):
         workers.encode(np.full(1024, np.nan), p, b"bad")
     with pytest.raises(ValueError, match="at most 1024 entries"):
@@ -88,7 +87,7 @@ def test_an_interrupt_is_left_to_the_parent(workers):
     """The children run in their own process group (a terminal's Ctrl-C reaches the
     parent only) and ignore an interrupt sent to them: they go on answering, and the
     parent stops them by closing their pipes."""
-    p = _params(4, 1024)
+    p = params(4, 1024)
     for _ in workers.pids:  # both started (calls alternate between free workers)
         workers.encode(np.zeros(1024), p, b"before ^C")
     for pid in workers.pids:
@@ -101,7 +100,7 @@ def test_an_interrupt_is_left_to_the_parent(workers):
 
 def test_a_dead_worker_is_a_clear_error_and_close_stops_every_child():
     pool = EncodeWorkers(2)
-    p = _params(4, 1024)
+    p = params(4, 1024)
     pool.encode(np.zeros(1024), p, b"up")  # the first worker answers
     first, second = pool.pids
     os.kill(first, signal.SIGKILL)  # our own child, by its PID
