@@ -16,12 +16,16 @@ __version__ = "0.1.0"
 
 #: The public names, each imported from :mod:`fedsgld.api` on first use.
 _API = (
+    "BudgetPlan",
+    "BudgetWarning",
     "NothingToSpend",
     "Result",
     "RoundInfo",
     "RunInterrupted",
+    "Stopped",
     "check_model",
     "make_config",
+    "plan",
     "simulate",
 )
 

@@ -33,6 +33,15 @@ _COUPLING = (nn.modules.batchnorm._BatchNorm,)
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 
+class ClassCountError(ValueError):
+    """The model returns logits of another class count than the labels imply
+    (``returned``: the model's, None where its output is not (batch, classes))."""
+
+    def __init__(self, message: str, returned: int | None) -> None:
+        super().__init__(message)
+        self.returned = returned
+
+
 def _where(name: str) -> str:
     return f"at {name!r}" if name else "(the whole model)"
 
@@ -81,9 +90,11 @@ def check_model(
             raise ValueError(f"model: fails on records of shape {tuple(x.shape[1:])}: "
                              f"{type(err).__name__}: {str(err).splitlines()[0]}") from err  # fmt: skip
     if tuple(out.shape) != (xs.shape[0], num_classes):
-        raise ValueError(
+        two_d = out.dim() == 2 and out.shape[0] == xs.shape[0]
+        raise ClassCountError(
             f"model: returns shape {tuple(out.shape)} for {xs.shape[0]} records; logits of "
-            f"shape ({xs.shape[0]}, {num_classes}) expected (num_classes={num_classes})"
+            f"shape ({xs.shape[0]}, {num_classes}) expected (num_classes={num_classes})",
+            int(out.shape[1]) if two_d else None,
         )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a fallback to torch.func is reported as the path
@@ -99,4 +110,4 @@ def check_model(
     return fm.grad_path
 
 
-__all__ = ["check_model", "refused_layer"]
+__all__ = ["ClassCountError", "check_model", "refused_layer"]

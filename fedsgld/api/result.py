@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Why and when a run stopped: ``by`` is "budget" (the next round would have taken
+    epsilon past the budget), "rounds" (all planned rounds ran) or "other"; ``round``:
+    the rounds taken, of ``planned``; ``reason``: the run's own line."""
+
+    by: str
+    round: int
+    planned: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"stopped by the {self.by} after {self.round} of {self.planned} rounds: {self.reason}"
+        )
 
 
 @dataclass
@@ -31,6 +49,7 @@ class Result:
     grad_path: str
     _flat: Any = field(repr=False, default=None)
     _keep: Any = field(repr=False, default=None)  # the temporary directory's owner
+    _told: bool = field(repr=False, default=False)  # predict's fallback said once
 
     @property
     def epsilon(self) -> dict[str, float]:
@@ -49,6 +68,41 @@ class Result:
     @property
     def halt_reason(self) -> str:
         return str(self.results["privacy"]["halt_reason"])
+
+    @property
+    def stopped(self) -> Stopped:
+        """Why and when training stopped (:class:`Stopped`)."""
+        pr = self.results["privacy"]
+        reason = str(pr.get("halt_reason") or "")
+        by = (
+            "budget"
+            if pr.get("halted")
+            else "rounds"
+            if reason.startswith("completed")
+            else "other"
+        )
+        return Stopped(by, int(pr["steps"]), int(self.results["config"]["rounds"]), reason)
+
+    @property
+    def samples_kept(self) -> int:
+        """How many posterior samples the run kept (after ``burn_in``, every ``thin``-th)."""
+        return len(self.samples)
+
+    def averaged(self, *, posterior: bool = True) -> str:
+        """What :meth:`predict` averages: the kept posterior samples, or the last iterate
+        (and why)."""
+        if posterior and self.samples:
+            return f"the mean softmax over {len(self.samples)} kept posterior samples"
+        if not posterior:
+            return "the last iterate's softmax (posterior=False)"
+        cfg = self.results["config"]
+        return (
+            f"the last iterate's softmax: no posterior sample was kept (the run took "
+            f"{self.steps} rounds; the first sample is kept at round "
+            f"{cfg.get('burn_in', 0) + cfg.get('thin', 1)} = burn_in + thin"
+            + ("" if cfg.get("max_samples", 1) else ", and max_samples is 0")
+            + ")"
+        )
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -74,7 +128,11 @@ class Result:
     def predict(self, x: torch.Tensor, *, posterior: bool = True) -> torch.Tensor:
         """Class probabilities of records ``x``: the mean softmax over the posterior
         samples (Bayesian model averaging) when there are any and ``posterior``, else the
-        last iterate's softmax."""
+        last iterate's softmax (:meth:`averaged` says which; asking for the posterior of a
+        run that kept no sample warns once)."""
+        if posterior and not self.samples and not self._told:
+            warnings.warn(f"predict: {self.averaged()}", UserWarning, stacklevel=3)
+            self._told = True
         thetas = self.samples if posterior and self.samples else [self.theta]
         device = self._flat.device
         x = torch.as_tensor(x).float().to(device)
@@ -105,4 +163,4 @@ class Result:
         )
 
 
-__all__ = ["Result"]
+__all__ = ["Result", "Stopped"]

@@ -19,30 +19,16 @@ import torch
 from torch import nn
 
 from fedsgld import engine
-from fedsgld.api.models import check_model
+from fedsgld.api.configs import make_config
+from fedsgld.api.describe import record_what_ran
 from fedsgld.api.over_flower import check_transport, run_over_flower
+from fedsgld.api.prepare import ModelArg, prepare, split_arguments
 from fedsgld.api.result import Result
-from fedsgld.config import Config, load_config
-from fedsgld.data.user import user_sites
+from fedsgld.config import Config
 from fedsgld.deploy.ray_cluster import check_ray_address
-from fedsgld.files import write_json
 from fedsgld.run.evaluation import RunResult
 from fedsgld.run.progress import RoundInfo
 from fedsgld.run.stops import RunInterrupted
-
-ModelArg = Callable[[], nn.Module] | str | None
-
-
-def make_config(
-    config: str | Path | Config | Mapping[str, Any] | None, settings: Mapping[str, Any]
-) -> Config:
-    """A :class:`Config` from a TOML file, a Config, a flat mapping or nothing (defaults),
-    with ``settings`` (flat config keys) over it; ValueError names an unknown key."""
-    if isinstance(config, Config):
-        return Config.from_flat({**config.flat(), **settings})
-    if isinstance(config, Mapping):
-        return load_config(None, {**config, **settings})
-    return load_config(config, dict(settings))
 
 
 def _trained_model(module: nn.Module, fm, theta: torch.Tensor) -> nn.Module:
@@ -77,6 +63,8 @@ def simulate(
     transport: str = "in-process",
     nodes: int | None = None,
     ray_address: str | None = None,
+    plan: str | None = None,
+    small_sites: str = "error",
     **settings: Any,
 ) -> Result:
     """Train one federation and return its :class:`Result`.
@@ -87,12 +75,16 @@ def simulate(
     flwr-datasets partition; None (or a number of sites): the config's dataset, split into
     the config's sites.
     ``test_sites``: each site's test records (default: ``test_fraction`` of its own).
+    Every record is checked first (finite, class indices, at least 10 records and 2 test
+    records a site: ``small_sites="warn"`` to only warn); an error names site and index.
     ``settings``: any config key (``fedsgld config`` lists them), e.g. ``method="dpsgld",
     epsilon=4.0, noise_placement="sites", rounds=200, sample_rate=0.05, clip=1.0``; over
     ``config`` (a TOML file, a :class:`Config` or a dict). Privacy settings go to the
     accountant exactly as in a config file: every step is checked against
     ``epsilon`` at ``delta`` before its noise is drawn, and a plan that affords no step is a
-    ValueError before anything is written.
+    ValueError before anything is written. ``plan="fit"``: the temperature (dpsgld) or
+    noise_multiplier (dpsgd, dpvi) that spends ``epsilon`` over ``rounds``
+    (:func:`fedsgld.plan`); a run the budget stops early warns once (``BudgetWarning``).
 
     ``out_dir``: the run directory (default: a temporary one, removed with the result;
     :meth:`Result.save` copies it); ``resume``: continue the run in ``out_dir``.
@@ -114,34 +106,17 @@ def simulate(
     Privacy caveat: a simulation seeds every party's noise from ``seed``; it is private only
     against parties who do not know the seed (see docs/privacy.md).
     """
-    if isinstance(model, str):
-        settings = {**settings, "model": model}
-        model = None
-    elif model is not None and not callable(model):
-        raise ValueError("model: pass a function that returns an nn.Module (or a model's name)")
-    data = None
-    if isinstance(sites, int) and not isinstance(sites, bool):  # the config key: a count
-        settings, sites = {**settings, "sites": sites}, None
-    if sites is not None:
-        if isinstance(sites, (str, bytes)) or not isinstance(sites, Sequence):
-            raise ValueError("sites: a list with one entry per site")
-        settings = {**settings, "sites": len(sites)}
+    model, sites, settings = split_arguments(model, sites, settings)
     runtime = check_transport(transport)
     if ray_address is not None and runtime != "ray":
         raise ValueError(f"ray_address: only with transport='ray'; got transport={transport!r}")
     if ray_address is not None:
         check_ray_address(ray_address, "ray_address")  # its form, before any work
-    cfg = make_config(config, settings)  # every setting checked before any work
-    if sites is not None:
-        data = user_sites(
-            sites,
-            test_sites,
-            test_fraction=cfg.run.test_fraction,
-            num_classes=num_classes,
-            seed=max(cfg.run.seed, 0),
-        )
-    if model is not None and data is not None:
-        check_model(model, data[0].x_train, data[0].y_train, data[0].num_classes)
+    cfg, sites_read = prepare(
+        config, settings, model, sites, test_sites=test_sites, num_classes=num_classes,
+        small_sites=small_sites, plan=plan, resume=resume,
+    )  # fmt: skip
+    data = None if sites_read is None else sites_read.sites
     out, tmp = _run_dir(out_dir)
     log = print if progress else (lambda _line: None)
     if runtime is not None:
@@ -165,7 +140,7 @@ def simulate(
     fed = built["federation"]
     return _result(
         res, built["server"], fed.model, fed.sites[0].fm, fed.sites[0].fm.grad_path, out, tmp,
-        user_model=model is not None, user_data=data is not None,
+        user_model=model is not None, user_data=data,
     )  # fmt: skip
 
 
@@ -182,22 +157,17 @@ def _over_flower(cfg, model, data, runtime, out, tmp, resume, flower: dict) -> R
             raise RunInterrupted(err.rounds, None) from None
     return _result(
         res, server, module, fm, path, out, tmp,
-        user_model=model is not None, user_data=data is not None,
+        user_model=model is not None, user_data=data,
     )  # fmt: skip
 
 
 def _result(
     run: RunResult, server, module: nn.Module, fm, grad_path: str, out: Path, tmp, *,
-    user_model: bool, user_data: bool,
+    user_model: bool, user_data: list | None,
 ) -> Result:  # fmt: skip
-    """The :class:`Result`; results.json records where the model and records came from."""
+    """The :class:`Result`; results.json and report.md say what model and records ran."""
     res = run.results
-    source = {
-        "model": type(module).__name__ if user_model else "config",
-        "sites": "python" if user_data else "config",
-    }
-    res["python_api"] = source
-    write_json(out / "results.json", res)
+    record_what_ran(res, out, module, user_model=user_model, user_data=user_data)
     theta = server.theta.detach().cpu().clone()
     result = Result(
         results=res,

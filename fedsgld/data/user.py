@@ -13,7 +13,9 @@ the sites' training splits are public in every run (the server divides by q * su
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,19 +72,168 @@ def as_records(data: Any, *, what: str = "site data") -> tuple[torch.Tensor, tor
             f"{what}: expected a torch Dataset, an (x, y) pair or a flwr-datasets partition, "
             f"got {type(data).__name__}"
         )
-    x, y = _tensor(x, what=what), _tensor(y, what=what)
-    if y.is_floating_point():
-        if not bool((y == y.round()).all()):
-            raise ValueError(f"{what}: labels must be class indices 0, 1, ...")
-    y = y.reshape(-1).long()
+    x, y = _tensor(x, what=what), _tensor(y, what=what).reshape(-1)
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(
             f"{what}: records and labels must be non-empty and of one length, got "
             f"{x.shape[0]} records and {y.shape[0]} labels"
         )
-    if int(y.min()) < 0:
-        raise ValueError(f"{what}: labels must be class indices >= 0")
-    return x.float(), y
+    _check_labels(y, what=what)
+    x = x.float()
+    _check_finite(x, what=what)
+    return x, y.long()
+
+
+def _first(bad: torch.Tensor) -> int:
+    return int(bad.nonzero()[0, 0])
+
+
+def _check_labels(y: torch.Tensor, *, what: str) -> None:
+    """Labels are finite class indices 0, 1, ...; else ValueError naming the first bad one."""
+    if y.is_floating_point() or y.is_complex():
+        bad = ~torch.isfinite(y)
+        if bool(bad.any()):
+            i = _first(bad)
+            raise ValueError(f"{what}: label {i} is {float(y[i])}: labels must be finite class "
+                             "indices 0, 1, ...")  # fmt: skip
+        bad = y != y.round()
+        if bool(bad.any()):
+            i = _first(bad)
+            raise ValueError(f"{what}: label {i} is {float(y[i]):g}: labels must be class "
+                             "indices 0, 1, ...")  # fmt: skip
+    if y.dtype == torch.bool:
+        return
+    bad = y < 0
+    if bool(bad.any()):
+        i = _first(bad)
+        raise ValueError(f"{what}: label {i} is {y[i].item():g}: labels must be class "
+                         "indices >= 0")  # fmt: skip
+
+
+def _check_finite(x: torch.Tensor, *, what: str) -> None:
+    """Every feature of every record finite; else ValueError naming the first bad record
+    and the feature's position (NaN or inf would reach the gradients and the metrics)."""
+    bad = ~torch.isfinite(x.reshape(x.shape[0], -1))
+    if not bool(bad.any()):
+        return
+    rows = bad.any(1)
+    i = _first(rows)
+    j = _first(bad[i])
+    pos = tuple(int(v) for v in np.unravel_index(j, tuple(x.shape[1:]))) if x.dim() > 1 else ()
+    value = float(x.reshape(x.shape[0], -1)[i, j])
+    raise ValueError(
+        f"{what}: record {i} has a non-finite feature ({value}"
+        + (f" at position {pos}" if pos else "")
+        + f"); {int(rows.sum())} of {x.shape[0]} records have one: drop or impute them"
+    )
+
+
+#: a site with fewer records (training and test together), or fewer test records, cannot
+#: be evaluated: the Python API refuses it (or warns, where asked)
+MIN_SITE_RECORDS = 10
+MIN_TEST_RECORDS = 2
+
+
+@dataclass(frozen=True)
+class StrayLabel:
+    """The first label >= a class count: ``where`` (``sites[k]`` or ``test_sites[k]``), its
+    index in the records as given, its value, and how many labels there are >= it."""
+
+    where: str
+    index: int
+    value: int
+    count: int
+
+    def text(self, classes: int) -> str:
+        more = f" ({self.count} labels are >= {classes})" if self.count > 1 else ""
+        return f"{self.where}: label {self.index} is {self.value}{more}"
+
+
+@dataclass(frozen=True)
+class UserSites:
+    """The sites' :class:`SiteData` and their labels as given (``labels``: where, labels)."""
+
+    sites: list[SiteData]
+    labels: list[tuple[str, torch.Tensor]]
+
+    def stray_label(self, classes: int) -> StrayLabel | None:
+        """The first label >= ``classes``, in site order (None: there is none)."""
+        for where, y in self.labels:
+            bad = y >= classes
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                return StrayLabel(where, i, int(y[i]), int(bad.sum()))
+        return None
+
+
+def _small_site(k: int, n: int, n_test: int, small: str) -> None:
+    """A site too small to evaluate: ValueError (``small="error"``) or a warning."""
+    if n >= MIN_SITE_RECORDS and n_test >= MIN_TEST_RECORDS:
+        return
+    text = (
+        f"sites[{k}]: {n} records ({n_test} for its test split); a site needs at least "
+        f"{MIN_SITE_RECORDS} records and {MIN_TEST_RECORDS} test records for its per-site "
+        "metrics to mean anything"
+    )
+    if small == "error":
+        raise ValueError(text + "; merge it with another site, or pass small_sites='warn'")
+    warnings.warn(text, UserWarning, stacklevel=3)
+
+
+def read_user_sites(
+    train: Sequence[Any],
+    test: Sequence[Any] | None = None,
+    *,
+    test_fraction: float = 0.2,
+    num_classes: int | None = None,
+    seed: int = 0,
+    small: str | None = None,
+) -> UserSites:
+    """One :class:`SiteData` per element of ``train`` (site k's records); site k's test
+    records are ``test[k]`` or, without ``test``, ``test_fraction`` of its records
+    (seeded by (seed, k), stratified by label where possible). ``num_classes`` None: one
+    more than the largest label seen. ``small``: None, no size check; "error" or "warn":
+    what a site with fewer than MIN_SITE_RECORDS records (or MIN_TEST_RECORDS test
+    records) gets. Every record and label is checked (finite, class indices) first."""
+    if len(train) == 0:
+        raise ValueError("sites: give at least one site's data")
+    if test is not None and len(test) != len(train):
+        raise ValueError(f"test_sites: {len(test)} entries for {len(train)} sites")
+    if small not in (None, "error", "warn"):
+        raise ValueError(f"small_sites must be 'error' or 'warn', got {small!r}")
+    pairs, labels = [], []
+    for k, data in enumerate(train):
+        x, y = as_records(data, what=f"sites[{k}]")
+        labels.append((f"sites[{k}]", y))
+        if test is not None:
+            xt, yt = as_records(test[k], what=f"test_sites[{k}]")
+            labels.append((f"test_sites[{k}]", yt))
+        else:
+            if x.shape[0] < 2:
+                raise ValueError(f"sites[{k}]: needs >= 2 records to split off a test record")
+            tr, te = _split_shard(y.numpy(), float(test_fraction), seed, k)
+            tr, te = torch.from_numpy(tr), torch.from_numpy(te)
+            x, y, xt, yt = x[tr], y[tr], x[te], y[te]
+        if xt.shape[1:] != x.shape[1:]:
+            raise ValueError(f"test_sites[{k}]: records of shape {tuple(xt.shape[1:])}, "
+                             f"training records {tuple(x.shape[1:])}")  # fmt: skip
+        if small is not None:
+            _small_site(k, int(x.shape[0] + xt.shape[0]), int(xt.shape[0]), small)
+        pairs.append((x, y, xt, yt))
+    shapes = {tuple(p[0].shape[1:]) for p in pairs}
+    if len(shapes) > 1:
+        raise ValueError(f"sites: every site's records must have one shape, got {sorted(shapes)}")
+    seen = 1 + max(int(max(p[1].max(), p[3].max())) for p in pairs)
+    out = UserSites([], labels)
+    if num_classes is None:
+        num_classes = max(seen, 2)
+    elif seen > num_classes:
+        stray = out.stray_label(num_classes)
+        raise ValueError(f"num_classes={num_classes}, but {stray.text(num_classes)}")  # type: ignore[union-attr]
+    out.sites.extend(
+        SiteData(k, x, y, xt, yt, num_classes=num_classes) for k, (x, y, xt, yt) in enumerate(pairs)
+    )
+    return out
 
 
 def user_sites(
@@ -93,40 +244,20 @@ def user_sites(
     num_classes: int | None = None,
     seed: int = 0,
 ) -> list[SiteData]:
-    """One :class:`SiteData` per element of ``train`` (site k's records); site k's test
-    records are ``test[k]`` or, without ``test``, ``test_fraction`` of its records
-    (seeded by (seed, k), stratified by label where possible). ``num_classes`` None: one
-    more than the largest label seen."""
-    if len(train) == 0:
-        raise ValueError("sites: give at least one site's data")
-    if test is not None and len(test) != len(train):
-        raise ValueError(f"test_sites: {len(test)} entries for {len(train)} sites")
-    pairs = []
-    for k, data in enumerate(train):
-        x, y = as_records(data, what=f"sites[{k}]")
-        if test is not None:
-            xt, yt = as_records(test[k], what=f"test_sites[{k}]")
-        else:
-            if x.shape[0] < 2:
-                raise ValueError(f"sites[{k}]: needs >= 2 records to split off a test record")
-            tr, te = _split_shard(y.numpy(), float(test_fraction), seed, k)
-            tr, te = torch.from_numpy(tr), torch.from_numpy(te)
-            x, y, xt, yt = x[tr], y[tr], x[te], y[te]
-        if xt.shape[1:] != x.shape[1:]:
-            raise ValueError(f"test_sites[{k}]: records of shape {tuple(xt.shape[1:])}, "
-                             f"training records {tuple(x.shape[1:])}")  # fmt: skip
-        pairs.append((x, y, xt, yt))
-    shapes = {tuple(p[0].shape[1:]) for p in pairs}
-    if len(shapes) > 1:
-        raise ValueError(f"sites: every site's records must have one shape, got {sorted(shapes)}")
-    seen = 1 + max(int(max(p[1].max(), p[3].max())) for p in pairs)
-    if num_classes is None:
-        num_classes = max(seen, 2)
-    elif seen > num_classes:
-        raise ValueError(f"num_classes: {num_classes}, but a label is {seen - 1}")
-    return [
-        SiteData(k, x, y, xt, yt, num_classes=num_classes) for k, (x, y, xt, yt) in enumerate(pairs)
-    ]
+    """:func:`read_user_sites`'s sites (no size check)."""
+    return read_user_sites(
+        train, test, test_fraction=test_fraction, num_classes=num_classes, seed=seed
+    ).sites
 
 
-__all__ = ["FEATURE_COLUMNS", "LABEL_COLUMNS", "as_records", "user_sites"]
+__all__ = [
+    "FEATURE_COLUMNS",
+    "LABEL_COLUMNS",
+    "MIN_SITE_RECORDS",
+    "MIN_TEST_RECORDS",
+    "StrayLabel",
+    "UserSites",
+    "as_records",
+    "read_user_sites",
+    "user_sites",
+]

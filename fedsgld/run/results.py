@@ -97,6 +97,39 @@ def _average_label(block: dict[str, Any]) -> str:
     return block.get("label", "posterior average")
 
 
+def _what_ran(results: dict[str, Any]) -> str:
+    """The data and the model: the config's, or a Python-API run's own (``python_api``:
+    the user's module by class and parameter count, "user data" with each site's sizes)."""
+    cfg, api = results["config"], results.get("python_api") or {}
+    if api.get("data") == "user data":
+        sizes = ", ".join(f"{s['n_train']}/{s['n_test']}" for s in api.get("site_records", []))
+        data = f"user data, {len(results['sites'])} sites (train/test records: {sizes})"
+    else:
+        data = f"dataset `{cfg['dataset']}`, {len(results['sites'])} sites ({cfg['partition']})"
+    if api.get("model") not in (None, "config"):
+        return f"{data}, model `{api['model']}` ({api.get('parameters', '?')} parameters)"
+    return f"{data}, model `{cfg['model']}`"
+
+
+def _user_sites_section(results: dict[str, Any]) -> list[str]:
+    """report.md's table of a Python-API run's own sites: sizes and label counts."""
+    rows = (results.get("python_api") or {}).get("site_records")
+    if not rows:
+        return []
+
+    def counts(c: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in c.items())
+
+    lines = ["", "## User data", "", "| site | train | test | labels (train) | labels (test) |"]
+    lines.append("|---|---|---|---|---|")
+    lines += [
+        f"| {r['site']} | {r['n_train']} | {r['n_test']} | {counts(r['labels_train'])} | "
+        f"{counts(r['labels_test'])} |"
+        for r in rows
+    ]
+    return lines
+
+
 def report_markdown(results: dict[str, Any]) -> str:
     pr = results["privacy"]
     m = results["metrics"]
@@ -104,9 +137,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         f"# fedsgld run: {pr['method']}",
         "",
         f"- transport: {TRANSPORTS.get(results.get('engine'), results.get('engine'))}",
-        f"- dataset `{results['config']['dataset']}`, {len(results['sites'])} sites "
-        f"({results['config']['partition']}), model `{results['config']['model']}`, "
-        f"seed {results['seed']} ({results['seed_source']})",
+        f"- {_what_ran(results)}, seed {results['seed']} ({results['seed_source']})",
         f"- steps taken: {pr['steps']} of {results['config']['rounds']}; stopped: {pr['halt_reason']}",
         f"- privacy: budget epsilon {_fmt(pr['budget'])} at delta {pr['delta']:g}; "
         + ", ".join(f"{k} {_fmt(v)}" for k, v in pr["epsilon"].items()),
@@ -139,6 +170,7 @@ def report_markdown(results: dict[str, Any]) -> str:
             f"| {name} | " + " | ".join(_fmt(r[k]) for k in METRIC_KEYS) + " |" for name, r in rows
         ]
     lines += _derived_sections(results)
+    lines += _user_sites_section(results)
     lines += [
         "",
         "Plots: `history.png`, `reliability.png`, `reliability_sites.png`, `confidence.png`.",
