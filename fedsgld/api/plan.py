@@ -184,7 +184,7 @@ def early_stop_message(cfg: Config) -> str | None:
     n = steps_afforded(_schedule(cfg), budget=p.epsilon, limit=run.rounds * e, **acc) // e
     first_sample = run.burn_in + run.thin
     no_sample = run.max_samples > 0 and n < first_sample <= run.rounds
-    if n >= run.rounds or (4 * n >= run.rounds and not no_sample):
+    if n == 0 or n >= run.rounds or (4 * n >= run.rounds and not no_sample):  # 0: refused
         return None
     why = (
         f", before its first kept posterior sample (round {first_sample} = burn_in "

@@ -1,6 +1,6 @@
 """``fedsgld privacy``: epsilon of a DP-SGD / DP-SGLD schedule, or the steps a budget allows.
 
-    fedsgld privacy --sample-rate Q (--steps T | --epsilon E) --delta D
+    fedsgld privacy --sample-rate Q (--steps T | --epsilon E [--rounds R [--fit F]]) --delta D
                     (--noise-multiplier S | --lr A0 --temperature TAU [--decay-gamma G --decay-t0 T0])
                     [--accountant pld|rdp|dp_accounting_pld] [--sigma-grid R] [--json]
 
@@ -14,7 +14,9 @@ schedule; approximate, it can UNDER-estimate epsilon), "pld" (fedsgld's FFT PLD
 accountant, a certified upper bound within ~0.2 % of exact) and "rdp" (a looser upper
 bound); with ``--accountant dp_accounting_pld`` also dp_accounting's PLD (the reference,
 slow for schedules with many distinct sigmas). Budgets, including the step count printed
-for ``--epsilon``, use the rigorous accountant ``--accountant`` (default "pld").
+for ``--epsilon``, use the rigorous accountant ``--accountant`` (default "pld"). With
+``--rounds R`` it also prints the temperature (``--fit lr``: the step size; a constant
+sigma: the noise multiplier) that spends the budget over R steps (``fedsgld.plan``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import sys
 from typing import Any
 
+from fedsgld.cli.privacy_plan import add_plan_arguments, check_plan, plan_lines, plan_report
 from fedsgld.privacy.accountant import ACCOUNTANTS, REFERENCE_PLD, PrivacyAccountant
 from fedsgld.privacy.gdp import gdp_epsilon, gdp_max_steps, gdp_mu
 
@@ -53,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_length_arguments(parser)
     _add_noise_arguments(parser)
     _add_accountant_arguments(parser)
+    add_plan_arguments(parser)
     parser.set_defaults(_privacy_parser=parser)
 
 
@@ -210,6 +214,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "accountant": accountant,
         "point": point,
         "constant": constant,
+        "fit": check_plan(args, budget=budget, constant=constant),
     }
 
 
@@ -338,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
     steps, mu, eps = _account(s)
     as_json = getattr(args, "json", False)
     if s["budget"] is not None:
-        print(_budget_report(s, steps, mu, eps, as_json=as_json))
+        plan = None if s["fit"] is None else plan_report(s, args.rounds, s["fit"])
+        print(_budget_report(s, steps, mu, eps, as_json=as_json, plan=plan))
     else:
         print(_steps_report(s, steps, mu, eps, as_json=as_json))
     return 0
@@ -367,8 +373,9 @@ def _account(s: dict[str, Any]) -> tuple[int, float, dict[str, float]]:
 
 
 def _budget_report(
-    s: dict[str, Any], steps: int, mu: float, eps: dict[str, float], *, as_json: bool
-) -> str:
+    s: dict[str, Any], steps: int, mu: float, eps: dict[str, float], *, as_json: bool,
+    plan: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
     """The answer to --epsilon: how many steps the budget allows."""
     gdp_steps = gdp_max_steps(
         s["point"],
@@ -384,6 +391,7 @@ def _budget_report(
             "delta": s["delta"],
             "epsilon": {k: _finite(v) for k, v in eps.items()},
             "budget": s["budget"],
+            **({"plan": plan} if plan is not None else {}),
         }
         return json.dumps(out)
     at_least = "at least " if steps >= s["limit"] else ""
@@ -401,6 +409,7 @@ def _budget_report(
         f"epsilon at delta = {s['delta']:g}:",
     ]
     lines += _epsilon_lines(eps, s["accountant"])
+    lines += plan_lines(plan, s["accountant"]) if plan is not None else []
     return "\n".join(lines)
 
 
