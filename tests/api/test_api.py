@@ -74,7 +74,12 @@ def test_own_model_on_own_tensors_trains(capsys, tmp_path):
     assert probs.shape == (4, 2) and torch.allclose(probs.sum(1), torch.ones(4))
     assert {"history", "reliability"} <= set(res.plots)
     on_disk = json.loads((res.directory / "results.json").read_text())
-    assert on_disk["python_api"] == {"model": "Net", "sites": "python"}
+    api = on_disk["python_api"]
+    assert (api["model"], api["sites"], api["data"]) == ("Net", "python", "user data")
+    assert api["parameters"] == sum(p.numel() for p in Net().parameters())
+    assert [r["n_train"] + r["n_test"] for r in api["site_records"]] == [150, 150, 150]
+    report = (res.directory / "report.md").read_text()
+    assert "user data, 3 sites" in report and "model `Net`" in report and "mnist5k" not in report
     kept = res.save(tmp_path / "kept")
     assert {"results.json", "ledger.json", "report.md", "history.png"} <= {
         p.name for p in kept.iterdir()

@@ -72,7 +72,10 @@ def test_own_model_on_own_tensors_over_flower_equals_the_engine(nodes):
     assert seen == list(range(1, got.steps + 1))
     _same(ref, got)
     assert isinstance(got.model, Net)
-    assert got.results["python_api"] == {"model": "Net", "sites": "python"}
+    api = got.results["python_api"]
+    assert (api["model"], api["sites"], api["data"]) == ("Net", "python", "user data")
+    assert api["site_records"] == ref.results["python_api"]["site_records"]
+    assert "user data, 3 sites" in (got.directory / "report.md").read_text()
     # nodes = 2: node 0 hosts sites 0 and 2 (Flower's partition-id rule)
     want = 3 if nodes is None else 2
     assert len(set(got.results["flower"]["nodes"].values())) == want
