@@ -39,7 +39,11 @@ def _refused(tmp_path, sites, match: str, **kw) -> None:
 def test_a_nan_feature_is_named_by_site_and_record(tmp_path):
     sites = [_blobs(30, k) for k in range(3)]
     sites[1][0][17, 2] = math.nan
-    _refused(tmp_path, sites, r"sites\[1\]: record 17 has a non-finite feature \(nan at position \(2,\)\)")
+    _refused(
+        tmp_path,
+        sites,
+        r"sites\[1\]: record 17 has a non-finite feature \(nan at position \(2,\)\)",
+    )
     x, y = _blobs(30, 7)
     x[4, 0] = math.inf
     _refused(tmp_path, sites[:1] + [_blobs(30, 1)], r"test_sites\[0\]: record 4", test_sites=[
@@ -59,7 +63,11 @@ def test_a_non_finite_or_fractional_label_is_named(tmp_path):
 
 def test_a_site_too_small_to_evaluate_is_an_error_or_a_warning_when_asked(tmp_path):
     sites = [_blobs(30, 0), _blobs(5, 1), _blobs(30, 2)]
-    _refused(tmp_path, sites, rf"sites\[1\]: 5 records \(1 for its test split\); a site needs at least {MIN_SITE_RECORDS}")
+    _refused(
+        tmp_path,
+        sites,
+        rf"sites\[1\]: 5 records \(1 for its test split\); a site needs at least {MIN_SITE_RECORDS}",
+    )
     with pytest.warns(UserWarning, match=r"sites\[1\]: 5 records"):
         read_user_sites(sites, small="warn")
     with pytest.raises(ValueError, match="small_sites must be"):
