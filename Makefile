@@ -27,6 +27,7 @@ demo: setup
 	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgld --set threads=2 --out runs/demo-dpsgld
 	$(BIN)/fedsgld simulate simulations/demo.toml --set method=dpsgd --set threads=2 --out runs/demo-dpsgd
 	$(BIN)/fedsgld compare runs/demo-dpsgld runs/demo-dpsgd --out runs/demo-compare.png
+	$(BIN)/python -m fedsgld.studies.readme_numbers --print runs/demo-dpsgld runs/demo-dpsgd
 
 # Rewrite the README's demo numbers from a fresh demo run (`--check` only compares).
 readme-numbers: demo

@@ -1,6 +1,6 @@
 """A frozen timm backbone (random weights, nothing downloaded) and a small private head.
 
-    python examples/frozen_backbone.py          # a few minutes on a laptop CPU
+    python examples/frozen_backbone.py --out runs/frozen-backbone   # TIME (see below)
     python examples/frozen_backbone.py --tiny   # seconds (what the tests run)
 
 Only the head is trained with DP. The backbone is a fixed public function, so each site
@@ -38,6 +38,9 @@ def features(backbone: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (seconds)")
+    parser.add_argument(
+        "--out", help="keep the run's files (results.json, report.md, plots) in this directory"
+    )
     args = parser.parse_args()
     tiny = args.tiny or os.environ.get("FEDSGLD_EXAMPLES_TINY") == "1"
     n, rounds = (60, 10) if tiny else (1000, 200)
@@ -68,8 +71,13 @@ def main() -> None:
         eval_every=max(rounds // 4, 1),
         seed=0,
         progress=not tiny,
+        out_dir=args.out,
     )
     print(result, "| per-record gradients:", result.grad_path)
+    if args.out is None:
+        print("files: a temporary directory, removed when this script ends (--out DIR keeps them)")
+    else:
+        print(f"files: {result.directory}")
 
 
 if __name__ == "__main__":

@@ -19,5 +19,8 @@ def test_example_runs_tiny(script, monkeypatch, capsys):
     assert "Result(" in out and " steps, epsilon=" in out, out
 
 
-def test_there_are_three_examples():
-    assert len(list(EXAMPLES.glob("*.py"))) >= 3
+def test_the_readme_counts_the_examples():
+    count = len(list(EXAMPLES.glob("*.py")))
+    words = {3: "three", 4: "four", 5: "five", 6: "six"}
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    assert count >= 4 and f"has {words[count]} short scripts" in readme

@@ -6,6 +6,11 @@ A site's data may be a torch ``Dataset`` (items ``(x, y)``), a pair of arrays ``
 turns any of them into (float32 records, int64 labels); :func:`user_sites` builds the
 sites' :class:`~fedsgld.data.partition.SiteData`, with each site's test records given or
 split off its own records (seeded, stratified where possible, as for built-in datasets).
+Every record is checked as it is read, and an error names the site and the record's
+index: a non-finite feature, a non-finite or fractional or negative label;
+:func:`read_user_sites` also refuses (or warns of) a site too small to evaluate and keeps
+the labels as given, so that a label beyond the model's classes can be named
+(:meth:`UserSites.stray_label`).
 
 Privacy caveat: the records stay what they are; nothing here adds noise. The sizes N_k of
 the sites' training splits are public in every run (the server divides by q * sum N_k).

@@ -4,6 +4,7 @@
     python -m fedsgld.studies.readme_numbers           # rewrite the README's demo numbers
     python -m fedsgld.studies.readme_numbers --check   # exit 1 where they differ (as the tests)
     python -m fedsgld.studies.readme_numbers --check --exact   # every printed digit
+    python -m fedsgld.studies.readme_numbers --print   # print the table (make demo's last step)
     python -m fedsgld.studies.readme_numbers --spread 0 1 2 3 4 5   # the demo over seeds
     python -m fedsgld.studies.readme_numbers --orders   # other summation orders, same seed
 
@@ -316,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readme", default="README.md")
     ap.add_argument("--check", action="store_true", help="only compare; exit 1 on a difference")
     ap.add_argument(
+        "--print", action="store_true", dest="show",
+        help="only print the demo table of the runs (the README is not read or changed)",
+    )  # fmt: skip
+    ap.add_argument(
         "--exact",
         action="store_true",
         help="with --check: every printed digit (default: metrics within the measured "
@@ -346,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         results = load_runs(args.runs)
+        if args.show:
+            print(demo_block(results))
+            return 0
         readme = Path(args.readme)
         text = readme.read_text()
         if args.check:

@@ -167,3 +167,23 @@ def test_check_uses_the_measured_tolerance_unless_exact(tmp_path, capsys):
     assert "matches" in capsys.readouterr().out
     assert rn.main([*dirs, "--readme", str(readme), "--check", "--exact"]) == 1
     assert "differs" in capsys.readouterr().out
+
+
+def test_make_demo_prints_the_table_the_readme_shows(tmp_path, capsys):
+    """The README says what the demo printed: its last step prints the demo table."""
+    import json
+
+    runs = {"dpsgld": _fake("dpsgld"), "dpsgd": _fake("dpsgd", ece=0.0345)}
+    dirs = []
+    for method, r in runs.items():
+        (tmp_path / method).mkdir()
+        (tmp_path / method / "results.json").write_text(json.dumps(r))
+        dirs.append(str(tmp_path / method))
+    assert rn.main([*dirs, "--print", "--readme", str(tmp_path / "absent.md")]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == rn.demo_block(runs) and printed.startswith(rn.HEADER)
+    assert rn.demo_block(runs) in rn.rewrite(README.read_text(), runs)
+    make = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^demo:.*\n((?:\t.*\n)+)", make, re.M).group(1)
+    last = recipe.strip().splitlines()[-1]
+    assert "readme_numbers --print" in last and all(d in last for d in rn.DEMO_RUNS.values())
