@@ -67,7 +67,7 @@ def main() -> None:
         rounds=rounds,
         sample_rate=0.1,
         lr=0.2,
-        temperature=2.0,
+        plan="fit",  # the temperature that spends epsilon over all the rounds
         eval_every=max(rounds // 4, 1),
         seed=0,
         progress=not tiny,

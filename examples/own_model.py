@@ -68,7 +68,7 @@ def main() -> None:
         sample_rate=0.1,
         clip=1.0,
         lr=0.5,
-        temperature=2.0,
+        plan="fit",  # the temperature that spends epsilon over all the rounds
         burn_in=rounds // 2,
         thin=max(rounds // 20, 1),
         eval_every=max(rounds // 4, 1),
