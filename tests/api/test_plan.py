@@ -154,3 +154,12 @@ def test_the_cli_plans_as_the_api_does(capsys):
     assert main(["privacy", "--sample-rate", "0.1", "--steps", "3", "--delta", "1e-5",
                  "--noise-multiplier", "1", "--rounds", "4"]) == 2  # fmt: skip
     assert "--rounds R needs --epsilon" in capsys.readouterr().err
+
+
+def test_a_budget_the_settings_underspend_is_fitted_with_less_noise():
+    plan = fedsgld.plan(method="dpsgd", epsilon=8.0, rounds=20, sample_rate=0.1)
+    assert plan.rounds_afforded == 20 and plan.epsilon_given < 8.0
+    sigma = plan.fit["noise_multiplier"]
+    assert sigma < 1.0  # less noise than given: the settings left budget unspent
+    eps = _epsilon([(0.1, sigma)] * 20, plan.delta)
+    assert 0.97 * 8.0 <= eps <= 8.0
