@@ -64,7 +64,7 @@ from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
-from fedsgld.flower.secure_requests import step_message
+from fedsgld.flower.secure_requests import next_plan, step_message
 from fedsgld.flower.sites import (
     hosted_site,
     hosted_sites,
@@ -155,9 +155,12 @@ def site_credentials(r: _Request) -> Credentials:
 
 def _next_plan(r: _Request) -> SecAggPlan:
     """Round t + 1's plan as a pipelined request of round t implies it: round t's, with
-    round t + 1's label (keys signed for it are refused by any other plan)."""
+    round t + 1's label and sigma (:func:`~fedsgld.flower.secure_requests.next_plan`;
+    keys signed for it are refused by any other plan)."""
     run_key, epoch, rnd = r.round_of
-    return replace(r.secagg, round_label=secagg_label(run_key, epoch, rnd + 1))
+    return next_plan(
+        r.secagg, secagg_label(run_key, epoch, rnd + 1), r.config.privacy.sigma(rnd + 1)
+    )
 
 
 def _ahead(
@@ -200,10 +203,13 @@ def _keep(context: Context, slot: str, party: SiteParty) -> None:
     context.state[slot] = ConfigRecord(flatten(party.state(), ""))
 
 
-def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
+def site_mechanism(
+    r: _Request, creds: Credentials, *, clip: float, sigma: float, sample_rate: float
+) -> DDGParameters:
     """The round's distributed discrete Gaussian as this site builds it from the public
-    numbers, checked against the plan and the site's policy (a refusal otherwise). Its K
-    counts the round's sites that the site's key list authenticates, no other."""
+    numbers, checked against the plan (the mechanism its signed keys bind: sigma, clip,
+    q, pre-noise, grid, share variance, bits) and the site's policy (a refusal
+    otherwise). Its K counts the round's sites that the site's key list authenticates."""
     try:
         params = choose_ddg(
             noise_multiplier=sigma,
@@ -222,6 +228,8 @@ def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float
             params,
             clip=clip,
             noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            prenoise=r.secure.plan.prenoise,
             max_dropouts=r.policy.max_dropouts,
             max_colluders=r.policy.max_colluders,
             peers=creds.peers,
@@ -269,6 +277,11 @@ def secagg_door(msg: Message, context: Context) -> Admission:
                             f"may ask for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
+    kept = context.state.get(STATE.format(r.site.site_id))  # its party: keys it signed
+    if not isinstance(kept, ConfigRecord) or kept.get("context") != r.secagg.context:
+        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed no keys for this "
+                            "round's plan (sites, kind, sigma, clip, q, pre-noise, bits, "
+                            "dimension, share variance); refused before any charge")  # fmt: skip
     if r.secagg.one_shot:  # the roster comes with it: authenticated and complete before
         try:  # the charge (the party checks it again, with its own keys)
             keys = roster.check_roster(r.secagg, r.site.site_id, r.secure.message["keys"], creds)
@@ -295,7 +308,7 @@ def secagg_door(msg: Message, context: Context) -> Admission:
             "of its own: give it a privacy-policy file with epsilon"
         )
     theta = guard.finite("theta", plan.theta_vector(r.site.fm.size))
-    params = site_mechanism(r, creds, clip=clip, sigma=sigma)
+    params = site_mechanism(r, creds, clip=clip, sigma=sigma, sample_rate=q)
     sampler = pol.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
