@@ -277,11 +277,6 @@ def secagg_door(msg: Message, context: Context) -> Admission:
                             f"may ask for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
-    kept = context.state.get(STATE.format(r.site.site_id))  # its party: keys it signed
-    if not isinstance(kept, ConfigRecord) or kept.get("context") != r.secagg.context:
-        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed no keys for this "
-                            "round's plan (sites, kind, sigma, clip, q, pre-noise, bits, "
-                            "dimension, share variance); refused before any charge")  # fmt: skip
     if r.secagg.one_shot:  # the roster comes with it: authenticated and complete before
         try:  # the charge (the party checks it again, with its own keys)
             keys = roster.check_roster(r.secagg, r.site.site_id, r.secure.message["keys"], creds)
@@ -309,6 +304,12 @@ def secagg_door(msg: Message, context: Context) -> Admission:
         )
     theta = guard.finite("theta", plan.theta_vector(r.site.fm.size))
     params = site_mechanism(r, creds, clip=clip, sigma=sigma, sample_rate=q)
+    kept = context.state.get(STATE.format(r.site.site_id))  # its party: the keys it signed
+    if isinstance(kept, ConfigRecord) and kept.get("context") != r.secagg.context:
+        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed its keys of round "
+                            f"{r.round_of[2]} for another plan (sites, kind, sigma, clip, q, "
+                            "pre-noise, bits, dimension or share variance); refused before "
+                            "any charge")  # fmt: skip
     sampler = pol.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
