@@ -119,7 +119,7 @@ def test_a_secure_step_decodes_to_what_was_encoded():
     with pytest.raises(ValueError, match="dimension or bits differ from the plan's"):
         decode_secure(RecordDict({"plan": ConfigRecord({**rec, "secagg-bits": m.params.bits + 1})}))
     other = decode_secure(RecordDict({"plan": ConfigRecord({**rec, "sigma": 1.2000000001})}))
-    assert other.secagg.context != back.secagg.context  # a change in the 10th digit: another context
+    assert other.secagg.context != back.secagg.context  # the 10th digit: another context
     with pytest.raises(ValueError, match="secagg-step 'leak' refused"):
         decode_secure(RecordDict({"plan": ConfigRecord({**rec, "secagg-step": "leak"})}))
     with pytest.raises(TypeError, match="must be integers"):
