@@ -52,9 +52,13 @@ construction, not by trust in the server:
    context (``share_keys`` in a full round, the one-shot request's roster otherwise): each
    other site of the roster advertised its keys for the same sigma, clip, q, pre-noise,
    s^2, gamma, bits and dimension, and (by 1, if honest) draws under them only;
-3. so a server that shows sites different parameters gets refused rosters, and even
-   where a site were fooled, its masks (seeded from its context) would not cancel against
-   the others': nothing decodable, never a sum of unequal shares.
+3. so a server that shows sites different parameters gets refused rosters (at
+   ``share_keys``, before the consistency step, in a full round; at the one-shot request,
+   before the charge), and even where a site were fooled, its masks (seeded from its
+   context) would not cancel against the others': nothing decodable, never a sum of
+   unequal shares. The masked input itself carries no extra signature: no honest site
+   produces one before step 2, so a signature over it would only let a third party audit
+   the transcript, and adds nothing against the server.
 """
 
 from __future__ import annotations
