@@ -122,8 +122,11 @@ def _checked(
     vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray],
     params: DDGParameters,
     drop: Mapping[int, str] | None,
+    mechanism: Mechanism | None = None,
 ) -> tuple[dict[int, np.ndarray], int, dict[int, str]]:
     """``run_round``'s arguments checked: the vectors by site, their one length, the drops."""
+    if mechanism is not None and mechanism.params != params:
+        raise ValueError("the mechanism's parameters are not the round's params")
     if not isinstance(vectors, Mapping):
         vectors = dict(enumerate(vectors))
     lengths = {np.asarray(v).shape[0] for v in vectors.values()}
@@ -173,9 +176,7 @@ def run_round(
     site's guard (``encoder``) refuses.
     Raises :class:`~fedsgld.secagg.protocol.RoundAborted` when more sites drop than planned.
     """
-    vectors, length, drop = _checked(vectors, params, drop)
-    if mechanism is not None and mechanism.params != params:
-        raise ValueError("the mechanism's parameters are not the round's params")
+    vectors, length, drop = _checked(vectors, params, drop, mechanism)
     plan = SecAggPlan(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
         max_dropouts=max_dropouts, max_colluders=max_colluders, neighbours=neighbours,
