@@ -194,6 +194,7 @@ class InProcess:
                 params=params,
                 noise_multiplier=sigma,
                 sample_rate=plan.sample_rate,
+                prenoise=plan.prenoise,
                 round_of=(server.run_key, 0, plan.round),
             )
 
@@ -209,6 +210,7 @@ class InProcess:
             drop=self.drop,
             encoder=encoder,
             credentials={i: g.credentials for i, g in enumerate(guards)},
+            mechanism=mode.mechanism(plan, params),
         )
         mode.last_round = res  # what the server party received, and the round's cost
         return torch.from_numpy(res.total)

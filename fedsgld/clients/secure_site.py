@@ -64,15 +64,20 @@ class SecureSumSite:
         params: DDGParameters,
         noise_multiplier: float,
         sample_rate: float,
+        prenoise: float,
         round_of: tuple[str, int, int],
     ) -> np.ndarray:
-        """The encoded, noised ``vector`` (this site's clipped sum of the round) modulo
-        2^bits, or an exception having drawn nothing (a refused plan, the site's budget)."""
+        """The encoded, noised ``vector`` (this site's clipped sum of the round, pre-noise
+        ``prenoise``) modulo 2^bits, or an exception having drawn nothing (a refused plan,
+        the site's budget). The plan's mechanism, which its signed keys and masks bind, must
+        be exactly these numbers (:func:`~fedsgld.secagg.check_site_plan`)."""
         check_site_plan(
             plan,
             params,
             clip=self.clip,
             noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            prenoise=prenoise,
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
             peers=self.credentials.peers,

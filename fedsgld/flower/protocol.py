@@ -67,6 +67,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedsgld.config import Config
 from fedsgld.core.plan import VECTOR_DTYPE, TrainPlan, unpack_vector  # noqa: F401 - re-exported
+from fedsgld.flower.secure_requests import bound_plan
 from fedsgld.secagg import SecAggPlan
 from fedsgld.secagg.driver import STEPS as SECAGG_STEPS
 from fedsgld.secagg.wire import flatten, unflatten
@@ -422,11 +423,12 @@ def decode_secure(content: RecordDict) -> SecureStep:
     if step not in SECAGG_STEPS:
         raise ValueError(f"secagg-step {step!r} refused: must be one of {', '.join(SECAGG_STEPS)}")
     sp = secagg_plan(rec, run_key=plan.run_key, epoch=plan.epoch, rnd=plan.round)
+    norm = _real(dict(rec.items()), "signal-norm", optional=True)
     return SecureStep(
         plan=plan,
         step=step,
-        secagg=sp,
-        signal_norm=_real(dict(rec.items()), "signal-norm", optional=True),
+        secagg=bound_plan(sp, plan, norm),  # the mechanism the request's numbers make
+        signal_norm=norm,
         message=unflatten(rec, SECAGG_PREFIX),
     )
 

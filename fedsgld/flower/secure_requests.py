@@ -2,12 +2,19 @@
 door checks them (:func:`fedsgld.flower.secure_site.secagg_door`) before anything else
 reads them: site ids as keys, 32-byte public keys, 64-byte signatures, bytes for
 ciphertexts, lists of site ids for survivor sets. A message of another shape is a
-``ValueError``, which the door turns into a refusal."""
+``ValueError``, which the door turns into a refusal.
+
+:func:`bound_plan` puts the round's mechanism, as the request's own public numbers make it,
+into the plan whose context every signature and mask of the round binds
+(:mod:`fedsgld.secagg.plan`); :func:`next_plan` is the next round's, for pipelined keys."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from fedsgld.core.plan import TrainPlan
+from fedsgld.secagg import Mechanism, SecAggPlan
 from fedsgld.secagg.identity import SIGNATURE_BYTES
 
 KEY_BYTES = 32
@@ -71,4 +78,37 @@ def _roster_keys(keys: Any) -> None:
         _key(k["sig"], f"site {v}'s sig", SIGNATURE_BYTES)
 
 
-__all__ = ["KEY_BYTES", "step_message"]
+def bound_plan(sp: SecAggPlan, plan: TrainPlan, signal_norm: float | None) -> SecAggPlan:
+    """``sp`` with the :class:`~fedsgld.secagg.Mechanism` that the request's public numbers
+    make (sigma, clip, q and pre-noise of ``plan``, the norm bound ``signal_norm``, the
+    plan's dimension, sites, dropouts and colluders), at every step: the site signs its
+    keys, agrees its masks and draws its share under that context only. ``ValueError``
+    where the numbers make no mechanism, or the plan's bits are not the mechanism's."""
+    if plan.clip is None or signal_norm is None:
+        raise ValueError("a secure-aggregation request needs a clip and a signal-norm")
+    m = Mechanism.derive(
+        noise_multiplier=plan.sigma, clip=plan.clip, sample_rate=plan.sample_rate,
+        prenoise=plan.prenoise, signal_norm=signal_norm, dim=sp.length, sites=len(sp.sites),
+        max_dropouts=sp.max_dropouts, max_colluders=sp.max_colluders,
+    )  # fmt: skip
+    return replace(sp, mechanism=m)
+
+
+def next_plan(sp: SecAggPlan, label: bytes, sigma: float) -> SecAggPlan:
+    """The next round's plan as this round's (``sp``, bound) implies it, for keys
+    advertised one round early: its ``label`` and its mechanism with its ``sigma`` (from the
+    run config's schedule; so its bits), all else kept. The server and the site derive it
+    alike; a round whose real plan differs advertises its own keys."""
+    m = sp.mechanism
+    if m is None:
+        raise ValueError("a plan without a mechanism has no next round")
+    nxt = Mechanism.derive(
+        noise_multiplier=sigma, clip=m.params.clip,
+        sample_rate=m.sample_rate, prenoise=m.prenoise, signal_norm=m.signal_norm,
+        dim=sp.length, sites=len(sp.sites), max_dropouts=sp.max_dropouts,
+        max_colluders=sp.max_colluders,
+    )  # fmt: skip
+    return replace(sp, round_label=label, bits=nxt.params.bits, mechanism=nxt)
+
+
+__all__ = ["KEY_BYTES", "bound_plan", "next_plan", "step_message"]

@@ -54,7 +54,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,6 +69,7 @@ from fedsgld.flower.protocol import (
     secagg_label,
 )
 from fedsgld.flower.replies import check_secagg_reply
+from fedsgld.flower.secure_requests import next_plan
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
@@ -102,7 +102,7 @@ class SecureRounds:
         server, strategy = self.server, self.strategy
         train = TrainPlan.of(plan, run_key=strategy.run_key, epoch=strategy.epoch,
                              config=config_from_record(strategy.run), theta=theta, site_id=site)  # fmt: skip
-        norm = server.privacy.clip * sum(server.site_sizes)
+        norm = server.mode.signal_norm
         return encode_secure(SecureStep(train, step, sp, signal_norm=norm, message=body))
 
     def _step(
@@ -151,6 +151,7 @@ class SecureRounds:
             sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
             max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
             neighbours=p.secagg_neighbours, one_shot=p.one_shot_rounds,
+            mechanism=server.mode.mechanism(plan, params),  # what every signature binds
         )  # fmt: skip
         cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
                                 "server_received": 0}  # fmt: skip
@@ -234,13 +235,13 @@ class SecureRounds:
     ) -> tuple[ServerParty, dict[str, Any]] | None:
         """Round ``rnd``'s server party and roster from the keys its sites advertised with
         this round's consistency step (signed for this round's plan with round ``rnd``'s
-        label), if every site of the plan advertised; else None (round ``rnd`` then
+        label and sigma: :func:`~fedsgld.flower.secure_requests.next_plan`), if every
+        site of the plan advertised; else None (round ``rnd`` then
         starts with its own ``advertise_keys``)."""
         if not _every_site(keys, sp):
             return None
-        nxt = replace(sp, round_label=secagg_label(self.strategy.run_key, self.strategy.epoch,
-                                                  rnd))  # fmt: skip
-        party = ServerParty(nxt)
+        label = secagg_label(self.strategy.run_key, self.strategy.epoch, rnd)
+        party = ServerParty(next_plan(sp, label, self.server.privacy.sigma(rnd)))
         return party, party.collect_keys(keys)
 
     def _early(self, sp: SecAggPlan) -> tuple[ServerParty, list[dict[str, Any]]] | None:

@@ -64,7 +64,7 @@ from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
-from fedsgld.flower.secure_requests import step_message
+from fedsgld.flower.secure_requests import next_plan, step_message
 from fedsgld.flower.sites import (
     hosted_site,
     hosted_sites,
@@ -155,9 +155,12 @@ def site_credentials(r: _Request) -> Credentials:
 
 def _next_plan(r: _Request) -> SecAggPlan:
     """Round t + 1's plan as a pipelined request of round t implies it: round t's, with
-    round t + 1's label (keys signed for it are refused by any other plan)."""
+    round t + 1's label and sigma (:func:`~fedsgld.flower.secure_requests.next_plan`;
+    keys signed for it are refused by any other plan)."""
     run_key, epoch, rnd = r.round_of
-    return replace(r.secagg, round_label=secagg_label(run_key, epoch, rnd + 1))
+    return next_plan(
+        r.secagg, secagg_label(run_key, epoch, rnd + 1), r.config.privacy.sigma(rnd + 1)
+    )
 
 
 def _ahead(
@@ -200,10 +203,13 @@ def _keep(context: Context, slot: str, party: SiteParty) -> None:
     context.state[slot] = ConfigRecord(flatten(party.state(), ""))
 
 
-def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float) -> DDGParameters:
+def site_mechanism(
+    r: _Request, creds: Credentials, *, clip: float, sigma: float, sample_rate: float
+) -> DDGParameters:
     """The round's distributed discrete Gaussian as this site builds it from the public
-    numbers, checked against the plan and the site's policy (a refusal otherwise). Its K
-    counts the round's sites that the site's key list authenticates, no other."""
+    numbers, checked against the plan (the mechanism its signed keys bind: sigma, clip,
+    q, pre-noise, grid, share variance, bits) and the site's policy (a refusal
+    otherwise). Its K counts the round's sites that the site's key list authenticates."""
     try:
         params = choose_ddg(
             noise_multiplier=sigma,
@@ -222,6 +228,8 @@ def site_mechanism(r: _Request, creds: Credentials, *, clip: float, sigma: float
             params,
             clip=clip,
             noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            prenoise=r.secure.plan.prenoise,
             max_dropouts=r.policy.max_dropouts,
             max_colluders=r.policy.max_colluders,
             peers=creds.peers,
@@ -295,7 +303,13 @@ def secagg_door(msg: Message, context: Context) -> Admission:
             "of its own: give it a privacy-policy file with epsilon"
         )
     theta = guard.finite("theta", plan.theta_vector(r.site.fm.size))
-    params = site_mechanism(r, creds, clip=clip, sigma=sigma)
+    params = site_mechanism(r, creds, clip=clip, sigma=sigma, sample_rate=q)
+    kept = context.state.get(STATE.format(r.site.site_id))  # its party: the keys it signed
+    if isinstance(kept, ConfigRecord) and kept.get("context") != r.secagg.context:
+        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed its keys of round "
+                            f"{r.round_of[2]} for another plan (sites, kind, sigma, clip, q, "
+                            "pre-noise, bits, dimension or share variance); refused before "
+                            "any charge")  # fmt: skip
     sampler = pol.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )

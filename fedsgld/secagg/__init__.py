@@ -18,6 +18,7 @@ from ..privacy.distributed import DDGParameters, choose_ddg, ddg_epsilon
 from .ddg import decode, encode
 from .driver import RoundResult, check_site_plan, message_bytes, run_round
 from .identity import Consortium, Credentials, ephemeral_credentials
+from .plan import Mechanism
 from .protocol import RoundAborted, SecAggPlan, SiteParty
 from .server import ServerParty
 
@@ -25,6 +26,7 @@ __all__ = [
     "Consortium",
     "Credentials",
     "DDGParameters",
+    "Mechanism",
     "RoundAborted",
     "RoundResult",
     "SecAggPlan",

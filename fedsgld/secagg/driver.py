@@ -22,6 +22,7 @@ import numpy as np
 from ..privacy.distributed import DDGParameters
 from .ddg import decode, encode
 from .identity import Consortium, Credentials, ephemeral_credentials
+from .plan import Mechanism
 from .protocol import SecAggPlan, SiteParty
 from .server import ServerParty
 
@@ -68,6 +69,8 @@ def check_site_plan(
     *,
     clip: float,
     noise_multiplier: float,
+    sample_rate: float,
+    prenoise: float,
     max_dropouts: int,
     max_colluders: int,
     peers: Consortium | None = None,
@@ -77,8 +80,13 @@ def check_site_plan(
     authenticated sites only), plans for at least the dropouts and colluders its policy
     assumes, the parameters match the plan, account for the clip it applies, and count on
     no more honest shares than the plan leaves, whose noise is at least
-    ``noise_multiplier``. Raises ``ValueError`` naming the first mismatch."""
+    ``noise_multiplier``; and the plan's :class:`~fedsgld.secagg.plan.Mechanism`, which
+    every signature and mask of the round binds, is exactly the one the site computes and
+    charges (``params``, sigma, ``sample_rate``, ``prenoise``): so every site whose keys
+    are in the roster it accepted draws the same share (:mod:`.plan`). Raises
+    ``ValueError`` naming the first mismatch."""
     k = len(plan.sites)
+    m = plan.mechanism
     unknown = [] if peers is None else [v for v in plan.sites if v not in peers]
     checks = [
         (not unknown, f"the round names site(s) {unknown} outside the site's key list"),
@@ -97,6 +105,13 @@ def check_site_plan(
          f"the mechanism counts on {params.honest} honest shares, more than the plan leaves"),
         (params.noise_multiplier >= noise_multiplier,
          f"the honest noise multiplier {params.noise_multiplier:.6g} < {noise_multiplier:.6g}"),
+        (m is not None, "the plan binds no mechanism (sigma, clip, q, pre-noise, shares)"),
+        (m is None or m.params == params,
+         "the plan's distributed discrete Gaussian (grid, share variance, bits, dimension, "
+         "sites) is not the one this site computes from the round's numbers"),
+        (m is None or (m.noise_multiplier, m.sample_rate, m.prenoise)
+         == (noise_multiplier, sample_rate, prenoise),
+         "the plan's sigma, sample rate or pre-noise is not the request's"),
     ]  # fmt: skip
     for ok, why in checks:
         if not ok:
@@ -107,8 +122,11 @@ def _checked(
     vectors: Mapping[int, np.ndarray] | Sequence[np.ndarray],
     params: DDGParameters,
     drop: Mapping[int, str] | None,
+    mechanism: Mechanism | None = None,
 ) -> tuple[dict[int, np.ndarray], int, dict[int, str]]:
     """``run_round``'s arguments checked: the vectors by site, their one length, the drops."""
+    if mechanism is not None and mechanism.params != params:
+        raise ValueError("the mechanism's parameters are not the round's params")
     if not isinstance(vectors, Mapping):
         vectors = dict(enumerate(vectors))
     lengths = {np.asarray(v).shape[0] for v in vectors.values()}
@@ -136,6 +154,7 @@ def run_round(
     drop: Mapping[int, str] | None = None,
     encoder: Callable[[int, np.ndarray, SecAggPlan], np.ndarray] | None = None,
     credentials: Mapping[int, Credentials] | None = None,
+    mechanism: Mechanism | None = None,
 ) -> RoundResult:
     """Sum the sites' vectors under secure aggregation with distributed discrete Gaussian
     noise. ``vectors``: {site: S_k} (or a list, sites 0..K-1), all of one length.
@@ -152,13 +171,16 @@ def run_round(
     before it draws its share); default :func:`~fedsgld.secagg.ddg.encode`.
     ``credentials``: {site: its long-term key and key list}; default fresh keys for every
     site (:func:`~fedsgld.secagg.identity.ephemeral_credentials`: one party plays them all).
+    ``mechanism``: the round's :class:`~fedsgld.secagg.plan.Mechanism` (its ``params``
+    are ``params``), bound into the plan's context; None: a bare masking plan, which a
+    site's guard (``encoder``) refuses.
     Raises :class:`~fedsgld.secagg.protocol.RoundAborted` when more sites drop than planned.
     """
-    vectors, length, drop = _checked(vectors, params, drop)
+    vectors, length, drop = _checked(vectors, params, drop, mechanism)
     plan = SecAggPlan(
         round_label=round_label, sites=tuple(vectors), length=params.dim, bits=params.bits,
         max_dropouts=max_dropouts, max_colluders=max_colluders, neighbours=neighbours,
-        one_shot=one_shot,
+        one_shot=one_shot, mechanism=mechanism,
     )  # fmt: skip
     creds = credentials if credentials is not None else ephemeral_credentials(plan.sites)
     sites = {v: SiteParty(v, plan, creds[v]) for v in plan.sites}

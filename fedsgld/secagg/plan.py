@@ -34,15 +34,90 @@ input is all the server can learn: an honest site's pairwise masks with the othe
 sites cancel only in the sum over all of them (the graph minus the colluders stays
 connected, as above). ``one_shot`` is in the context, so keys signed for one kind of
 round are refused in the other.
+
+**The mechanism is in the context** (:class:`Mechanism`: sigma_t, clip, sample rate,
+pre-noise, the norm bound the bits are chosen for, and the distributed discrete Gaussian
+each site draws: grid step, share variance s^2, dimension, bits, K and the honest shares).
+Every signature (round keys, survivor set), every pairwise mask seed and every share's
+encryption is derived from :attr:`SecAggPlan.context`, so two sites shown different
+numbers sign different statements and agree different seeds. A site's accountant charges
+each round as one of K_eff *equal* shares of N_Z(0, s^2) on the grid gamma; that is true by
+construction, not by trust in the server:
+
+1. a site draws its share only under the mechanism it builds itself from the checked
+   request (its guard: ``check_site_plan`` holds ``plan.mechanism`` to it, and the ledger
+   charges exactly those parameters), and only in the round context under which it signed
+   its round keys (its party keeps that context and refuses any other);
+2. before its share is drawn it has verified every roster entry's signature over ITS
+   context (``share_keys`` in a full round, the one-shot request's roster otherwise): each
+   other site of the roster advertised its keys for the same sigma, clip, q, pre-noise,
+   s^2, gamma, bits and dimension, and (by 1, if honest) draws under them only;
+3. so a server that shows sites different parameters gets refused rosters (at
+   ``share_keys``, before the consistency step, in a full round; at the one-shot request,
+   before the charge), and even where a site were fooled, its masks (seeded from its
+   context) would not cancel against the others': nothing decodable, never a sum of
+   unequal shares. The masked input itself carries no extra signature: no honest site
+   produces one before step 2, so a signature over it would only let a third party audit
+   the transcript, and adds nothing against the server.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from functools import cached_property
 
 from ..config.checks import check_neighbours
+from ..privacy.distributed import DDGParameters, choose_ddg
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """What every site of a round computes and draws (all public): the noise multiplier
+    sigma_t of the step, the sample rate q, the pre-noise std, the norm bound
+    ``signal_norm`` of the sum that the bits are chosen for, and the distributed discrete
+    Gaussian ``params`` (clip C, grid step gamma, dimension d, share variance s^2, sites K,
+    honest shares K_eff, bits). :meth:`encoded` is its canonical bytes in the context."""
+
+    params: DDGParameters
+    noise_multiplier: float
+    sample_rate: float
+    prenoise: float
+    signal_norm: float
+
+    def __post_init__(self) -> None:
+        for name in ("noise_multiplier", "sample_rate", "prenoise", "signal_norm"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"mechanism {name} must be a finite number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if not (self.noise_multiplier > 0 and 0 < self.sample_rate <= 1):
+            raise ValueError("mechanism: noise_multiplier must be > 0 and sample_rate in (0, 1]")
+        if self.prenoise < 0 or self.signal_norm < 0:
+            raise ValueError("mechanism: prenoise and signal_norm must be >= 0")
+
+    @classmethod
+    def derive(
+        cls, *, noise_multiplier: float, clip: float, sample_rate: float, prenoise: float,
+        signal_norm: float, dim: int, sites: int, max_dropouts: int, max_colluders: int,
+    ) -> Mechanism:  # fmt: skip
+        """The round's mechanism from its public numbers
+        (:func:`~fedsgld.privacy.distributed.choose_ddg`: every party derives the same)."""
+        params = choose_ddg(noise_multiplier=noise_multiplier, clip=clip, dim=dim, sites=sites,
+                            max_dropouts=max_dropouts, max_colluders=max_colluders,
+                            signal_norm=signal_norm)  # fmt: skip
+        return cls(params, noise_multiplier, sample_rate, prenoise, signal_norm)
+
+    def encoded(self) -> bytes:
+        """Canonical bytes: floats by their exact IEEE 754 binary64 bits, fixed-width ints,
+        s^2 (unbounded) length-prefixed; one layout, so equal bytes mean equal numbers."""
+        p = self.params
+        share = p.share_variance.to_bytes((p.share_variance.bit_length() + 7) // 8, "big")
+        floats = struct.pack(">6d", self.noise_multiplier, self.sample_rate, self.prenoise,
+                             self.signal_norm, p.clip, p.gamma)  # fmt: skip
+        ints = struct.pack(">QIIB", p.dim, p.sites, p.honest, p.bits)
+        return b"ddg1" + floats + ints + struct.pack(">H", len(share)) + share
 
 
 @dataclass(frozen=True)
@@ -61,6 +136,9 @@ class SecAggPlan:
     max_colluders: int = 0
     neighbours: int = 0  # 0: the complete graph; else k, even (module docstring)
     one_shot: bool = False  # masked_input with the roster, no shares (module docstring)
+    # the numbers every site computes and draws with (module docstring); None: a bare
+    # masking plan, which no site's guard accepts (``check_site_plan``)
+    mechanism: Mechanism | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(int(s) for s in self.sites)))
@@ -78,6 +156,13 @@ class SecAggPlan:
             raise ValueError(
                 f"a one-shot round plans no dropouts, got max_dropouts = {self.max_dropouts}: "
                 "recovering a dropped site needs the full protocol's shares"
+            )
+        m = self.mechanism
+        ours = (len(self.sites), self.length, self.bits)
+        if m is not None and (m.params.sites, m.params.dim, m.params.bits) != ours:
+            raise ValueError(
+                "the mechanism's sites, dimension or bits differ from the plan's: "
+                f"({m.params.sites}, {m.params.dim}, {m.params.bits}) against {ours}"
             )
         if self.threshold <= self.max_colluders:
             raise ValueError(
@@ -119,18 +204,21 @@ class SecAggPlan:
 
     @cached_property  # built once per plan: every key agreement and signature binds it
     def context(self) -> bytes:
-        ids = b"".join(struct.pack(">I", s) for s in self.sites)
-        head = struct.pack(">IIBII", self.length, len(self.round_label), self.bits,
-                           self.max_dropouts, self.max_colluders)  # fmt: skip
-        # v2: masks of 32-bit keystream words when bits <= 32; a v1 party's signatures do
-        # not verify against it, so mixed versions refuse the roster instead of
-        # summing masks that do not cancel. v3: sparse neighbourhoods (k in the context).
-        # One-shot rounds are their own kind: keys signed for one are refused by the other
-        kind = b"-1shot" if self.one_shot else b""
-        if self.neighbours:
-            head += struct.pack(">I", self.neighbours)
-            return b"fedsgld-secagg-v3" + kind + b"|" + head + self.round_label + b"|" + ids
-        return b"fedsgld-secagg-v2" + kind + b"|" + head + self.round_label + b"|" + ids
+        """The canonical bytes that every signature, pairwise seed and share encryption of
+        the round is derived from: the version and kind, the fixed-width numbers (length,
+        label length, bits, dropouts, colluders, neighbours), the label, the sorted site
+        ids (count-prefixed) and the :class:`Mechanism` (``-`` for none). v4 binds the
+        mechanism; a v3 party's signatures do not verify against it, so mixed versions
+        refuse the roster instead of summing masks that do not cancel."""
+        ids = struct.pack(">I", len(self.sites)) + b"".join(struct.pack(">I", s)
+                                                             for s in self.sites)  # fmt: skip
+        head = struct.pack(">IIBIII", self.length, len(self.round_label), self.bits,
+                           self.max_dropouts, self.max_colluders, self.neighbours)  # fmt: skip
+        kind = b"-1shot" if self.one_shot else b"-full"  # keys of one kind refused by the other
+        mech = b"-" if self.mechanism is None else self.mechanism.encoded()
+        return (
+            b"fedsgld-secagg-v4" + kind + b"|" + head + self.round_label + b"|" + ids + b"|" + mech
+        )
 
     def point(self, site: int) -> int:
         """The Shamir evaluation point of ``site`` (its id + 1)."""

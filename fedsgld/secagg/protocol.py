@@ -153,6 +153,7 @@ class SiteParty:
         return {
             "site": self.site,
             "label": self.plan.round_label,
+            "context": self.plan.context,  # the mechanism and roster its keys were signed for
             "stage": self._stage,
             "enc_sk": crypto.private_bytes(self._enc_key),
             "mask_sk": crypto.private_bytes(self._mask_key),
@@ -165,9 +166,16 @@ class SiteParty:
 
     @classmethod
     def restore(cls, plan: SecAggPlan, state: Mapping, credentials: Credentials) -> SiteParty:
-        """The party of :meth:`state`, for the same ``plan`` (its round label) only."""
+        """The party of :meth:`state`, for the same ``plan`` only: the whole context its
+        keys were signed for (round, sites, kind and mechanism: :mod:`.plan`). A party
+        never draws or masks under numbers other than those it advertised keys for."""
         if state["label"] != plan.round_label:
             raise RoundAborted("the kept secure-aggregation state is of another round")
+        if state.get("context") != plan.context:
+            raise RoundAborted(
+                "the round's plan (its sites, kind or mechanism: sigma, clip, q, pre-noise, "
+                "bits, dimension, share variance) is not the one this site signed its keys for"
+            )
         party = cls.__new__(cls)
         party.site, party.plan = int(state["site"]), plan
         if party.site not in plan.sites:

@@ -2,7 +2,8 @@
 
 Bonawitz et al. (CCS 2017), the variant against an actively malicious server: every
 message a site signs is bound to the round's whole public plan (``SecAggPlan.context``:
-the round label, the sites, the length, the bits, the dropouts and colluders planned) and
+the round label, the sites, the length, the bits, the dropouts and colluders planned, the
+kind of round and the mechanism: sigma, clip, q, pre-noise, grid and share variance) and
 to a purpose, so a signature can be neither replayed into another round nor read as
 another statement.
 
@@ -70,7 +71,8 @@ def check_roster(
         if not identity.verify(creds.peers.key(v), sig, advertised(plan, v, e, m)):
             raise RosterRefused(
                 f"site {site}: site {v}'s round keys are not signed by its key in the key list "
-                "(forged, or signed for another round); refusing before any share leaves"
+                "(forged, or signed for another round or other mechanism parameters); "
+                "refusing before any share leaves"
             )
         keys[v] = (e, m)
     if len(keys) < creds.min_peers:

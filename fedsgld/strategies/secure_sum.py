@@ -27,7 +27,7 @@ from fedsgld.core.plan import RoundPlan
 from fedsgld.privacy.ddg_ledger import ACCOUNTING
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, dominating_ledger
 from fedsgld.privacy.events import Composed, DistributedDiscreteGaussianStep, DpEvent, Repeated
-from fedsgld.secagg import SecAggPlan
+from fedsgld.secagg import Mechanism, SecAggPlan
 from fedsgld.strategies.modes import RoundMode, ServerState, Transport
 
 MECHANISM = "distributed discrete Gaussian"
@@ -63,8 +63,18 @@ class SecureSum(RoundMode):
             sites=len(s.site_sizes),
             max_dropouts=self.max_dropouts,
             max_colluders=self.max_colluders,
-            signal_norm=p.clip * sum(s.site_sizes),
+            signal_norm=self.signal_norm,
         )
+
+    @property
+    def signal_norm(self) -> float:
+        """The bound C sum_k N_k on ||sum_k S_k|| that the bits are chosen for."""
+        return self.server.privacy.clip * sum(self.server.site_sizes)
+
+    def mechanism(self, plan: RoundPlan, params: DDGParameters) -> Mechanism:
+        """Round ``plan``'s :class:`~fedsgld.secagg.plan.Mechanism` with its distributed
+        discrete Gaussian ``params``: what every site checks and every signature binds."""
+        return Mechanism(params, plan.sigma, plan.sample_rate, plan.prenoise, self.signal_norm)
 
     def round_event(self, first: int) -> DpEvent:
         return DistributedDiscreteGaussianStep(
@@ -75,6 +85,7 @@ class SecureSum(RoundMode):
         """The protocol's public plan of round ``plan`` (the same at every party)."""
         params = self.parameters(plan.round)
         return SecAggPlan(
+            mechanism=self.mechanism(plan, params),
             round_label=round_label(self.server.run_key, plan.round),
             sites=sites,
             length=params.dim,

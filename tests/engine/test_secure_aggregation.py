@@ -199,9 +199,10 @@ def test_the_engine_sum_carries_the_central_noise():
     guards = fed.secure_sites()
     res = run_round(
         [x.numpy() for x in sums], params, round_label=b"noise",
+        mechanism=server.mode.mechanism(plan, params),
         encoder=lambda i, v, p: guards[i].contribution(
             v, plan=p, params=params, noise_multiplier=plan.sigma,
-            sample_rate=plan.sample_rate, round_of=("noise", 0, 0)),
+            sample_rate=plan.sample_rate, prenoise=plan.prenoise, round_of=("noise", 0, 0)),
     )  # fmt: skip
     noise = res.total - sum(sums).numpy()
     target = (plan.sigma * plan.clip) ** 2

@@ -23,7 +23,7 @@ from fedsgld.flower.protocol import (
     run_record,
     secagg_label,
 )
-from fedsgld.secagg import SecAggPlan
+from fedsgld.secagg import Mechanism, SecAggPlan
 
 CONFIG = Config.from_flat({"dataset": "synthetic", "model": "mlp", "sites": 3, "seed": 5})
 LOCAL = Config.from_flat({**CONFIG.flat(), "noise_placement": "sites", "local_steps": 2})
@@ -106,13 +106,20 @@ def test_the_numbers_are_decoded_as_sent_for_the_sites_policy_to_judge():
 def test_a_secure_step_decodes_to_what_was_encoded():
     train = TrainPlan.of(_round(False), run_key="k", epoch=2, config=CONFIG, theta=None,
                          site_id=1)  # fmt: skip
-    sp = SecAggPlan(round_label=secagg_label("k", 2, 3), sites=(0, 1, 2), length=8, bits=20,
-                    max_dropouts=1, max_colluders=0)  # fmt: skip
+    # the decoded plan binds the mechanism the request's own numbers make
+    m = Mechanism.derive(noise_multiplier=1.2, clip=0.7, sample_rate=0.05, prenoise=0.01,
+                         signal_norm=12.5, dim=8, sites=3, max_dropouts=1, max_colluders=0)  # fmt: skip
+    sp = SecAggPlan(round_label=secagg_label("k", 2, 3), sites=(0, 1, 2), length=8,
+                    bits=m.params.bits, max_dropouts=1, max_colluders=0, mechanism=m)  # fmt: skip
     body = {"survivors": [0, 1], "signatures": {0: b"\1" * 64, 1: b"\2" * 64}}
     step = SecureStep(train, "unmask", sp, signal_norm=12.5, message=body)
     back = decode_secure(encode_secure(step))
     assert back == step
     rec = dict(encode_secure(step)["plan"].items())
+    with pytest.raises(ValueError, match="dimension or bits differ from the plan's"):
+        decode_secure(RecordDict({"plan": ConfigRecord({**rec, "secagg-bits": m.params.bits + 1})}))
+    other = decode_secure(RecordDict({"plan": ConfigRecord({**rec, "sigma": 1.2000000001})}))
+    assert other.secagg.context != back.secagg.context  # the 10th digit: another context
     with pytest.raises(ValueError, match="secagg-step 'leak' refused"):
         decode_secure(RecordDict({"plan": ConfigRecord({**rec, "secagg-step": "leak"})}))
     with pytest.raises(TypeError, match="must be integers"):

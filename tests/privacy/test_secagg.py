@@ -24,6 +24,7 @@ from fedsgld.privacy.distributed import (
 )
 from fedsgld.privacy.rdp import subsampled_gaussian_rdp
 from fedsgld.secagg import (
+    Mechanism,
     RoundAborted,
     SecAggPlan,
     ServerParty,
@@ -307,19 +308,30 @@ def test_a_site_refuses_to_unmask_a_sum_with_too_few_inputs():
         sites[0].consistency({"survivors": [0, 1]})
 
 
+def _bound(plan: SecAggPlan, p, q: float = 0.1, prenoise: float = 0.0) -> SecAggPlan:
+    """``plan`` with its mechanism: sigma SIGMA, sample rate ``q``, pre-noise, ``p``."""
+    return replace(plan, mechanism=Mechanism(p, SIGMA, q, prenoise, 1000.0))
+
+
 def test_a_site_checks_the_plan_against_its_policy():
     p = params(5, 1000, max_dropouts=1)
-    plan = SecAggPlan(round_label=b"r", sites=range(5), length=p.dim, bits=p.bits, max_dropouts=1)
-    policy = {"clip": CLIP, "noise_multiplier": SIGMA, "max_dropouts": 1, "max_colluders": 0}
+    bare = SecAggPlan(round_label=b"r", sites=range(5), length=p.dim, bits=p.bits, max_dropouts=1)
+    plan = _bound(bare, p)
+    policy = {"clip": CLIP, "noise_multiplier": SIGMA, "max_dropouts": 1, "max_colluders": 0,
+              "sample_rate": 0.1, "prenoise": 0.0}  # fmt: skip
     check_site_plan(plan, p, **policy)
     for change, why in [
         ({"max_dropouts": 2}, "max_dropouts"),
         ({"max_colluders": 1}, "max_colluders"),
         ({"clip": 2 * CLIP}, "clip"),
         ({"noise_multiplier": 1.01 * SIGMA}, "noise multiplier"),
+        ({"sample_rate": 0.2}, "sigma, sample rate or pre-noise"),
+        ({"prenoise": 0.5}, "sigma, sample rate or pre-noise"),
     ]:
         with pytest.raises(ValueError, match=why):
             check_site_plan(plan, p, **{**policy, **change})
+    with pytest.raises(ValueError, match="binds no mechanism"):
+        check_site_plan(bare, p, **policy)
     with pytest.raises(ValueError, match="honest shares"):  # shares sized for no dropout
         check_site_plan(plan, params(5, 1000), **policy)
     with pytest.raises(ValueError, match="bits"):
@@ -329,9 +341,10 @@ def test_a_site_checks_the_plan_against_its_policy():
     split = SecAggPlan(round_label=b"r", sites=range(4), length=p4.dim, bits=p4.bits,
                        max_dropouts=2)  # fmt: skip
     with pytest.raises(ValueError, match="too few for 2 dropouts"):
-        check_site_plan(split, p4, **policy)
+        check_site_plan(_bound(split, p4), p4, **policy)
     p5 = params(5, 1000, max_dropouts=2)
-    check_site_plan(replace(split, sites=tuple(range(5))), p5, **policy)  # 5 > 4: accepted
+    five = _bound(replace(split, sites=tuple(range(5)), bits=p5.bits), p5)
+    check_site_plan(five, p5, **policy)  # 5 > 4: accepted
 
 
 def test_thresholds_are_consistent():

@@ -100,7 +100,8 @@ def test_a_roster_naming_sites_outside_the_key_list_is_refused_before_any_share(
     p = choose_ddg(noise_multiplier=1.0, clip=1.0, dim=64, sites=4, signal_norm=10.0)
     with pytest.raises(ValueError, match=r"site\(s\) \[7, 8, 9\] outside the site's key list"):
         check_site_plan(replace_length(plan, p), p, clip=1.0, noise_multiplier=1.0,
-                        max_dropouts=0, max_colluders=0, peers=consortium[0].peers)  # fmt: skip
+                        sample_rate=0.1, prenoise=0.0, max_dropouts=0, max_colluders=0,
+                        peers=consortium[0].peers)  # fmt: skip
 
 
 def replace_length(plan: SecAggPlan, p) -> SecAggPlan:
