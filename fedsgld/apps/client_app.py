@@ -30,6 +30,9 @@ from fedsgld.flower.protocol import SECAGG
 from fedsgld.flower.secure_site import handle_secagg, secagg_door
 from fedsgld.flower.site_evaluation import handle_evaluate
 from fedsgld.flower.sites import handle_query, handle_train
+from fedsgld.models.backbone import offline
+
+offline()  # a site's model building never reaches the network, whatever the server names
 
 SECURE = SECAGG.split(".")[1]  # train.secagg: one step of a secure-aggregation round
 PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate

@@ -31,6 +31,21 @@ def is_import_path(name: object) -> bool:
     return isinstance(name, str) and _IMPORT_PATH.fullmatch(name) is not None
 
 
+# a timm model name, optionally with its pretrained tag ("resnet18.a1_in1k"): never a path,
+# "local-dir:" or "hf-hub:" source, which timm would read from disk or the network
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
+
+
+def plain_model_name(name: str, v: Any) -> None:
+    """``ValueError`` unless ``v`` is a plain model name (letters, digits, _ and one
+    optional .tag). The message does not repeat ``v``: it may name a path."""
+    if not (isinstance(v, str) and _PLAIN_NAME.fullmatch(v)):
+        raise ValueError(
+            f"{name} must be a plain timm model name (letters, digits and _, with one optional "
+            ".tag); a path, 'local-dir:' or 'hf-hub:' name is refused"
+        )
+
+
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")
