@@ -40,6 +40,13 @@ import torch
 from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
 from fedsgld.clients.release import STATS_SENSITIVITY, STATS_SIZE
 from fedsgld.clients.site import Site
+from fedsgld.config.checks import (
+    MAX_CLIP,
+    MAX_NOISE_MULTIPLIER,
+    MAX_PRENOISE,
+    MAX_STEP_SIZE,
+    MIN_SAMPLE_RATE,
+)
 from fedsgld.core import streams
 from fedsgld.core.noise import Randomness
 from fedsgld.core.plan import TrainPlan
@@ -219,21 +226,23 @@ def check_training(
             f"request asks for {len(steps)} local steps; policy max_local_steps is "
             f"{pol.max_local_steps}"
         )
-    number("prenoise", prenoise, lo=0.0, hi=math.inf, limit="must be a finite number >= 0")
+    number("prenoise", prenoise, lo=0.0, hi=MAX_PRENOISE, limit=f"must be in [0, {MAX_PRENOISE:g}]")
     if clip is not None:
+        top = min(pol.max_clip, MAX_CLIP)
         clip = number(
-            "clip", clip, lo=0.0, hi=pol.max_clip, lo_open=True,
-            limit=f"must be a finite number in (0, policy max_clip {pol.max_clip:g}]",
+            "clip", clip, lo=0.0, hi=top, lo_open=True,
+            limit=f"must be in (0, {top:g}] (policy max_clip {pol.max_clip:g}, at most {MAX_CLIP:g})",
         )  # fmt: skip
     checked = []
     for q, sigma in steps:
         q = number(
-            "sample rate", q, lo=0.0, hi=pol.max_sample_rate, lo_open=True,
-            limit=f"must be in (0, policy max_sample_rate {pol.max_sample_rate:g}]",
+            "sample rate", q, lo=MIN_SAMPLE_RATE, hi=pol.max_sample_rate,
+            limit=f"must be in [{MIN_SAMPLE_RATE:g}, policy max_sample_rate {pol.max_sample_rate:g}]",
         )  # fmt: skip
         sigma = number(
-            "noise multiplier", sigma, lo=pol.min_noise_multiplier, hi=math.inf,
-            limit=f"must be finite and >= policy min_noise_multiplier {pol.min_noise_multiplier:g}",
+            "noise multiplier", sigma, lo=pol.min_noise_multiplier, hi=MAX_NOISE_MULTIPLIER,
+            limit=f"must be in [policy min_noise_multiplier {pol.min_noise_multiplier:g}, "
+            f"{MAX_NOISE_MULTIPLIER:g}]",
         )  # fmt: skip
         if records is not None and q * records < pol.min_expected_batch:
             raise PolicyRefused(
@@ -268,6 +277,9 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
                 f"{plan.first_step!r}; the run config gives {e} local steps from step "
                 f"{rnd * e}"
             )
+        for t in range(rnd * e, rnd * e + e):  # the step sizes the site's update consumes
+            number("step size", priv.step_size(t), lo=0.0, hi=MAX_STEP_SIZE, lo_open=True,
+                   limit=f"must be in (0, {MAX_STEP_SIZE:g}] (lr and its schedule)")  # fmt: skip
         asked = [(priv.sample_rate, priv.sigma(rnd * e + i)) for i in range(e)]
         clip, prenoise = priv.clip_bound, priv.applied_prenoise
     else:

@@ -46,6 +46,16 @@ def plain_model_name(name: str, v: Any) -> None:
         )
 
 
+# The absolute ranges of the numbers a mechanism consumes, checked by every party (a run's
+# config here, a site's guard against every request): past them float32 noise, sums and
+# parameters overflow, or the accountant's arithmetic does (a noise multiplier of 1e300
+# turns its privacy-loss grid into NaN).
+MAX_NOISE_MULTIPLIER = 1e6
+MAX_CLIP = 1e6
+MAX_PRENOISE = 1e6
+MIN_SAMPLE_RATE = 1e-9
+MAX_STEP_SIZE = 1e6
+
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")

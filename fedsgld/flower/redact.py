@@ -72,7 +72,9 @@ def redacted(err: BaseException, node_config: dict[str, Any]) -> BaseException:
     clean = scrub(text, site_paths(node_config))
     if clean == text:
         return err
-    log.error("a refusal named a path of the site's; the server is told: %s (full: %s)", clean, text)
+    log.error(
+        "a refusal named a path of the site's; the server is told: %s (full: %s)", clean, text
+    )
     return PolicyRefused(clean)
 
 

@@ -265,7 +265,7 @@ BAD_TRAINING = [
     ("sample-rate", -0.1, "policy max_sample_rate 0.5"),
     ("sample-rate", 0.9, "policy max_sample_rate 0.5"),
     ("prenoise", math.nan, "prenoise nan refused"),
-    ("prenoise", -1.0, "finite number >= 0"),
+    ("prenoise", -1.0, "prenoise -1.0 refused: must be in [0, 1e+06]"),
     ("round", -1, "round is -1"),
     ("epoch", 0.5, "epoch is 0.5"),
     ("theta", pack_vector(np.full(54595, np.nan, np.float32)), "theta holds non-finite"),
