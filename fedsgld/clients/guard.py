@@ -8,7 +8,7 @@ and this module decides, with no transport in sight. For each request it goes, i
    the policy's range; :func:`number`, :func:`check_training`). A request that fails
    raises :class:`~fedsgld.clients.policy.PolicyRefused` naming the setting and the limit.
    What passes becomes an :class:`Admission`: who pays, what, and what may leave.
-2. **charge**: the site's :class:`~fedsgld.clients.policy.SiteLedger` admits the request
+2. **charge**: the site's :class:`~fedsgld.clients.site_ledger.SiteLedger` admits the request
    (replay numbering, evaluations per run key, the privacy cost of what the site will
    noise, within its budget) and persists it atomically (temporary file, fsync, rename),
    or in the node's own memory (:class:`LedgerMemory`) for a simulated node (:func:`charge`).
@@ -37,9 +37,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import STATS_SENSITIVITY, STATS_SIZE
 from fedsgld.clients.site import Site
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.config.checks import (
     MAX_CLIP,
     MAX_NOISE_MULTIPLIER,

@@ -19,7 +19,8 @@ from fedsgld import engine
 from fedsgld.apps import APPS
 from fedsgld.clients import site as site_module
 from fedsgld.clients.guard import check_training
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.config import load_config
 from fedsgld.core.noise import Randomness, seeded_generator
 from fedsgld.deploy.loopback import site_node_configs
