@@ -89,7 +89,9 @@ class Training:
     ``randomness``: the sampler of the site's policy, which draws the Poisson samples,
     pre-noise and noise of this request (never the server's); ``at_site``: the site adds
     the noise (placement ``sites``: its local steps, charged to its ledger), else it
-    returns its clipped sum."""
+    returns its clipped sum; ``records``: the training-record count the site publishes,
+    which normalises its own steps (L_k = q records), so its exact count never shapes a
+    release."""
 
     plan: TrainPlan
     site: Site
@@ -99,6 +101,7 @@ class Training:
     prenoise: float
     randomness: Randomness
     at_site: bool = False
+    records: int | None = None  # the count the site publishes (None: its own, a simulation)
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,7 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
         clip=clip,
         prenoise=prenoise,
         seeded=run.randomness == "seeded",
-        records=site.num_train,
+        records=(records := public_records(policy, site)),
     )
     theta = finite("theta", plan.theta_vector(site.fm.size))
     private = clip is not None and all(s > 0.0 for _, s in steps)
@@ -311,7 +314,9 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
     sampler = policy.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
-    training = Training(plan, site, theta, steps[0][0], clip, float(prenoise), sampler, at_site)
+    training = Training(
+        plan, site, theta, steps[0][0], clip, float(prenoise), sampler, at_site, records
+    )
     return Admission(
         policy,
         site.site_id,
@@ -319,6 +324,19 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
         round_of=plan.round_of,
         request=training,
     )
+
+
+def public_records(policy: SitePolicy, site: Site) -> int:
+    """The training-record count ``site`` publishes (its policy's ``public_records``; the
+    true count only where the policy says "exact"), which every check and normalisation
+    of a training request uses; a refusal where it publishes none. The exact count of a
+    site's records differs between neighbouring data sets: it never decides a refusal or
+    scales a release unless the policy makes it public."""
+    n = policy.published("public_records", site.num_train)
+    if n is None:
+        sid = site.site_id
+        raise PolicyRefused(policy.budget_refusal(sid) or policy.sizes_refusal(sid))
+    return n
 
 
 def check_placement(policy: SitePolicy, site_id: int, placement: str) -> None:
@@ -362,6 +380,7 @@ __all__ = [
     "evaluation_admission",
     "finite",
     "number",
+    "public_records",
     "run_key",
     "training_admission",
     "whole_number",

@@ -243,9 +243,11 @@ class SitePolicy:
     def published(self, key: str, exact: int) -> int | None:
         """The count the site publishes for ``key`` (``public_records``,
         ``public_test_records``) of ``exact`` true records: the policy's number, ``exact``
-        where it says "exact", None where it publishes none."""
+        where it says "exact" (and the test count where it shares every prediction and
+        label: ``share_predictions``), None where it publishes none."""
         v = getattr(self, key)
-        return exact if v == "exact" else v
+        shared = key == "public_test_records" and self.share_predictions
+        return exact if v == "exact" or shared else v
 
     def sizes_refusal(self, site_id: int) -> str | None:
         """Why this site answers no training request: it publishes no record count."""

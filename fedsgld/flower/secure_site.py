@@ -283,7 +283,7 @@ def secagg_door(msg: Message, context: Context) -> Admission:
         clip=plan.clip,
         prenoise=plan.prenoise,
         seeded=run.randomness == "seeded",
-        records=r.site.num_train,
+        records=guard.public_records(pol, r.site),
     )
     ((q, sigma),) = steps
     if clip is None or sigma <= 0.0:

@@ -69,9 +69,10 @@ def _site(task: PateTask, context: Context) -> Any:
 
 def _query_pate(msg: Message, context: Context) -> Admission:
     task = decode_query(msg.content)  # the one decoding of the message
+    policy = _policy(task, context)
     return Admission(
-        _policy(task, context),
-        release=partial(release.sites_info, label_histogram=None),
+        policy,
+        release=partial(release.sites_info, label_histogram=None, policy=policy, placements=False),
         request=AtSite(task),
     )
 
