@@ -7,7 +7,7 @@ table holds the admissions of the training protocol (:data:`fedsgld.flower.guard
 and of PATE (:data:`fedsgld.pate.guard.ADMISSIONS`); a message type it does not know is
 refused. The handlers behind it:
 
-``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
+``query``: the sites this node hosts and the sizes their policies publish. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
 the site's calibration report and statistics of one model on its test split. See
 :mod:`fedsgld.flower.sites`. ``train.secagg``: one step of a secure-aggregation round

@@ -59,8 +59,8 @@ overrides), so it outlives runs and resumes: the budget is the site's, for all t
 it answers. Nodes of Flower's simulation (node config ``partition-id``) without a policy
 file get :meth:`SitePolicy.simulation`: everything allowed and shared exactly, the state
 kept for the run. Deployed nodes (``site-id``) without one get
-:meth:`SitePolicy.deployment_default`: no budget, so they answer ``query`` (public sizes and
-what they accept) and refuse every message that would release anything computed on their
+:meth:`SitePolicy.deployment_default`: no budget and no published record count, so they
+answer ``query`` (what they accept, and why not) and refuse every message that would release anything computed on their
 records, saying how to write a policy; their ledger lives in the node config's
 ``state-dir``, else ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``.
 """

@@ -405,7 +405,11 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     from fedsgld.flower.strategy import AllSitesFailed
 
     over = {**SMALL, "rounds": 2}
-    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
+    ncs = site_node_configs(
+        SMALL,
+        tmp_path,
+        policy="epsilon = 50.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n",
+    )
     with pytest.raises(AllSitesFailed, match="shared-seed"):
         run_local(
             {**over, "randomness": "seeded", "out": str(tmp_path / "s")}, **APPS, node_configs=ncs
@@ -438,7 +442,11 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
 def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     rec = Recorder()
     over = {**SMALL, "rounds": 2, "eval_every": 1}
-    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
+    ncs = site_node_configs(
+        SMALL,
+        tmp_path,
+        policy="epsilon = 50.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n",
+    )
     grid = run_local(
         {**over, "randomness": "os", "out": str(tmp_path / "m")},
         **APPS,
