@@ -69,6 +69,9 @@ def redacted(err: BaseException, node_config: dict[str, Any]) -> BaseException:
     """``err`` itself where its text names no path of the site's, else a
     :class:`PolicyRefused` with those paths hidden (the full text goes to the site's log)."""
     text = str(err)
+    given = [str(v) for k, v in node_config.items() if k in _PATH_KEYS]
+    if "/" not in text and not any(v and v in text for v in given):
+        return err  # nothing path-like: the site's files are not read again for it
     clean = scrub(text, site_paths(node_config))
     if clean == text:
         return err
