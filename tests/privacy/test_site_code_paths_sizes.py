@@ -377,3 +377,20 @@ def test_the_run_config_refuses_absurd_settings_with_one_line(key, value, words)
     with pytest.raises(ValueError, match=words) as err:
         Config.from_flat({**SMALL, "method": method, key: value})
     assert "\n" not in str(err.value) and re.search(key.split("_")[0], str(err.value))
+
+
+def test_a_sites_own_steps_divide_by_the_count_it_publishes(tmp_path):
+    """L_k = q N_k of the site's own update is the published N_k: a site that publishes
+    twice the count moves half as far (one noiseless local step over every record)."""
+    own = Config.from_flat({**SMALL, "method": "sgd", "noise_placement": "sites",
+                            "local_steps": 1, "sample_rate": 1.0})  # fmt: skip
+    theta0 = np.zeros(54595, np.float32)
+    moved = {}
+    for n in (160, 320):
+        pol = _policy(tmp_path, f"n{n}", public_records=n, allow_non_private=True)
+        node = Node({"site-id": 0, "privacy-policy": pol})
+        reply = answered(node.send("train", plan=plan(own, clip=None, sigma=0.0)))
+        theta = np.frombuffer(reply.content["theta"]["theta"], "<f4")
+        moved[n] = theta - theta0
+    assert np.abs(moved[160]).max() > 0
+    np.testing.assert_allclose(moved[160], 2 * moved[320], rtol=1e-4, atol=1e-7)
