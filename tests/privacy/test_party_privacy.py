@@ -368,7 +368,8 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
     over = {**SMALL, "noise_placement": "sites", "local_steps": 2, "rounds": 3}
     # exact evaluations: the sites' ledgers then hold the training steps alone (noised
     # evaluations compose into them too: tests/privacy/test_site_guard.py)
-    keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact")
+    keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact",
+                public_records="exact")  # fmt: skip
     ncs = site_node_configs(SMALL, tmp_path, policy=None)
     for k, nc in enumerate(ncs):
         nc["privacy-policy"] = str(_policy_file(tmp_path, k, **keys))
