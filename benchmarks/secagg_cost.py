@@ -247,6 +247,7 @@ def loopback_run(cfg: dict, root: Path, *, warm: bool, fast: bool = False) -> di
     for k, f in enumerate(files):  # each site's own policy: its budget, its key, the bundle
         text = (  # every placement measured: the site accepts them all
             f'epsilon = 100.0\nplacements = ["secure", "sites", "server"]\n'
+            'public_records = "exact"\npublic_test_records = "exact"\n'
             f'signing_key = "{keys[k]}"\npeers = "{peers}"\n'
         )
         policy = approved_policy(root / f"site{k}" / "policy.toml", text)

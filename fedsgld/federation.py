@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from fedsgld.calibration import recal
-from fedsgld.clients.policy import SiteLedger, SitePolicy
+from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.secure_site import SecureSumSite
 from fedsgld.clients.site import Site
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel

@@ -7,7 +7,7 @@ table holds the admissions of the training protocol (:data:`fedsgld.flower.guard
 and of PATE (:data:`fedsgld.pate.guard.ADMISSIONS`); a message type it does not know is
 refused. The handlers behind it:
 
-``query``: the sites this node hosts and their public sizes. ``train``: a site's clipped,
+``query``: the sites this node hosts and the sizes their policies publish. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
 the site's calibration report and statistics of one model on its test split. See
 :mod:`fedsgld.flower.sites`. ``train.secagg``: one step of a secure-aggregation round
@@ -30,6 +30,9 @@ from fedsgld.flower.protocol import SECAGG
 from fedsgld.flower.secure_site import handle_secagg, secagg_door
 from fedsgld.flower.site_evaluation import handle_evaluate
 from fedsgld.flower.sites import handle_query, handle_train
+from fedsgld.models.backbone import offline
+
+offline()  # a site's model building never reaches the network, whatever the server names
 
 SECURE = SECAGG.split(".")[1]  # train.secagg: one step of a secure-aggregation round
 PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate

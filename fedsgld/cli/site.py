@@ -57,6 +57,15 @@ def _add_init(sub) -> None:
         help="refuse requests expecting fewer records per release (default 16)",
     )  # fmt: skip
     ip.add_argument(
+        "--public-records", default=None, metavar="N",
+        help="the training-record count the site publishes (a rounded figure, or 'exact'); "
+        "without it the site answers no training request",
+    )  # fmt: skip
+    ip.add_argument(
+        "--public-test-records", default=None, metavar="N",
+        help="the test-record count the site publishes (a rounded figure, or 'exact')",
+    )  # fmt: skip
+    ip.add_argument(
         "--site-id", type=int, default=None,
         help="this site's id in the consortium: starts peers.toml with its own key line",
     )  # fmt: skip
@@ -66,6 +75,11 @@ def _add_init(sub) -> None:
     )  # fmt: skip
     ip.add_argument("--force", action="store_true", help="replace an existing policy and key")
     ip.set_defaults(func=run_init)
+
+
+def _count(v: str | None) -> int | str | None:
+    """A published count from the command line: an integer, "exact", or None (unset)."""
+    return int(v) if v is not None and v.strip().isdigit() else v
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -78,6 +92,8 @@ def run_init(args: argparse.Namespace) -> int:
         delta=args.delta,
         placements=placements,
         min_expected_batch=args.min_expected_batch,
+        public_records=_count(args.public_records),
+        public_test_records=_count(args.public_test_records),
         site_id=args.site_id,
         min_peers=args.min_peers,
         force=args.force,

@@ -8,7 +8,7 @@ and this module decides, with no transport in sight. For each request it goes, i
    the policy's range; :func:`number`, :func:`check_training`). A request that fails
    raises :class:`~fedsgld.clients.policy.PolicyRefused` naming the setting and the limit.
    What passes becomes an :class:`Admission`: who pays, what, and what may leave.
-2. **charge**: the site's :class:`~fedsgld.clients.policy.SiteLedger` admits the request
+2. **charge**: the site's :class:`~fedsgld.clients.site_ledger.SiteLedger` admits the request
    (replay numbering, evaluations per run key, the privacy cost of what the site will
    noise, within its budget) and persists it atomically (temporary file, fsync, rename),
    or in the node's own memory (:class:`LedgerMemory`) for a simulated node (:func:`charge`).
@@ -37,9 +37,17 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import STATS_SENSITIVITY, STATS_SIZE
 from fedsgld.clients.site import Site
+from fedsgld.clients.site_ledger import SiteLedger
+from fedsgld.config.checks import (
+    MAX_CLIP,
+    MAX_NOISE_MULTIPLIER,
+    MAX_PRENOISE,
+    MAX_STEP_SIZE,
+    MIN_SAMPLE_RATE,
+)
 from fedsgld.core import streams
 from fedsgld.core.noise import Randomness
 from fedsgld.core.plan import TrainPlan
@@ -81,7 +89,9 @@ class Training:
     ``randomness``: the sampler of the site's policy, which draws the Poisson samples,
     pre-noise and noise of this request (never the server's); ``at_site``: the site adds
     the noise (placement ``sites``: its local steps, charged to its ledger), else it
-    returns its clipped sum."""
+    returns its clipped sum; ``records``: the training-record count the site publishes,
+    which normalises its own steps (L_k = q records), so its exact count never shapes a
+    release."""
 
     plan: TrainPlan
     site: Site
@@ -91,6 +101,7 @@ class Training:
     prenoise: float
     randomness: Randomness
     at_site: bool = False
+    records: int | None = None  # the count the site publishes (None: its own, a simulation)
 
 
 @dataclass(frozen=True)
@@ -219,21 +230,23 @@ def check_training(
             f"request asks for {len(steps)} local steps; policy max_local_steps is "
             f"{pol.max_local_steps}"
         )
-    number("prenoise", prenoise, lo=0.0, hi=math.inf, limit="must be a finite number >= 0")
+    number("prenoise", prenoise, lo=0.0, hi=MAX_PRENOISE, limit=f"must be in [0, {MAX_PRENOISE:g}]")
     if clip is not None:
+        top = min(pol.max_clip, MAX_CLIP)
         clip = number(
-            "clip", clip, lo=0.0, hi=pol.max_clip, lo_open=True,
-            limit=f"must be a finite number in (0, policy max_clip {pol.max_clip:g}]",
+            "clip", clip, lo=0.0, hi=top, lo_open=True,
+            limit=f"must be in (0, {top:g}] (policy max_clip {pol.max_clip:g}, at most {MAX_CLIP:g})",
         )  # fmt: skip
     checked = []
     for q, sigma in steps:
         q = number(
-            "sample rate", q, lo=0.0, hi=pol.max_sample_rate, lo_open=True,
-            limit=f"must be in (0, policy max_sample_rate {pol.max_sample_rate:g}]",
+            "sample rate", q, lo=MIN_SAMPLE_RATE, hi=pol.max_sample_rate,
+            limit=f"must be in [{MIN_SAMPLE_RATE:g}, policy max_sample_rate {pol.max_sample_rate:g}]",
         )  # fmt: skip
         sigma = number(
-            "noise multiplier", sigma, lo=pol.min_noise_multiplier, hi=math.inf,
-            limit=f"must be finite and >= policy min_noise_multiplier {pol.min_noise_multiplier:g}",
+            "noise multiplier", sigma, lo=pol.min_noise_multiplier, hi=MAX_NOISE_MULTIPLIER,
+            limit=f"must be in [policy min_noise_multiplier {pol.min_noise_multiplier:g}, "
+            f"{MAX_NOISE_MULTIPLIER:g}]",
         )  # fmt: skip
         if records is not None and q * records < pol.min_expected_batch:
             raise PolicyRefused(
@@ -268,6 +281,9 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
                 f"{plan.first_step!r}; the run config gives {e} local steps from step "
                 f"{rnd * e}"
             )
+        for t in range(rnd * e, rnd * e + e):  # the step sizes the site's update consumes
+            number("step size", priv.step_size(t), lo=0.0, hi=MAX_STEP_SIZE, lo_open=True,
+                   limit=f"must be in (0, {MAX_STEP_SIZE:g}] (lr and its schedule)")  # fmt: skip
         asked = [(priv.sample_rate, priv.sigma(rnd * e + i)) for i in range(e)]
         clip, prenoise = priv.clip_bound, priv.applied_prenoise
     else:
@@ -280,7 +296,7 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
         clip=clip,
         prenoise=prenoise,
         seeded=run.randomness == "seeded",
-        records=site.num_train,
+        records=(records := public_records(policy, site)),
     )
     theta = finite("theta", plan.theta_vector(site.fm.size))
     private = clip is not None and all(s > 0.0 for _, s in steps)
@@ -298,7 +314,9 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
     sampler = policy.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
-    training = Training(plan, site, theta, steps[0][0], clip, float(prenoise), sampler, at_site)
+    training = Training(
+        plan, site, theta, steps[0][0], clip, float(prenoise), sampler, at_site, records
+    )
     return Admission(
         policy,
         site.site_id,
@@ -306,6 +324,19 @@ def training_admission(policy: SitePolicy, site: Site, plan: TrainPlan) -> Admis
         round_of=plan.round_of,
         request=training,
     )
+
+
+def public_records(policy: SitePolicy, site: Site) -> int:
+    """The training-record count ``site`` publishes (its policy's ``public_records``; the
+    true count only where the policy says "exact"), which every check and normalisation
+    of a training request uses; a refusal where it publishes none. The exact count of a
+    site's records differs between neighbouring data sets: it never decides a refusal or
+    scales a release unless the policy makes it public."""
+    n = policy.published("public_records", site.num_train)
+    if n is None:
+        sid = site.site_id
+        raise PolicyRefused(policy.budget_refusal(sid) or policy.sizes_refusal(sid))
+    return n
 
 
 def check_placement(policy: SitePolicy, site_id: int, placement: str) -> None:
@@ -349,6 +380,7 @@ __all__ = [
     "evaluation_admission",
     "finite",
     "number",
+    "public_records",
     "run_key",
     "training_admission",
     "whole_number",

@@ -4,7 +4,8 @@ The server's messages carry the round's settings, but a site does not take them 
 trust. Each site reads a :class:`SitePolicy` from its own node configuration (key
 ``privacy-policy``: the path of a TOML file on the site's machine), and every message
 passes the site's guard (:mod:`fedsgld.clients.guard`), which checks the request against
-the policy and charges the site's :class:`SiteLedger` before the site computes anything.
+the policy and charges the site's ledger (:class:`~fedsgld.clients.site_ledger.SiteLedger`)
+before the site computes anything.
 
 Policy file keys (all optional except ``epsilon``: a deployed site without a budget answers
 nothing computed on its records; ``fedsgld site init`` writes a commented file)::
@@ -16,7 +17,11 @@ nothing computed on its records; ``fedsgld site init`` writes a commented file):
                                   # secure sum), "sites" (this site noises its own update),
                                   # "server" (the site sends its clipped sum and TRUSTS the server
                                   # to add the noise it promises; charged as that promise)
-    min_expected_batch = 16       # a training request whose sample rate x this site's records is
+    public_records = 1000         # the training / test record counts the site publishes (the
+    public_test_records = 250     # server's expected batch, min_expected_batch); "exact": the
+                                  # true counts (a simulation's default); unset: none published,
+                                  # and no training request answered (docs/privacy.md, "Sizes")
+    min_expected_batch = 16       # a training request whose sample rate x public_records is
                                   # below this is refused (a floor on what one release holds)
     delta = 1e-5
     accountant = "pld"            # rigorous accountant of the site's ledger
@@ -54,21 +59,17 @@ overrides), so it outlives runs and resumes: the budget is the site's, for all t
 it answers. Nodes of Flower's simulation (node config ``partition-id``) without a policy
 file get :meth:`SitePolicy.simulation`: everything allowed and shared exactly, the state
 kept for the run. Deployed nodes (``site-id``) without one get
-:meth:`SitePolicy.deployment_default`: no budget, so they answer ``query`` (public sizes and
-what they accept) and refuse every message that would release anything computed on their
+:meth:`SitePolicy.deployment_default`: no budget and no published record count, so they
+answer ``query`` (what they accept, and why not) and refuse every message that would release anything computed on their
 records, saying how to write a policy; their ledger lives in the node config's
 ``state-dir``, else ``$FEDSGLD_STATE_DIR``, else ``~/.fedsgld/sites``.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import math
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -81,11 +82,6 @@ else:  # pragma: no cover
 from fedsgld.clients.approval import ApprovedApp, parse_approved_apps
 from fedsgld.config import ACCOUNTANTS, _int, _num
 from fedsgld.core.noise import Randomness
-from fedsgld.core.release import Charged, charge
-from fedsgld.files import write_json
-from fedsgld.privacy import BudgetExhausted, PrivacyAccountant
-from fedsgld.privacy.approx_dp import approx_releases
-from fedsgld.privacy.events import DpEvent, ddg_steps
 from fedsgld.secagg.identity import SIMULATED, Consortium, parse_peers
 
 EVALUATIONS = ("dp", "exact")
@@ -110,6 +106,8 @@ class SitePolicy:
 
     epsilon: float | None = None
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS
+    public_records: int | str | None = None
+    public_test_records: int | str | None = None
     min_expected_batch: float = 16.0
     delta: float = 1e-5
     accountant: str = "pld"
@@ -151,6 +149,13 @@ class SitePolicy:
         _int("policy max_local_steps", self.max_local_steps, 1, 10_000)
         object.__setattr__(self, "placements", _placements(self.placements))
         _num("policy min_expected_batch", self.min_expected_batch, 0.0, 1e9)
+        for k in ("public_records", "public_test_records"):
+            v = getattr(self, k)
+            if v is not None and v != "exact" and (isinstance(v, bool) or not isinstance(v, int)
+                                                   or not 0 <= v <= 10**12):  # fmt: skip
+                raise ValueError(
+                    f'policy {k} must be an integer in [0, 1e12] or "exact", got {v!r}'
+                )
         if self.evaluation not in EVALUATIONS:
             raise ValueError(
                 f"policy evaluation must be one of {', '.join(EVALUATIONS)}; got {self.evaluation!r}"
@@ -168,13 +173,8 @@ class SitePolicy:
             raise ValueError(f"policy signing_key must name a key file, got {self.signing_key!r}")
         if self.peers is not None:
             object.__setattr__(self, "peers", parse_peers(self.peers, what="policy peers"))
-        for k in (
-            "insecure_seeded_noise",
-            "allow_non_private",
-            "share_label_histogram",
-            "share_predictions",
-            "secure_noise",
-        ):
+        for k in ("insecure_seeded_noise", "allow_non_private", "share_label_histogram",
+                  "share_predictions", "secure_noise"):  # fmt: skip
             if not isinstance(getattr(self, k), bool):
                 raise ValueError(f"policy {k} must be true or false, got {getattr(self, k)!r}")
         apps = parse_approved_apps(self.approved_apps, f"privacy policy {self.source}")
@@ -195,6 +195,8 @@ class SitePolicy:
             epsilon=epsilon,
             delta=delta,
             placements=PLACEMENTS,
+            public_records="exact",  # one party holds every record: sizes are public
+            public_test_records="exact",
             min_expected_batch=0.0,
             insecure_seeded_noise=True,
             allow_non_private=True,
@@ -238,8 +240,28 @@ class SitePolicy:
             f"budget: {where}; {INIT_HINT} and name it in the node config (privacy-policy=...)"
         )
 
+    def published(self, key: str, exact: int) -> int | None:
+        """The count the site publishes for ``key`` (``public_records``,
+        ``public_test_records``) of ``exact`` true records: the policy's number, ``exact``
+        where it says "exact" (and the test count where it shares every prediction and
+        label: ``share_predictions``), None where it publishes none."""
+        v = getattr(self, key)
+        shared = key == "public_test_records" and self.share_predictions
+        return exact if v == "exact" or shared else v
+
+    def sizes_refusal(self, site_id: int) -> str | None:
+        """Why this site answers no training request: it publishes no record count."""
+        if self.public_records is not None:
+            return None
+        return (
+            f"site {site_id} publishes no record count, so it answers no training request: its "
+            'policy needs public_records (a rounded count, or "exact"; docs/privacy.md)'
+        )
+
     @classmethod
-    def from_file(cls, path: str | Path) -> SitePolicy:
+    def from_file(cls, path: str | Path, *, sizes: str | None = None) -> SitePolicy:
+        """The policy in ``path``; ``sizes``: the record counts published where it says
+        none (a simulated node's: "exact")."""
         p = Path(path).expanduser()
         if not p.is_file():
             raise ValueError(f"node config privacy-policy: no file {str(p)!r}")
@@ -257,6 +279,8 @@ class SitePolicy:
             k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
             for k, v in raw.items()
         }
+        for k in ("public_records", "public_test_records"):
+            values.setdefault(k, sizes)
         state = values.get("state_dir")
         values["state_dir"] = str((p.parent / (state or ".")).resolve())
         for k in ("signing_key", "peers"):  # paths are relative to the policy file
@@ -268,11 +292,14 @@ class SitePolicy:
     def for_node(cls, node_config: dict[str, Any], *, run_epsilon: float | None, run_delta: float):
         """The policy of a node: its file if it names one, else by the kind of node. A
         node config ``state-dir`` places the ledger of a node without a policy file."""
-        if "privacy-policy" in node_config:
-            return cls.from_file(str(node_config["privacy-policy"]))
+        simulated = "partition-id" in node_config and "site-id" not in node_config
+        if "privacy-policy" in node_config:  # a simulation's sizes are public (DESIGN.md)
+            return cls.from_file(
+                node_config["privacy-policy"], sizes="exact" if simulated else None
+            )
         state = node_config.get("state-dir")
         state = str(Path(str(state)).expanduser().resolve()) if state else None
-        if "partition-id" in node_config and "site-id" not in node_config:
+        if simulated:
             return cls.simulation(epsilon=run_epsilon, delta=run_delta, state_dir=state)
         return cls.deployment_default(state_dir=state)
 
@@ -300,151 +327,3 @@ def _placements(value: Any) -> tuple[str, ...]:
     if not names or len(set(names)) != len(names) or not set(names) <= set(PLACEMENTS):
         raise ValueError(f"policy placements must be {form}; got {list(value)!r}")
     return names
-
-
-STATE_VERSION = 2
-
-
-def _release_count(event: DpEvent) -> int:
-    """How many releases ``event`` holds: approximate-DP releases (an (epsilon, delta)
-    guarantee or an RDP curve, :mod:`fedsgld.privacy.approx_dp`), else Gaussian steps and
-    distributed discrete Gaussian rounds."""
-    approx = approx_releases(event)
-    return len(approx) if approx is not None else sum(map(len, ddg_steps(event)))
-
-
-class SiteLedger:
-    """One site's persistent state: which rounds it answered (request numbering: run key,
-    epoch, round, increasing), how many evaluations it released per run key, and its
-    privacy ledger: one :class:`PrivacyAccountant` for every release the site noises itself
-    (local DP-SGLD steps in the ``sites`` placement, evaluation statistics, PATE votes),
-    every round it answers, and every procedure on its records whose cost is known only
-    as an (epsilon, delta) guarantee or an RDP curve (a private hyper-parameter
-    selection: :mod:`fedsgld.privacy.approx_dp`, composed with the rest by the same PLD),
-    capped by the policy's ``epsilon`` where it has one.
-
-    ``state_path``: a JSON file persisted (temporary file, fsync, rename, fsync of the
-    directory) on every admitted request; None keeps the state in memory (``to_json`` /
-    ``load`` let a caller keep it elsewhere). :meth:`open` holds a lock on the file while
-    a request is admitted, so two messages for one site never interleave.
-    """
-
-    def __init__(self, site_id: int, policy: SitePolicy, *, state_path: Path | None = None) -> None:
-        self.site_id = int(site_id)
-        self.policy = policy
-        self.state_path = state_path
-        self.answered: dict[str, list[int]] = {}
-        self.evaluations: dict[str, int] = {}
-        self.accountant = PrivacyAccountant(
-            delta=policy.delta, epsilon_budget=policy.epsilon, accountant=policy.accountant
-        )
-        if state_path is not None and state_path.is_file():
-            try:
-                state = json.loads(state_path.read_text())
-            except ValueError as err:  # a truncated ledger is an error, never an empty one
-                raise ValueError(  # no path: the reason may reach the server
-                    f"site {self.site_id}'s ledger file (fedsgld-site-{self.site_id}.json in its "
-                    f"state_dir) does not parse: {err}"
-                ) from None
-            self.load(state)
-
-    @classmethod
-    @contextmanager
-    def open(cls, site_id: int, policy: SitePolicy, state_path: Path) -> Iterator[SiteLedger]:
-        """The ledger in ``state_path``, locked (``fcntl.flock``) until the block ends."""
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(state_path.with_name(state_path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield cls(site_id, policy, state_path=state_path)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    # -- state ---------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "site": self.site_id,
-            "answered": self.answered,
-            "evaluations": self.evaluations,
-            "ledger": self.accountant.state_dict(),
-        }
-
-    def load(self, state: dict[str, Any]) -> None:
-        if state.get("site") != self.site_id:
-            raise ValueError(
-                f"site state file is for site {state.get('site')!r}, not site {self.site_id}"
-            )
-        self.answered = {str(k): [int(v[0]), int(v[1])] for k, v in state["answered"].items()}
-        self.evaluations = {str(k): int(v) for k, v in state.get("evaluations", {}).items()}
-        if state.get("ledger") is not None:  # (version 1 kept none without a budget)
-            # the budget is the policy's of today (a site may raise or lower it); the steps,
-            # delta and accountant must be the file's
-            self.accountant.load_state_dict({**state["ledger"], "budget": self.policy.epsilon})
-
-    def _persist(self) -> None:
-        if self.state_path is None:
-            return
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.state_path, self.to_json())
-
-    @property
-    def spent_steps(self) -> int:
-        return self.accountant.steps
-
-    # -- admission -----------------------------------------------------------------------
-    def admit(
-        self,
-        *,
-        event: DpEvent | None = None,
-        round_of: tuple[str, int, int] | None = None,
-        evaluation_of: str | None = None,
-    ) -> Charged:
-        """Record one request, or raise :class:`PolicyRefused` having recorded nothing.
-
-        ``round_of``: the (run key, epoch, round) of a training request; refused unless it
-        comes after every round of that run key answered before (no replays).
-        ``evaluation_of``: the run key of an evaluation; refused past ``max_evaluations``.
-        ``event``: the privacy event of every release the site will noise for this request
-        (:mod:`fedsgld.privacy.events`); refused if it would take the ledger past the
-        policy's ``epsilon``.
-        Everything is persisted before this returns: before any noise is drawn. Returns
-        the receipt of the charge, which draws the noise (:mod:`fedsgld.core.release`).
-        """
-        pol, acc = self.policy, self.accountant
-        if round_of is not None:
-            run_key, epoch, rnd = round_of
-            last = self.answered.get(run_key)
-            if last is not None and (epoch, rnd) <= tuple(last):
-                raise PolicyRefused(
-                    f"site {self.site_id} already answered round {last[1]} of epoch {last[0]} "
-                    f"of run {run_key}; refusing the replayed request (epoch {epoch}, round {rnd})"
-                )
-        if evaluation_of is not None:
-            done = self.evaluations.get(evaluation_of, 0)
-            if done >= pol.max_evaluations:
-                raise PolicyRefused(
-                    f"site {self.site_id} already answered {done} evaluations of run "
-                    f"{evaluation_of}; policy max_evaluations is {pol.max_evaluations}"
-                )
-        n = 0 if event is None else _release_count(event)
-        if n and pol.epsilon is not None:
-            fits = acc.affordable(event)
-            if fits < n:
-                raise PolicyRefused(
-                    f"site {self.site_id}'s budget epsilon={pol.epsilon:g} (delta={pol.delta:g}) "
-                    f"allows {fits} of the {n} requested releases; spent "
-                    f"{acc.rigorous_epsilon():.4f} in {acc.steps} releases"
-                )
-
-        def record(_: PrivacyAccountant) -> None:  # after the steps, before any noise
-            if round_of is not None:
-                self.answered[round_of[0]] = [int(round_of[1]), int(round_of[2])]
-            if evaluation_of is not None:
-                self.evaluations[evaluation_of] = self.evaluations.get(evaluation_of, 0) + 1
-            self._persist()
-
-        try:
-            return charge(acc, event, persist=record)
-        except BudgetExhausted as err:  # max_steps said it fits; guard anyway
-            raise PolicyRefused(str(err)) from None

@@ -2,7 +2,8 @@
 
 The file it writes is a :class:`~fedsgld.clients.policy.SitePolicy` (every key explained
 in place, docs/site-operators.md in full): a lifetime budget, the placements a site that
-does not trust the server accepts (secure aggregation or its own noise), a floor on what
+does not trust the server accepts (secure aggregation or its own noise), the record counts
+it publishes (none unless given: it then answers no training request), a floor on what
 one release holds, noised evaluations, and the ledger beside the file. Beside it: the
 site's long-term Ed25519 signing key (``site.key``, mode 0600, never leaves the site) and
 its public key (``site.pub``), which the consortium collects into the key list every site
@@ -13,6 +14,7 @@ unless told to.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -38,8 +40,16 @@ accountant = "pld"
 #             noise it promises (the server sees one site's exact clipped sum)
 placements = [{placements}]
 
+# The record counts this site publishes: the server plans with them (the expected batch
+# q x records), and min_expected_batch is checked against them. The exact counts differ
+# between this data set and the same one without one patient, so publish rounded figures
+# (e.g. to the nearest hundred), or "exact" knowingly. Without public_records the site
+# answers no training request; without public_test_records evaluations carry no exact count.
+{public_records_line}
+{public_test_records_line}
+
 # Bounds on every training request (refused outside them, before anything is charged).
-min_expected_batch = {min_expected_batch}  # sample rate x this site's records, at least
+min_expected_batch = {min_expected_batch}  # sample rate x public_records, at least
 max_sample_rate = 0.1
 min_noise_multiplier = 0.5
 max_clip = 10.0
@@ -84,12 +94,21 @@ def policy_text(
     delta: float = 1e-5,
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS,
     min_expected_batch: float = 16.0,
+    public_records: int | str | None = None,
+    public_test_records: int | str | None = None,
     peers: bool = True,
     min_peers: int = 2,
 ) -> str:
-    """The commented policy file :func:`init_policy` writes (``peers``: name peers.toml)."""
+    """The commented policy file :func:`init_policy` writes (``peers``: name peers.toml;
+    a published count left None is written commented out)."""
     line = 'peers = "peers.toml"'
+
+    def count(key: str, v: int | str | None, example: int) -> str:
+        return f"# {key} = {example}" if v is None else f"{key} = {json.dumps(v)}"
+
     return TEMPLATE.format(
+        public_records_line=count("public_records", public_records, 1000),
+        public_test_records_line=count("public_test_records", public_test_records, 200),
         epsilon=repr(float(epsilon)),
         delta=repr(float(delta)),
         placements=", ".join(f'"{p}"' for p in placements),
@@ -106,6 +125,8 @@ def init_policy(
     delta: float = 1e-5,
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS,
     min_expected_batch: float = 16.0,
+    public_records: int | str | None = None,
+    public_test_records: int | str | None = None,
     site_id: int | None = None,
     min_peers: int = 2,
     force: bool = False,
@@ -135,6 +156,8 @@ def init_policy(
         delta=delta,
         placements=placements,
         min_expected_batch=min_expected_batch,
+        public_records=public_records,
+        public_test_records=public_test_records,
         peers=site_id is not None,
         min_peers=min_peers,
     )
@@ -143,6 +166,8 @@ def init_policy(
         delta=float(delta),
         placements=tuple(placements),
         min_expected_batch=float(min_expected_batch),
+        public_records=public_records,
+        public_test_records=public_test_records,
         min_peers=min_peers,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -82,12 +82,17 @@ def round_to_total(v: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
-def noisy_stats(probs: Any, labels: Any, noise: np.ndarray) -> dict[str, Any]:
+def noisy_stats(
+    probs: Any, labels: Any, noise: np.ndarray, *, total: int | None = None
+) -> dict[str, Any]:
     """The statistics of :func:`fedsgld.calibration.pooling.pooling_stats`, released from
-    ``stats_vector + noise`` (noise of shape (STATS_SIZE,)) and rounded into valid ones."""
-    n = int(np.asarray(labels).shape[0])
+    ``stats_vector + noise`` (noise of shape (STATS_SIZE,)) and rounded into valid ones
+    with ``n = total``: the test-record count the site publishes; None: the noised bin
+    counts' own sum, rounded, at least 1 (never the exact count: it differs between
+    neighbours)."""
     v = stats_vector(probs, labels) + np.asarray(noise, dtype=np.float64)
     k = STATS_BINS
+    n = int(total) if total is not None else max(1, int(np.rint(v[:k].sum())))
     counts = round_to_total(v[:k], n)
     edges = np.arange(k + 1, dtype=np.float64) / k
     conf = np.clip(v[k : 2 * k], edges[:-1] * counts, edges[1:] * counts)

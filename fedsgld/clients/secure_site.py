@@ -5,7 +5,7 @@ plan against its own assumptions (:func:`fedsgld.secagg.check_site_plan`: the dr
 colluders it assumes, the clip it applies, the noise multiplier of the round), charges
 ITS OWN ledger with the round's
 :class:`~fedsgld.privacy.events.DistributedDiscreteGaussianStep`
-(:meth:`fedsgld.clients.policy.SiteLedger.admit`, persisted before any noise exists), and
+(:meth:`fedsgld.clients.site_ledger.SiteLedger.admit`, persisted before any noise exists), and
 only then encodes its clipped sum with its discrete Gaussian share, drawn from the
 operating system (:func:`fedsgld.secagg.encode`; in an in-process run of many sites,
 in one of the run's :class:`~fedsgld.secagg.workers.EncodeWorkers`). The masking itself is the protocol's
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedsgld.clients.policy import SiteLedger
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import Credentials, SecAggPlan, check_site_plan, encode

@@ -166,6 +166,7 @@ class Site:
         charged: Charged | None = None,
         randomness: Randomness | None = None,
         first_sum: torch.Tensor | None = None,
+        records: int | None = None,
     ) -> torch.Tensor:
         """``local_steps`` noisy Langevin steps on this site's records (noise placement "sites").
 
@@ -182,7 +183,8 @@ class Site:
         ``randomness``: what draws the samples and the noise (default: the site's own).
         ``first_sum``: the first step's clipped sum S when it was already computed from the
         same stream (:func:`clipped_sums` over several sites of one process: the engine's
-        batched pass); the steps after it are computed here.
+        batched pass); the steps after it are computed here. ``records``: N_k of L_k, the
+        count the site publishes (default: its own count, as in a simulation).
         """
         rnd = self.randomness if randomness is None else randomness
         q, clip = privacy.sample_rate, privacy.clip_bound
@@ -193,9 +195,9 @@ class Site:
                 "local_round draws noise only through the receipt of its charge (charged=): "
                 "charge the ledger that pays for the steps first (fedsgld.core.release.charge)"
             )
-        if self.num_train == 0:
+        expected = q * (self.num_train if records is None else records)
+        if self.num_train == 0 or expected == 0:
             return theta.clone()
-        expected = q * self.num_train
         dev = self.fm.device
         theta = theta.to(dev)
         for i, std in enumerate(stds):

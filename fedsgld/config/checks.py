@@ -31,6 +31,31 @@ def is_import_path(name: object) -> bool:
     return isinstance(name, str) and _IMPORT_PATH.fullmatch(name) is not None
 
 
+# a timm model name, optionally with its pretrained tag ("resnet18.a1_in1k"): never a path,
+# "local-dir:" or "hf-hub:" source, which timm would read from disk or the network
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100})?")
+
+
+def plain_model_name(name: str, v: Any) -> None:
+    """``ValueError`` unless ``v`` is a plain model name (letters, digits, _ and one
+    optional .tag). The message does not repeat ``v``: it may name a path."""
+    if not (isinstance(v, str) and _PLAIN_NAME.fullmatch(v)):
+        raise ValueError(
+            f"{name} must be a plain timm model name (letters, digits and _, with one optional "
+            ".tag); a path, 'local-dir:' or 'hf-hub:' name is refused"
+        )
+
+
+# The absolute ranges of the numbers a mechanism consumes, checked by every party (a run's
+# config here, a site's guard against every request): past them float32 noise, sums and
+# parameters overflow, or the accountant's arithmetic does (a noise multiplier of 1e300
+# turns its privacy-loss grid into NaN).
+MAX_NOISE_MULTIPLIER = 1e6
+MAX_CLIP = 1e6
+MAX_PRENOISE = 1e6
+MIN_SAMPLE_RATE = 1e-9
+MAX_STEP_SIZE = 1e6
+
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")

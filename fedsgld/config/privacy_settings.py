@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING
 from fedsgld.config.checks import (
     ACCOUNTANTS,
     LR_SCHEDULES,
+    MAX_CLIP,
+    MAX_NOISE_MULTIPLIER,
+    MAX_PRENOISE,
+    MAX_STEP_SIZE,
     METHODS,
+    MIN_SAMPLE_RATE,
     PLACEMENTS,
     _choice,
     _int,
@@ -152,12 +157,12 @@ class PrivacySettings:
         _choice("method", self.method, METHODS)
         _num("epsilon", self.epsilon, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
-        _num("sample_rate", self.sample_rate, 0.0, 1.0, lo_open=True)
-        _num("clip", self.clip, 0.0, math.inf, lo_open=True, hi_open=True)
-        _num("prenoise", self.prenoise, 0.0, math.inf, hi_open=True)
-        _num("lr", self.lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("sample_rate", self.sample_rate, MIN_SAMPLE_RATE, 1.0)
+        _num("clip", self.clip, 0.0, MAX_CLIP, lo_open=True)
+        _num("prenoise", self.prenoise, 0.0, MAX_PRENOISE)
+        _num("lr", self.lr, 0.0, MAX_STEP_SIZE, lo_open=True)
         _num("temperature", self.temperature, 0.0, math.inf, lo_open=True, hi_open=True)
-        _num("noise_multiplier", self.noise_multiplier, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("noise_multiplier", self.noise_multiplier, 0.0, MAX_NOISE_MULTIPLIER, lo_open=True)
         _num("decay_gamma", self.decay_gamma, 0.0, 1.0)
         _num("decay_t0", self.decay_t0, 0.0, math.inf, lo_open=True, hi_open=True)
         _choice("accountant", self.accountant, ACCOUNTANTS)
@@ -177,16 +182,20 @@ class PrivacySettings:
         _int("cycle_length", self.cycle_length, 1, 10**9)
         _num("cycle_floor", self.cycle_floor, 0.0, 1.0, hi_open=True)
         _int("recal_steps", self.recal_steps, 1, 100_000)
-        _num("recal_sample_rate", self.recal_sample_rate, 0.0, 1.0, lo_open=True)
+        _num("recal_sample_rate", self.recal_sample_rate, MIN_SAMPLE_RATE, 1.0)
         _num(
             "recal_noise_multiplier",
             self.recal_noise_multiplier,
             0.0,
-            math.inf,
+            MAX_NOISE_MULTIPLIER,
             lo_open=True,
-            hi_open=True,
         )
-        _num("recal_clip", self.recal_clip, 0.0, math.inf, lo_open=True, hi_open=True)
+        _num("recal_clip", self.recal_clip, 0.0, MAX_CLIP, lo_open=True)
+        if self.method == "dpsgld" and not self.sigma(0) <= MAX_NOISE_MULTIPLIER:
+            raise ValueError(
+                f"lr x temperature give DP-SGLD a noise multiplier sigma_0 = sqrt(2 lr "
+                f"temperature) = {self.sigma(0):.3g}; it must be in (0, {MAX_NOISE_MULTIPLIER:g}]"
+            )
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "

@@ -25,6 +25,7 @@ from fedsgld.config.checks import (
     _num,
     check_neighbours,
     is_import_path,
+    plain_model_name,
     setting,
     unknown_settings_message,
 )
@@ -220,6 +221,7 @@ class RunSettings:
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         if not is_import_path(self.model):  # else a factory, imported where it is built
             _choice("model", self.model, MODELS)
+        plain_model_name("backbone", self.backbone)  # read by timm: a name, never a path
         _int("image_size", self.image_size, 8, 1024)
         _int("hidden", self.hidden, 1, 100_000)
         _int("rounds", self.rounds, 1)

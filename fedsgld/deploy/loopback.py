@@ -279,11 +279,18 @@ def approved_policy(path: Path, text: str) -> Path:
     return path
 
 
+# a loopback deployment's sites (one machine, one owner): every placement, exact sizes
+LOOPBACK_POLICY = (
+    "epsilon = 1000.0\nplacements = ['secure', 'sites', 'server']\n"
+    "public_records = 'exact'\npublic_test_records = 'exact'\n"
+)
+
+
 def site_node_configs(
     run_config: dict[str, Any],
     root: Path,
     *,
-    policy: str | None = "epsilon = 1000.0\nplacements = ['secure', 'sites', 'server']\n",
+    policy: str | None = LOOPBACK_POLICY,
     sites: list[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Node configs of deployed sites for ``run_config``'s data: each site's own records

@@ -17,7 +17,8 @@ of its type; the guard
 5. lets out only the admission's release of the reply (:mod:`fedsgld.flower.release`).
 
 A refusal raises :class:`~fedsgld.clients.policy.PolicyRefused`; Flower turns it into the
-error reply the server logs.
+error reply the server logs; no error leaves with a path of the site's in it
+(:mod:`fedsgld.flower.redact`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from fedsgld.flower.protocol import (
     decode_evaluate,
     decode_train,
 )
+from fedsgld.flower.redact import redacted
 from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
 
 Handler = Callable[[Message, Context], Message]
@@ -60,6 +62,15 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
 
     def site_guard(msg: Message, context: Context, call_next: Handler) -> Message:
         """The ClientApp mod every message passes: validate, charge, draw, compute, release."""
+        try:
+            return _admit(msg, context, call_next)
+        except Exception as err:  # noqa: BLE001 - the reason leaves the site: no path in it
+            out = redacted(err, dict(context.node_config))
+            if out is err:
+                raise
+            raise out from None
+
+    def _admit(msg: Message, context: Context, call_next: Handler) -> Message:
         kind = msg.metadata.message_type
         door = table.get(kind)
         if door is None:

@@ -5,7 +5,7 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
 ``query``     server -> node: ``run`` (ConfigRecord: the flat run config, seed resolved).
               reply: ``sites`` (ConfigRecord, key ``json``: a JSON list with one entry per
               hosted site: site id, n_train, n_test, num_classes, input_shape,
-              label_histogram). Site sizes are public in DP-SGLD (L = q * sum_k N_k).
+              label_histogram). Sizes: as each site's policy publishes them (null: none).
 ``train``     server -> node: ``plan`` (ConfigRecord: round, epoch, run-key,
               sample-rate, sigma, prenoise, clip (absent: no clipping, method sgd),
               ``theta``: theta_t as bytes, float32 little-endian (P,), and the run config,

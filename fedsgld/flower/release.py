@@ -3,7 +3,7 @@ applies to each handler's exact reply, as Flower messages.
 
 Each release gets the instruction, the handler's reply and the noise the guard drew after
 the charge (None where nothing is noised), and builds the message that leaves the site:
-the public sizes of a ``query`` (:func:`sites_info`), the report and statistics of an
+the published sizes of a ``query`` (:func:`sites_info`), the report and statistics of an
 ``evaluate``, exact or noised as the site's policy says (:func:`evaluation`). The noised
 numbers themselves are :mod:`fedsgld.clients.release`'s; PATE's vote counts are released
 by :func:`fedsgld.pate.guard.votes`.
@@ -30,19 +30,26 @@ def sites_info(
     noise: None,
     *,
     label_histogram: bool | None,
-    policy: SitePolicy | None = None,
+    policy: SitePolicy,
+    placements: bool = True,
 ) -> Message:
-    """A node's ``sites`` list: the public sizes; the training-label histogram only where
-    ``label_histogram`` is True (None: the message type has no such field); with ``policy``,
-    what the site accepts (``placements``; none without a budget, and ``refuses`` says why),
-    so that the server plans a run every site will answer."""
+    """A node's ``sites`` list: the record counts its ``policy`` publishes (``n_train``,
+    ``n_test``: its ``public_records`` and ``public_test_records``, the exact counts only
+    where it says "exact", null where it publishes none), the number of classes and the
+    input shape; the training-label histogram only where ``label_histogram`` is True (None:
+    the message type has no such field); with ``placements``, what the site accepts (none
+    without a budget or a published count, and ``refuses`` says why), so that the server
+    plans a run every site will answer."""
     out = []
     for entry in json.loads(str(reply.content["sites"]["json"])):
         public = {k: entry[k] for k in PUBLIC_SITE_KEYS}
+        public["n_train"] = policy.published("public_records", int(entry["n_train"]))
+        public["n_test"] = policy.published("public_test_records", int(entry["n_test"]))
         if label_histogram is not None:
             public["label_histogram"] = entry["label_histogram"] if label_histogram else None
-        if policy is not None:
-            refuses = policy.budget_refusal(int(entry["site"]))
+        if placements:
+            sid = int(entry["site"])
+            refuses = policy.budget_refusal(sid) or policy.sizes_refusal(sid)
             public["placements"] = [] if refuses else list(policy.placements)
             public["refuses"] = refuses
         out.append(public)
@@ -61,7 +68,8 @@ def evaluation(
         stats = _json(c, "stats")
     else:
         probs, labels = c[f"pred-{group}"]["probs"].numpy(), c["labels"]["labels"].numpy()
-        s = noisy_stats(probs, labels, noise)
+        total = policy.published("public_test_records", int(labels.shape[0]))
+        s = noisy_stats(probs, labels, noise, total=total)
         reports = {group: {**report_from_stats([s]), "release": "dp"}}
         stats = {group: s}
     out: dict[str, Any] = {

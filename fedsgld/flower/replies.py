@@ -36,8 +36,8 @@ class SiteEntry:
 
     site: int
     node_id: int
-    n_train: int
-    n_test: int
+    n_train: int | None  # the counts the site publishes (None: none; it answers no training)
+    n_test: int | None
     num_classes: int
     input_shape: tuple[int, ...]
     label_histogram: list[int] | None = None  # only if the site's policy shares it

@@ -73,8 +73,8 @@ def discover_sites(
             entry = SiteEntry(
                 site=int(e["site"]),
                 node_id=int(r.metadata.src_node_id),
-                n_train=int(e["n_train"]),
-                n_test=int(e["n_test"]),
+                n_train=None if e["n_train"] is None else int(e["n_train"]),  # none published:
+                n_test=None if e["n_test"] is None else int(e["n_test"]),  # "refuses" says so
                 num_classes=int(e["num_classes"]),
                 input_shape=tuple(int(s) for s in e["input_shape"]),
                 label_histogram=None

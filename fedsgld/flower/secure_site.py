@@ -243,8 +243,7 @@ def _check_plan(r: _Request, creds: Credentials) -> None:
     sp, pol, site = r.secagg, r.policy, r.site
     unknown = [v for v in sp.sites if v not in creds.peers]
     checks = [
-        (not unknown, f"the round names site(s) {unknown} outside the site's key list "
-         f"({creds.peers.source})"),
+        (not unknown, f"the round names site(s) {unknown} outside the site's key list"),
         (len(sp.sites) >= creds.min_peers,
          f"the round has {len(sp.sites)} sites; policy min_peers is {creds.min_peers}"),
         (site.site_id in sp.sites, f"site {site.site_id} is not one of the round's sites"),
@@ -292,7 +291,7 @@ def secagg_door(msg: Message, context: Context) -> Admission:
         clip=plan.clip,
         prenoise=plan.prenoise,
         seeded=run.randomness == "seeded",
-        records=r.site.num_train,
+        records=guard.public_records(pol, r.site),
     )
     ((q, sigma),) = steps
     if clip is None or sigma <= 0.0:

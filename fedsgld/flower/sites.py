@@ -363,6 +363,7 @@ def _local_round(
         weight_decay=config.run.weight_decay,
         charged=receipt,
         randomness=t.randomness,
+        records=t.records,
     )
     reply = {"theta": pack_vector(new), "site-id": site.site_id, "round": rnd}
     return Message(RecordDict({"theta": ConfigRecord(reply)}), reply_to=msg)

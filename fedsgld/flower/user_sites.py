@@ -125,20 +125,25 @@ def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> 
     return HostedSites(key, sites, info, first.num_classes)
 
 
+def check_site_code(name: object, node_config: dict[str, Any], *, setting: str = "model") -> None:
+    """The one check of every setting that names code a site would build (DP-SGLD's
+    ``model``, PATE's ``teacher_model`` and ``student_model``): a built-in name passes,
+    and an import path (``"module:function"``) passes only where the site's own node config
+    names the same one (its ``model``). Run before anything is imported or called; the
+    refusal says nothing of what the site has installed or what its node config names."""
+    if not is_import_path(name) or node_config.get("model") == name:
+        return
+    raise ValueError(
+        f"{setting} {name!r} refused: a site builds an imported model only when its own "
+        f"node config names that factory (model = {name!r})"
+    )
+
+
 def check_site_model(config: Config, node_config: dict[str, Any]) -> None:
     """A deployed site builds an imported model factory (``model = "module:function"``)
-    only when its own node config names the same one: the server cannot make a site
-    import code it did not choose."""
-    model = config.run.model
-    if not is_import_path(model):
-        return
-    own = node_config.get("model")
-    if own != model:
-        raise ValueError(
-            f"the run's model is the factory {model!r}; a site builds an imported model only "
-            f"when its node config names it (model = {model!r}), and this site's names "
-            f"{own!r}"
-        )
+    only when its own node config names the same one (:func:`check_site_code`): the
+    server cannot make a site import code it did not choose."""
+    check_site_code(config.run.model, node_config)
 
 
 __all__ = [
@@ -146,6 +151,7 @@ __all__ = [
     "UserObjectsMod",
     "active",
     "cache_key",
+    "check_site_code",
     "check_site_model",
     "hosted_user_sites",
     "user_objects_mod",

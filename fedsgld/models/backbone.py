@@ -3,9 +3,10 @@
 Only the head is trained (privately): the backbone is fixed and touches no gradient, so
 its features are computed once per site and reused every round, and training runs at the
 speed of the dense layers. Pretrained weights load from a local file when given
-(``backbone_weights``); nothing is downloaded. Without weights the backbone is randomly
-initialised and a loud warning says so: random features make a weak (but still valid)
-classifier.
+(``backbone_weights``); nothing is downloaded: the backbone is a plain timm name, never a
+path or a hub name, and a site's process is offline (:func:`offline`). Without weights the
+backbone is randomly initialised and a loud warning says so: random features make a weak
+(but still valid) classifier.
 
 Features are computed in batches (bounded memory) and cached on disk under
 ``$FEDSGLD_CACHE`` (default ``~/.cache/fedsgld/features``), keyed by a hash of the input
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedsgld.config.checks import plain_model_name
 
 
 class DenseHead(nn.Module):
@@ -44,9 +48,31 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+# what timm (through huggingface_hub) and transformers honour: no download, no hub request
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+
+
+def offline() -> None:
+    """Model building in this process never reaches the network: the offline flags set in
+    its environment, and in huggingface_hub where it is already imported (it reads them
+    once, at import). A site's process calls this when it starts."""
+    os.environ.update(OFFLINE_ENV)
+    hub = sys.modules.get("huggingface_hub.constants")
+    if hub is not None:
+        hub.HF_HUB_OFFLINE = True
+
+
 def load_backbone(name: str, *, weights: str | None = None, in_chans: int = 1) -> nn.Module:
-    """A timm model without its classifier (``num_classes=0``), frozen, in eval mode."""
-    import timm
+    """A timm model without its classifier (``num_classes=0``), frozen, in eval mode.
+    ``name`` is a plain timm name (never a path or a hub name: nothing is read or
+    downloaded for it), checked before timm is imported."""
+    plain_model_name("backbone", name)
+    import timm  # an optional heavy dependency, imported only where a backbone is built
 
     try:
         model = timm.create_model(name, pretrained=False, num_classes=0, in_chans=in_chans)

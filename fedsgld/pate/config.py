@@ -18,6 +18,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from fedsgld.config.checks import MAX_STEP_SIZE, MODELS, is_import_path
+
 MECHANISMS = ("lnmax", "gnmax", "confident_gnmax")
 
 
@@ -78,6 +80,11 @@ class PateConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise bad(name, "a finite number > 0")
+        if self.lr > MAX_STEP_SIZE:  # the teachers' steps at a site: past it they overflow
+            raise bad("lr", f"in (0, {MAX_STEP_SIZE:g}]")
+        for name in ("teacher_model", "student_model"):
+            if getattr(self, name) not in MODELS and not is_import_path(getattr(self, name)):
+                raise bad(name, f"one of {', '.join(MODELS)} or 'package.module:function'")
         if self.randomness not in ("seeded", "os"):
             raise bad("randomness", "one of seeded, os")
         mech = tuple(self.mechanisms)

@@ -25,7 +25,8 @@ from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.release import noisy_votes, vote_sensitivity
 from fedsgld.flower import release
 from fedsgld.flower.guard import Door, evaluation_admission
-from fedsgld.flower.site_files import read_node_policy
+from fedsgld.flower.site_files import deployed, read_node_policy
+from fedsgld.flower.user_sites import check_site_code
 from fedsgld.pate.config import PateConfig
 from fedsgld.pate.flower import site_records
 from fedsgld.pate.protocol import (
@@ -46,9 +47,14 @@ from fedsgld.privacy.events import GaussianRelease
 
 
 def _policy(task: PateTask, context: Context) -> SitePolicy:
-    return read_node_policy(
-        dict(context.node_config), run_epsilon=None, run_delta=task.config.delta
-    )
+    """The node's policy, after the models the task names passed the site's one check of
+    code it builds (:func:`~fedsgld.flower.user_sites.check_site_code`), at a deployed
+    node before anything is read, imported or called."""
+    node_config = dict(context.node_config)
+    if deployed(node_config):
+        for name in ("teacher_model", "student_model"):
+            check_site_code(getattr(task.config, name), node_config, setting=f"pate.{name}")
+    return read_node_policy(node_config, run_epsilon=None, run_delta=task.config.delta)
 
 
 def _site(task: PateTask, context: Context) -> Any:
@@ -63,9 +69,10 @@ def _site(task: PateTask, context: Context) -> Any:
 
 def _query_pate(msg: Message, context: Context) -> Admission:
     task = decode_query(msg.content)  # the one decoding of the message
+    policy = _policy(task, context)
     return Admission(
-        _policy(task, context),
-        release=partial(release.sites_info, label_histogram=None),
+        policy,
+        release=partial(release.sites_info, label_histogram=None, policy=policy, placements=False),
         request=AtSite(task),
     )
 

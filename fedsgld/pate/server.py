@@ -85,8 +85,8 @@ def check_student_reply(
     asked = SiteEntry(
         site=site,
         node_id=node,
-        n_train=int(entry.get("n_train", 0)),
-        n_test=int(entry["n_test"]),
+        n_train=None if entry.get("n_train") is None else int(entry["n_train"]),
+        n_test=None if entry.get("n_test") is None else int(entry["n_test"]),
         num_classes=num_classes,
         input_shape=tuple(int(d) for d in entry.get("input_shape", ())),
     )

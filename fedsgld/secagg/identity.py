@@ -236,7 +236,7 @@ class Credentials:
         """``ValueError`` unless the list holds this key for ``site``."""
         if self.peers.key(site) != public_bytes(self.signing_key):
             raise ValueError(
-                f"the key list ({self.peers.source}) does not hold this node's public key "
+                f"the key list (policy peers) does not hold this node's public key "
                 f"{public_hex(self.signing_key)} for site {site}"
             )
 

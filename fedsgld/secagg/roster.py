@@ -61,8 +61,8 @@ def check_roster(
     unknown = sorted(v for v in roster if v not in creds.peers)
     if unknown:
         raise RosterRefused(
-            f"site {site}: the roster holds site(s) {unknown} outside its key list "
-            f"({creds.peers.source}); refusing before any share leaves"
+            f"site {site}: the roster holds site(s) {unknown} outside its key list; "
+            "refusing before any share leaves"
         )
     keys = {}
     for v in sorted(roster):

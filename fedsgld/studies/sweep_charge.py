@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.files import write_json
 from fedsgld.privacy.approx_dp import RdpCurveRelease
 from fedsgld.privacy.rdp import DEFAULT_ORDERS

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsgld.clients.policy import SiteLedger, SitePolicy
+from fedsgld.clients.policy import SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.approx_dp import RdpCurveRelease
 from fedsgld.privacy.events import Repeated, SubsampledGaussianStep

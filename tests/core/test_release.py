@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.config import PrivacySettings
 from fedsgld.core import streams
 from fedsgld.core.noise import Randomness

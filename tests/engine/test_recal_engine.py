@@ -136,7 +136,7 @@ def test_non_private_recalibration_fits_without_noise_or_ledger(tmp_path):
             "recal_fraction > 0 .* needs noise_placement = 'server'",
         ),
         ({"recal_fraction": 1.0}, r"recal_fraction must be a number in \[0.0, 1.0\)"),
-        ({"recal_sample_rate": 0.0}, r"recal_sample_rate must be a number in \(0.0, 1.0\]"),
+        ({"recal_sample_rate": 0.0}, r"recal_sample_rate must be a number in \[1e-09, 1.0\]"),
         ({"recal_steps": 0}, r"recal_steps must be an integer in \[1, 100000\]"),
         ({"recal_noise_multiplier": -1.0}, "recal_noise_multiplier must be a number in"),
         ({"recal_clip": 0.0}, "recal_clip must be a number in"),

@@ -83,7 +83,9 @@ def test_min_sites_is_checked(tmp_path):
 def _policy(tmp_path, k):
     d = tmp_path / f"site{k}"
     d.mkdir(parents=True, exist_ok=True)
-    (d / "policy.toml").write_text("epsilon = 1000.0\ndelta = 1e-5\nplacements = ['server']\n")
+    (d / "policy.toml").write_text(
+        "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\ndelta = 1e-5\nplacements = ['server']\n"
+    )
     return str(d / "policy.toml")
 
 

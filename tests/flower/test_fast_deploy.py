@@ -62,7 +62,9 @@ def _policies(root: Path, bundles: list[Path]) -> list[Path]:
     for k in range(SITES):
         p = root / f"site{k}" / "policy.toml"
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("epsilon = 1000.0\nplacements = ['server']\n")
+        p.write_text(
+            "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n"
+        )
         for b in bundles:
             approve(b, p)
         out.append(p)

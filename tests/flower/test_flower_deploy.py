@@ -44,7 +44,7 @@ RUN = {
 
 # Each site's own policy: a lifetime budget, and trust in the server's noise (this run's
 # placement), as a consortium that trusts its server says in every site's policy.
-POLICY = "epsilon = 1000.0\nplacements = ['server']\n"
+POLICY = "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n"
 
 
 def _site_files(root: Path) -> list[Path]:

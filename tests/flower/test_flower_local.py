@@ -188,7 +188,7 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
     policy = tmp_path / "policy.toml"
     policy.write_text(
         'insecure_seeded_noise = true\nshare_predictions = true\nevaluation = "exact"\n'
-        "epsilon = 1000.0\nplacements = ['server']\n"
+        "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n"
     )
     ncs = [
         {"site-id": k, "site-data": str(p), "privacy-policy": str(policy)}

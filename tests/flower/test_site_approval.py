@@ -58,7 +58,7 @@ def test_a_site_runs_the_bundle_it_approved_and_refuses_one_changed_line(flower_
     assert digest_a != digest_b
     policy = root / "policy.toml"
     policy.write_text(
-        "# the hospitals' policy\nepsilon = 1000.0\nplacements = ['server']\nmax_sample_rate = 0.5\n"
+        "# the hospitals' policy\nepsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\nmax_sample_rate = 0.5\n"
     )
     res = subprocess.run(
         [sys.executable, "-m", "fedsgld", "site", "approve", str(approved), "--policy", str(policy)],

@@ -42,9 +42,11 @@ def test_a_deployed_sites_guard_noises_charges_and_refuses(flower_tmp):
         load_config(None, {k: v for k, v in RUN.items() if "-" not in k}), root / "data"
     )
     (root / "state0").mkdir()
-    (root / "state0" / "policy.toml").write_text("epsilon = 1000.0\nplacements = ['server']\n")
+    (root / "state0" / "policy.toml").write_text(
+        "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n"
+    )
     (root / "policy1.toml").write_text(
-        "epsilon = 1000.0\nplacements = ['server']\nmax_evaluations = 0\n"
+        "epsilon = 1000.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\nmax_evaluations = 0\n"
     )
     nodes = [
         f"site-id=0 site-data='{files[0]}' privacy-policy='{root / 'state0' / 'policy.toml'}'",

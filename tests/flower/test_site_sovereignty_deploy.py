@@ -156,9 +156,12 @@ def test_a_server_with_its_own_serverapp_cannot_take_what_the_sites_policy_keeps
     files = export_sites(load_config(None, ATTACK), root / "data")
     hospital = _policy(
         root / "site0" / "policy.toml",
-        "epsilon = 4.0\nmax_sample_rate = 0.1\nmin_noise_multiplier = 0.6\nmax_clip = 10.0\n",
+        "epsilon = 4.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nmax_sample_rate = 0.1\nmin_noise_multiplier = 0.6\nmax_clip = 10.0\n",
     )
-    trusting = _policy(root / "site3" / "policy.toml", 'epsilon = 4.0\nplacements = ["server"]\n')
+    trusting = _policy(
+        root / "site3" / "policy.toml",
+        'epsilon = 4.0\npublic_records = "exact"\npublic_test_records = "exact"\nplacements = ["server"]\n',
+    )
     nodes = [
         f"site-id=0 site-data='{files[0]}' privacy-policy='{hospital}'",
         f"site-id=1 site-data='{files[1]}' state-dir='{root / 'state1'}'",

@@ -12,7 +12,8 @@ import pytest
 from dp_accounting.pld import common
 from dp_accounting.pld import privacy_loss_distribution as pldlib
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.approx_dp import (
     ApproxDpRelease,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.privacy import BudgetExhausted, PrivacyAccountant, Repeated, SubsampledGaussianStep
 from fedsgld.privacy.distributed import choose_ddg, ddg_epsilon
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep, UnsupportedEvent, ledger_entries

@@ -19,7 +19,8 @@ from fedsgld import engine
 from fedsgld.apps import APPS
 from fedsgld.clients import site as site_module
 from fedsgld.clients.guard import check_training
-from fedsgld.clients.policy import PolicyRefused, SiteLedger, SitePolicy
+from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.config import load_config
 from fedsgld.core.noise import Randomness, seeded_generator
 from fedsgld.deploy.loopback import site_node_configs
@@ -367,7 +368,8 @@ def test_sites_ledgers_agree_with_the_servers_and_refuse_a_low_noise_server(tmp_
     over = {**SMALL, "noise_placement": "sites", "local_steps": 2, "rounds": 3}
     # exact evaluations: the sites' ledgers then hold the training steps alone (noised
     # evaluations compose into them too: tests/privacy/test_site_guard.py)
-    keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact")
+    keys = dict(epsilon=50.0, delta=1e-5, min_noise_multiplier=0.3, evaluation="exact",
+                public_records="exact")  # fmt: skip
     ncs = site_node_configs(SMALL, tmp_path, policy=None)
     for k, nc in enumerate(ncs):
         nc["privacy-policy"] = str(_policy_file(tmp_path, k, **keys))
@@ -404,7 +406,11 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
     from fedsgld.flower.strategy import AllSitesFailed
 
     over = {**SMALL, "rounds": 2}
-    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
+    ncs = site_node_configs(
+        SMALL,
+        tmp_path,
+        policy="epsilon = 50.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n",
+    )
     with pytest.raises(AllSitesFailed, match="shared-seed"):
         run_local(
             {**over, "randomness": "seeded", "out": str(tmp_path / "s")}, **APPS, node_configs=ncs
@@ -437,7 +443,11 @@ def test_a_deployed_site_refuses_a_seeded_run_and_a_replayed_round(tmp_path):
 def test_every_site_message_holds_exactly_the_documented_records(tmp_path):
     rec = Recorder()
     over = {**SMALL, "rounds": 2, "eval_every": 1}
-    ncs = site_node_configs(SMALL, tmp_path, policy="epsilon = 50.0\nplacements = ['server']\n")
+    ncs = site_node_configs(
+        SMALL,
+        tmp_path,
+        policy="epsilon = 50.0\npublic_records = 'exact'\npublic_test_records = 'exact'\nplacements = ['server']\n",
+    )
     grid = run_local(
         {**over, "randomness": "os", "out": str(tmp_path / "m")},
         **APPS,

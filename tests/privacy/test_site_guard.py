@@ -140,6 +140,7 @@ class Node:
     ) -> None:
         if records and "site-id" in node_config and "site-data" not in node_config:
             node_config = {**node_config, "site-data": site_file(node_config["site-id"])}
+        SITE_PATHS.update(paths_of(node_config))
         self.grid = LocalGrid(app or APP, [node_config])
         (self.id,) = self.grid.contexts
 
@@ -154,9 +155,26 @@ class Node:
         return reply
 
 
+# every path of a site's that an attack here started a node with: its files, their folders,
+# and the default state directory; no refusal any attack receives may name one
+SITE_PATHS: set[str] = set()
+
+
+def paths_of(node_config: dict) -> set[str]:
+    found = {os.environ.get("FEDSGLD_STATE_DIR", "")}
+    for k in ("site-data", "privacy-policy", "state-dir", "backbone-weights"):
+        if k in node_config:
+            p = Path(str(node_config[k])).resolve()
+            found |= {str(node_config[k]), str(p), str(p.parent)}
+    return {f for f in found if len(f) > 1}
+
+
 def refused(reply: Message, *words: str) -> str:
+    """The reason of a refusal holding ``words``; it names no path of any site's."""
     assert reply.has_error(), f"the site answered: {sorted(reply.content.keys())}"
     reason = str(reply.error.reason)
+    named = [p for p in SITE_PATHS | paths_of({}) if p in reason]
+    assert not named, f"a refusal names the site's path(s) {named}: {reason[-600:]}"
     for w in words:
         assert w in reason, reason[-600:]
     return reason
@@ -171,9 +189,16 @@ ALL_PLACEMENTS = ["secure", "sites", "server"]
 
 
 def policy_file(tmp_path, name="policy", **keys) -> str:
-    """A site's policy file: ``keys``, with a budget and every placement unless given (the
-    attacks here are on the request's numbers; the placement and budget tests set them)."""
-    keys = {"epsilon": 50.0, "placements": ALL_PLACEMENTS, **keys}
+    """A site's policy file: ``keys``, with a budget, every placement and its exact record
+    counts published unless given (the attacks here are on the request's numbers; the
+    placement, budget and size tests set them)."""
+    keys = {
+        "epsilon": 50.0,
+        "placements": ALL_PLACEMENTS,
+        "public_records": "exact",
+        "public_test_records": "exact",
+        **keys,
+    }
     d = tmp_path / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "policy.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
@@ -265,7 +290,7 @@ BAD_TRAINING = [
     ("sample-rate", -0.1, "policy max_sample_rate 0.5"),
     ("sample-rate", 0.9, "policy max_sample_rate 0.5"),
     ("prenoise", math.nan, "prenoise nan refused"),
-    ("prenoise", -1.0, "finite number >= 0"),
+    ("prenoise", -1.0, "prenoise -1.0 refused: must be in [0, 1e+06]"),
     ("round", -1, "round is -1"),
     ("epoch", 0.5, "epoch is 0.5"),
     ("theta", pack_vector(np.full(54595, np.nan, np.float32)), "theta holds non-finite"),

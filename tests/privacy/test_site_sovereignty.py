@@ -45,7 +45,10 @@ HOSPITAL = dict(epsilon=4.0, max_sample_rate=0.1, min_noise_multiplier=0.6, max_
 
 
 def hospital_policy(tmp_path, name="hospital", **keys) -> str:
-    """A policy file with only the keys given (no placements unless named)."""
+    """A policy file with only the keys given (no placements unless named), and the exact
+    record counts published unless ``public_records`` is given (None: none published)."""
+    keys = {"public_records": "exact", "public_test_records": "exact", **keys}
+    keys = {k: v for k, v in keys.items() if v is not None}
     d = tmp_path / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "policy.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
@@ -131,7 +134,9 @@ def test_a_deployed_site_without_a_budget_answers_nothing_computed_on_its_record
         info = answered(node.send("query", run=run_record(CONFIG)))
         (entry,) = json.loads(info.content["sites"]["json"])
         assert entry["placements"] == [] and "fedsgld site init" in entry["refuses"]
-        assert entry["n_train"] > 0 and entry.get("label_histogram") is None
+        assert entry.get("label_histogram") is None
+        # a site without a policy publishes no record count; this policy publishes its own
+        assert entry["n_train"] is None if node is no_file else entry["n_train"] > 0
     assert not list((tmp_path / "state").glob("*.json"))  # nothing was ever charged
 
 
@@ -238,6 +243,14 @@ def test_site_init_writes_a_commented_policy_with_safe_defaults(tmp_path):
     assert pol.state_dir == str((tmp_path / "p").resolve())
     text = (tmp_path / "p" / "policy.toml").read_text()
     assert "TRUSTS the server" in text and text.count("#") > 15
+    # no record count is published unless the operator writes one (then no training)
+    assert pol.public_records is None and "# public_records = 1000" in text
+    assert "publishes no record count" in pol.sizes_refusal(3)
+    counted, _ = init_policy(
+        tmp_path / "r" / "policy.toml", epsilon=4, public_records=1200, public_test_records="exact"
+    )
+    assert (counted.public_records, counted.public_test_records) == (1200, "exact")
+    assert counted.sizes_refusal(0) is None
     with pytest.raises(ValueError, match="exists.*--force"):
         init_policy(tmp_path / "p" / "policy.toml", epsilon=8)
     with pytest.raises(ValueError, match="signing key .* exists"):
