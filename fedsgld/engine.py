@@ -25,6 +25,7 @@ from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
 from fedsgld.clients.site import Site, can_batch, clipped_sums
 from fedsgld.config import Config
 from fedsgld.core import streams
+from fedsgld.core.finite import finite_probs
 from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged
 from fedsgld.federation import Federation
@@ -80,7 +81,7 @@ def evaluate_temperature(
     """calibration_report per site and pooled of softmax(logits(theta) / temperature)."""
     return _report(
         fed,
-        lambda s, x: torch.softmax(_logits(s, theta, x).double() / temperature, -1),
+        lambda s, x: finite_probs(torch.softmax(_logits(s, theta, x).double() / temperature, -1)),
         split,
     )
 

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from fedsgld.core.clipping import clip_and_sum
+from fedsgld.core.finite import finite_probs
 from fedsgld.core.mechanism import poisson_sample
 from fedsgld.core.streams import RECAL_STREAM  # the key part of recalibration's streams
 
@@ -128,13 +129,14 @@ def temperature_gradients(logits: torch.Tensor, labels: torch.Tensor, log_t: flo
 
 def confidence_gaps(logits: torch.Tensor, labels: torch.Tensor, log_t: float) -> torch.Tensor:
     """Per-record 1[argmax z = y] - max_c softmax(z / T)_c, T = exp(log_t): an (N,) tensor
-    in [-1, 1] whose mean is accuracy minus mean top-label confidence."""
+    in [-1, 1] whose mean is accuracy minus mean top-label confidence (a record whose
+    softmax is not finite counts as uniform: :func:`fedsgld.core.finite.finite_probs`)."""
     if logits.dim() != 2 or labels.shape != (logits.shape[0],):
         raise ValueError(
             f"logits must be (N, K) and labels (N,), got {tuple(logits.shape)} and "
             f"{tuple(labels.shape)}"
         )
-    p = torch.softmax(logits.double() * math.exp(-log_t), dim=-1)
+    p = finite_probs(torch.softmax(logits.double() * math.exp(-log_t), dim=-1))
     conf, pred = p.max(dim=-1)
     return (pred == labels.long()).double() - conf
 

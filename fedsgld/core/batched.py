@@ -16,9 +16,10 @@ float additions differs (the same sums to float rounding, not bitwise).
 Memory is O(batch_rows * P) for the records plus the (K, P) sums.
 
 Privacy caveat: nothing is pooled across sites. Each record moves only its own site's sum,
-by at most C (the one clip); every S_k stays separate and is charged and noised by the
-round's mode as if the site had computed it alone. This is a simulation of many sites in
-one process: a deployed site computes its own sum.
+by at most C (the one clip; a record whose vector is not finite adds zero); every S_k stays
+separate and is charged and noised by the round's mode as if the site had computed it
+alone. This is a simulation of many sites in one process: a deployed site computes its
+own sum.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsgld.core.clipping import clip_factors, param_blocks
+from fedsgld.core.clipping import (
+    block_sq_norms,
+    exact_squared_norms,
+    finite_clip_factors,
+    param_blocks,
+)
 from fedsgld.core.noise import gaussian_noise
 from fedsgld.core.per_record import RecordGradients, add_rows, clipped_rows_sum
 from fedsgld.core.prenoise import draw_in_background, sharing_threads
@@ -144,13 +150,14 @@ def _batch(grads, theta, pieces, *, sizes, clip, prenoise, chunk_size, total, ro
 
 
 def _segment_sum(blocks, seg, clip: float | None, total: torch.Tensor) -> None:
-    """total[seg_i] += c_i v_i, c_i = min(1, C / ||v_i||) (1 without a clip)."""
+    """total[seg_i] += c_i v_i, c_i = min(1, C / ||v_i||) (1 without a clip); a record
+    whose v_i is not finite adds zero (:func:`fedsgld.core.clipping.finite_clip_factors`)."""
     if clip is not None:
-        sq = None
-        for blk in blocks:
-            n = torch.linalg.vector_norm(blk, dim=1).square()
-            sq = n if sq is None else sq.add_(n)
-        c = clip_factors(sq, clip).unsqueeze(1)
+        c, dead = finite_clip_factors(block_sq_norms(blocks), clip, exact_squared_norms(blocks))
+        c = c.unsqueeze(1)
+        if dead is not None and dead.numel():  # rare: records with a non-finite vector
+            for blk in blocks:
+                blk.index_fill_(0, dead, 0.0)
     pos = 0
     for blk in blocks:
         if clip is not None:

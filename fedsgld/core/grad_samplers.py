@@ -26,7 +26,9 @@ pass for dL/do only (no weight gradients are formed), then:
   formed, and dropped after the sum). The clipped sum sum_i c_i grad l_i =
   sum_{i,t} c_i e_{i,t} a_{i,t}^T is then one matrix product of the same activations and
   errors: no second backward pass. The factors c_i come from the one clip function,
-  :func:`fedsgld.core.clipping.clip_factors`.
+  :func:`fedsgld.core.clipping.clip_factors`; a record whose float32 squared norm is not
+  finite has its gradient formed in float64 instead, and adds zero if that is not finite
+  (the rule of :func:`fedsgld.core.clipping.finite_clip_factors`).
 
 All three are exact (the same numbers as autograd on one record at a time, up to float
 rounding); ``tests/core`` checks them against that loop.
@@ -357,16 +359,53 @@ class LayerGrads:
                 sq += bg.square().sum(1)
             kept.append((t, G, bg))
         c = clipping.clip_factors(sq, clip)
+        bad = ~torch.isfinite(sq)
+        odd = bad.nonzero(as_tuple=True)[0] if bool(bad.any()) else None
+        if odd is not None:  # rare: these records' sum is formed in float64 below
+            c[odd] = 0.0
         for t, G, bg in kept:
             w, bias = t.layer.weight, t.layer.bias
+            E = t.E if odd is None else t.E.index_fill(0, odd, 0.0)  # 0 * inf is NaN
             if w is not None:
                 if G is not None:
+                    G = G if odd is None else G.index_fill(0, odd, 0.0)
                     part = c @ G.reshape(b, -1)
                 else:
-                    p, d = t.E.shape[2], t.A.shape[2]
-                    ce = (t.E * c.view(b, 1, 1)).reshape(-1, p)
-                    part = (ce.T @ t.A.reshape(-1, d)).reshape(-1)
+                    A = t.A if odd is None else t.A.index_fill(0, odd, 0.0)
+                    p, d = E.shape[2], A.shape[2]
+                    ce = (E * c.view(b, 1, 1)).reshape(-1, p)
+                    part = (ce.T @ A.reshape(-1, d)).reshape(-1)
                 total[w.offset : w.offset + w.numel] = part
             if bias is not None:
+                bg = bg if odd is None else bg.index_fill(0, odd, 0.0)
                 total[bias.offset : bias.offset + bias.numel] = c @ bg
+        if odd is not None:
+            total += self._exact_clipped_sum(terms, odd, clip)
         return total
+
+    def _exact_clipped_sum(self, terms: list[Terms], idx: torch.Tensor, clip: float):
+        """sum over records ``idx`` of clip_C(g_i), each g_i formed in float64 from its
+        activations and errors (so neither it nor its norm overflows for finite float32
+        inputs); a record whose g_i is not finite (an inf or NaN activation or error)
+        adds zero (:func:`fedsgld.core.clipping.finite_clip_factors`' rule)."""
+        k = idx.shape[0]
+        parts: list[tuple[int, torch.Tensor]] = []
+        sq = torch.zeros(k, dtype=torch.float64, device=idx.device)
+        for t in terms:
+            E = t.E[idx].double()
+            grads = []
+            if t.layer.weight is not None:
+                grads.append((t.layer.weight, torch.bmm(E.transpose(1, 2), t.A[idx].double())))
+            if t.layer.bias is not None:
+                grads.append((t.layer.bias, E.sum(1)))
+            for param, g in grads:
+                g = g.reshape(k, -1)
+                sq += g.square().sum(1)
+                parts.append((param.offset, g))
+        ok = torch.isfinite(sq)
+        c = torch.where(ok, (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0), torch.zeros_like(sq))
+        out = torch.zeros(self.size, dtype=torch.float32, device=idx.device)
+        for offset, g in parts:
+            g = g.masked_fill(~ok.unsqueeze(1), 0.0)
+            out[offset : offset + g.shape[1]] = (c @ g).float()
+        return out

@@ -45,6 +45,7 @@ from torch import nn
 from fedsgld.core import batched, per_record
 from fedsgld.core.batched import SiteSample
 from fedsgld.core.device import check_generator, resolve_device
+from fedsgld.core.finite import finite_probs, finite_vector
 from fedsgld.core.per_record import RecordGradients
 
 GRAD_PATHS = ("auto", "layers", "func")
@@ -149,11 +150,13 @@ class FlatModel:
     def predict_proba(
         self, theta: torch.Tensor, x: torch.Tensor, batch: int = 2048
     ) -> torch.Tensor:
-        """Softmax of the logits, computed on this model's device, returned on x's device."""
+        """Softmax of the logits, computed on this model's device, returned on x's device;
+        a record whose softmax is not finite (its logits overflowed) gets the uniform
+        distribution (:func:`fedsgld.core.finite.finite_probs`)."""
         theta = theta.to(self.device)
         return torch.cat(
             [
-                self.logits(theta, xb.to(self.device)).softmax(-1).to(x.device)
+                finite_probs(self.logits(theta, xb.to(self.device)).softmax(-1)).to(x.device)
                 for xb in x.split(batch)
             ]
         )
@@ -297,7 +300,8 @@ def langevin_update(
     ``summed`` is the already noised sum sum_k S_k + sigma_t C xi (the noise is drawn
     through a receipt of the ledger that accounts for it, :mod:`fedsgld.core.release`;
     this function draws nothing); ``expected_batch`` is L = q * sum_k N_k. ``theta`` and
-    ``summed`` must be on one device.
+    ``summed`` must be on one device. An entry beyond float32's range is clamped to it
+    (:func:`fedsgld.core.finite.finite_vector`: a function of the noised release, so free).
     """
     if not expected_batch > 0:
         raise ValueError(f"expected batch size must be > 0, got {expected_batch!r}")
@@ -311,4 +315,4 @@ def langevin_update(
     g = summed / expected_batch
     if weight_decay:
         g = g + weight_decay * theta
-    return theta - step_size * g
+    return finite_vector(theta - step_size * g)

@@ -141,6 +141,13 @@ class RecordGradients:
         # what the check catches (records mixed) differs at order one; on a GPU, TF32
         # convolutions (cuDNN's default) leave differences near 1e-3 between the paths
         tol = 1e-3 if self.device.type == "cpu" else 2e-2
+        # only records whose gradients are finite by both paths are compared: the server's
+        # parameters may overflow some records, and what the check decides (the path of
+        # every later round) must not depend on that
+        both = torch.isfinite(got).all(1) & torch.isfinite(ref).all(1)
+        if not bool(both.any()):
+            return False  # nothing to compare here: torch.func this time, checked again later
+        got, ref = got[both].double(), ref[both].double()
         scale = ref.norm(dim=1, keepdim=True)
         if not bool(((got - ref).norm(dim=1, keepdim=True) <= tol * scale + 1e-6).all()):
             self.drop_layers(

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fedsgld.core import streams
+from fedsgld.core.finite import finite_probs
 from fedsgld.core.noise import seeded_generator
 from fedsgld.models import build_model
 from fedsgld.pate.config import PateConfig
@@ -56,9 +57,15 @@ def train_classifier(
 
 @torch.no_grad()
 def predict_proba(model: nn.Module, x: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Softmax of ``model`` on ``x``; a record whose softmax is not finite gets the uniform
+    distribution (:func:`fedsgld.core.finite.finite_probs`), so its vote is class 0 and
+    its metrics are defined, whatever the other records are."""
     model.eval()
     return torch.cat(
-        [torch.softmax(model(x[i : i + chunk]), dim=1) for i in range(0, len(x), chunk)]
+        [
+            finite_probs(torch.softmax(model(x[i : i + chunk]), dim=1))
+            for i in range(0, len(x), chunk)
+        ]
     )
 
 

@@ -30,6 +30,8 @@ from ..privacy.distributed import DDGParameters, rounding_norm_bound
 from .crypto import modulus_mask, os_randbytes, public_key_stream
 from .discrete_gaussian import BLOCK, RandBytes, discrete_gaussian
 
+GRID_LIMIT = 2.0**61  # |coordinate| in grid steps after scaling: int64 with room to round
+
 
 @functools.lru_cache(maxsize=4)  # public, and the same for every site of a round
 def rotation_signs(label: bytes, dim: int) -> np.ndarray:
@@ -135,7 +137,12 @@ def _norm(x: np.ndarray) -> float:
 def quantise(
     vector: np.ndarray, params: DDGParameters, label: bytes, randbytes: RandBytes = os_randbytes
 ) -> np.ndarray:
-    """Steps 1-2: rotate, scale by 1/gamma, round at random (int64, length ``params.dim``)."""
+    """Steps 1-2: rotate, scale by 1/gamma, round at random (int64, length ``params.dim``).
+
+    A coordinate beyond +-2^61 grid steps is clamped to it: a failure there would depend on
+    the size of the site's sum (its records), and clamping each coordinate moves no pair of
+    neighbouring sums further apart (sensitivity C / gamma still). ``vector`` must be
+    finite (the site's clipped sum always is: :mod:`fedsgld.core.finite`)."""
     vector = np.asarray(vector, dtype=np.float64)
     if vector.ndim != 1 or vector.shape[0] > params.dim:
         raise ValueError(
@@ -144,8 +151,8 @@ def quantise(
     if not np.all(np.isfinite(vector)):
         raise ValueError("vector must be finite")
     scaled = rotate(vector, params.dim, label) / params.gamma
-    if np.max(np.abs(scaled), initial=0.0) >= 2.0**62:
-        raise ValueError("vector too large for the grid: raise gamma or clip it")
+    if not np.max(np.abs(scaled), initial=0.0) < GRID_LIMIT:  # rare: no copy otherwise
+        scaled = np.clip(scaled, -GRID_LIMIT, GRID_LIMIT)
     return randomized_round(scaled, randbytes)
 
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad, vmap
 
+from fedsgld.core.finite import finite_probs
 from fedsgld.core.mechanism import FlatModel
 
 
@@ -88,14 +89,18 @@ class VariationalModel(FlatModel):
     def predict_proba(self, phi: torch.Tensor, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
         """Predictive distribution: mean softmax over ``predict_samples`` draws from q.
 
-        The draws come from a fixed generator, so predictions are reproducible."""
+        The draws come from a fixed generator, so predictions are reproducible. A draw whose
+        softmax of a record is not finite counts as uniform for that record
+        (:func:`fedsgld.core.finite.finite_probs`)."""
         mu, rho = self.split(phi)
         s = F.softplus(rho)
         gen = torch.Generator().manual_seed(12345)
         out = torch.zeros(x.shape[0], 0)
         for i in range(self.predict_samples):
             theta = mu + s * torch.randn(self.P, generator=gen)
-            p = torch.cat([self.logits(theta, xb).softmax(-1) for xb in x.split(batch)])
+            p = torch.cat(
+                [finite_probs(self.logits(theta, xb).softmax(-1)) for xb in x.split(batch)]
+            )
             out = p if i == 0 else out + p
         return out / self.predict_samples
 
