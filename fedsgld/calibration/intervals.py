@@ -262,6 +262,53 @@ def paired_difference(
     return out
 
 
+def _reps_points(
+    runs: Sequence[Sequence[Predictions]], strata: Any, n_boot: int, seed: int
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    checked = [_check_runs(r, "site_mean") for r in runs]
+    st = None if strata is None else np.asarray(strata)
+    return _replicates(checked, st, n_boot, seed)
+
+
+def site_mean_intervals(
+    per_site: Sequence[Sequence[Predictions]], *, n_boot: int = 2000, seed: int = 0
+) -> dict[str, dict[str, Any]]:
+    """The unweighted mean over sites of each metric (FLamby's per-centre average), with
+    its interval: each site's records resampled within the site, the same seeds drawn for
+    every site (the same ``seed`` gives every site the same seed draws)."""
+    if not per_site:
+        raise ValueError("site_mean_intervals: needs at least one site")
+    got = [_reps_points([runs], None, n_boot, seed) for runs in per_site]
+    out = {}
+    for k in METRICS:
+        rep = np.mean([r[0][k] for r, _ in got], axis=0)
+        mean = float(np.mean([p[0][k].mean() for _, p in got]))
+        lo, hi = _interval(rep, mean, bias_corrected=k == "dce")
+        out[k] = {"mean": mean, "lo": max(lo, 0.0) if k == "dce" else lo, "hi": hi}
+    return out
+
+
+def site_mean_difference(
+    per_site_a: Sequence[Sequence[Predictions]],
+    per_site_b: Sequence[Sequence[Predictions]],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """A - B of the mean over sites (as :func:`site_mean_intervals`), paired as
+    :func:`paired_difference`, with its verdict."""
+    if len(per_site_a) != len(per_site_b) or not per_site_a:
+        raise ValueError("site_mean_difference: A and B need the same, non-empty sites")
+    got = [_reps_points([a, b], None, n_boot, seed) for a, b in zip(per_site_a, per_site_b)]
+    out = {}
+    for k in METRICS:
+        rep = np.mean([r[0][k] - r[1][k] for r, _ in got], axis=0)
+        diff = float(np.mean([(p[0][k] - p[1][k]).mean() for _, p in got]))
+        lo, hi = _interval(rep, diff, bias_corrected=k == "dce")
+        out[k] = {"diff": diff, "lo": lo, "hi": hi, "verdict": verdict(lo, hi, HIGHER_IS_BETTER[k])}
+    return out
+
+
 __all__ = [
     "HIGHER_IS_BETTER",
     "METRICS",
@@ -270,5 +317,7 @@ __all__ = [
     "dce_bins",
     "metric_intervals",
     "paired_difference",
+    "site_mean_difference",
+    "site_mean_intervals",
     "verdict",
 ]
