@@ -16,6 +16,7 @@ from fedsgld.config.checks import (
     LR_SCHEDULES,
     METHODS,
     PLACEMENTS,
+    STANDARDIZE,
     _choice,
     _int,
     _num,
@@ -147,6 +148,23 @@ class PrivacySettings:
         1.0,
         "clip bound of each record's confidence gap in recalibration (gaps lie in [-1, 1]), > 0",
     )
+    standardize: str = setting(
+        "none",
+        "feature standardisation of tabular records: none | site (each site with its own "
+        "training mean and std, nothing released) | pooled (the pooled mean and std from "
+        "noisy sums the sites release once, charged to the budget)",
+    )
+    standardize_noise_multiplier: float = setting(
+        10.0,
+        "noise multiplier of the pooled standardisation's one release (std "
+        "standardize_noise_multiplier * sqrt(2 d) on sums of the clipped features and their "
+        "squares), > 0",
+    )
+    standardize_clip: float = setting(
+        3.0,
+        "pooled standardisation: each feature (x - c) / s (c, s: the dataset's public centre "
+        "and scale, else 0 and 1) is clipped to [-standardize_clip, standardize_clip], > 0",
+    )
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -187,6 +205,10 @@ class PrivacySettings:
             hi_open=True,
         )
         _num("recal_clip", self.recal_clip, 0.0, math.inf, lo_open=True, hi_open=True)
+        _choice("standardize", self.standardize, STANDARDIZE)
+        _num("standardize_noise_multiplier", self.standardize_noise_multiplier, 0.0, math.inf,
+             lo_open=True, hi_open=True)  # fmt: skip
+        _num("standardize_clip", self.standardize_clip, 0.0, math.inf, lo_open=True, hi_open=True)
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "

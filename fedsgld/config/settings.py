@@ -23,6 +23,7 @@ from fedsgld.config.checks import (
     _choice,
     _int,
     _num,
+    check_centres,
     check_neighbours,
     is_import_path,
     setting,
@@ -102,7 +103,10 @@ class RunSettings:
     """What to train on, how long, and what to keep."""
 
     dataset: str = setting(
-        "mnist5k", "mnist5k | mnist | fashion_mnist | breast_cancer | pneumonia | synthetic"
+        "mnist5k",
+        "mnist5k | mnist | fashion_mnist | breast_cancer | pneumonia | synthetic | "
+        "heart_disease (four real centres, FLamby's Fed-Heart-Disease: partition = 'centres', "
+        "sites = 4)",
     )
     data_path: str = setting(
         "",
@@ -118,7 +122,8 @@ class RunSettings:
     )
     partition: str = setting(
         "iid",
-        "how records are split over the sites: iid | dirichlet (label skew) | quantity (size skew)",
+        "how records are split over the sites: iid | dirichlet (label skew) | quantity (size "
+        "skew) | centres (a dataset's own real centres: heart_disease)",
     )
     dirichlet_alpha: float = setting(
         0.5, "concentration of the dirichlet and quantity partitions (smaller: more skew), > 0"
@@ -216,6 +221,7 @@ class RunSettings:
                 f"got {self.min_sites!r}"
             )
         _choice("partition", self.partition, PARTITIONS)
+        check_centres(self.dataset, self.partition, self.sites)
         _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         if not is_import_path(self.model):  # else a factory, imported where it is built
