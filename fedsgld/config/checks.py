@@ -19,6 +19,7 @@ METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
 OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("iid", "dirichlet", "quantity", "centres")
 STANDARDIZE = ("none", "site", "pooled")
+RECAL_SCOPES = ("federation", "site")
 #: Datasets whose sites are fixed real centres (partition = "centres"), in site order.
 CENTRES: dict[str, tuple[str, ...]] = {
     "heart_disease": ("Cleveland", "Hungary", "Switzerland", "Long Beach"),

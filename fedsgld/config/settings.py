@@ -19,6 +19,7 @@ from fedsgld.config.checks import (
     OPTIMIZERS,
     PARTITIONS,
     RANDOMNESS,
+    RECAL_SCOPES,
     SECURE_NOISE,
     _choice,
     _int,
@@ -200,6 +201,12 @@ class RunSettings:
         "calibration split, in [0, 1); 0: off",
     )
     recal_lr: float = setting(1.0, "step size on log T of private recalibration, > 0")
+    recal_scope: str = setting(
+        "federation",
+        "private recalibration: federation (one temperature over all sites' calibration "
+        "splits) | site (each site its own temperature and, for two classes, bias, fitted on "
+        "its own calibration split)",
+    )
     max_records: int = setting(
         0,
         "use a random subset of this many of the dataset's records (drawn with the seed, "
@@ -246,6 +253,7 @@ class RunSettings:
         _int("swag_samples", self.swag_samples, 0, 10_000)
         _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
         _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _choice("recal_scope", self.recal_scope, RECAL_SCOPES)
         _int("max_records", self.max_records, 0, 100_000_000)
         _num("validation_fraction", self.validation_fraction, 0.0, 1.0, hi_open=True)
         if self.validation_fraction + self.recal_fraction >= 1.0:

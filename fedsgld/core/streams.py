@@ -64,6 +64,11 @@ def recal_server_noise(step: int) -> tuple[int, int, int, int]:
     return (SERVER_STREAM, RECAL_STREAM, step, 0)
 
 
+def recal_site_noise(site_id: int, step: int) -> tuple[int, int, int, int]:
+    """Site ``site_id``'s own noise of per-site recalibration step ``step``."""
+    return (site_party(site_id), RECAL_STREAM, step, LOCAL_NOISE_STREAM)
+
+
 def recal_site(site_id: int, step: int) -> tuple[int, int, int, int]:
     """Site ``site_id``'s Poisson sample of recalibration step ``step``."""
     return (site_party(site_id), RECAL_STREAM, step, 0)
