@@ -32,6 +32,7 @@ from fedsgld.federation import Federation
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.evaluation import Evaluation, Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.run.standardization import pooled_standardization
 from fedsgld.secagg import run_round
 from fedsgld.secagg.workers import EncodeWorkers
 from fedsgld.secagg.workers import available as workers_available
@@ -342,6 +343,7 @@ def run(
         fed.encode_workers = workers
         server = fed.make_server(randomness=lc.server_randomness(), run_key=lc.run_key)
         lc.attach(server)
+        pooled_standardization(lc, fed, server, log=log)  # charged before any training step
         if audit is not None:
             audit.attach(fed, server)
         if built is not None:

@@ -16,11 +16,13 @@ multiplier sigma; :class:`~fedsgld.privacy.events.GaussianRelease`), added by th
 by each site, or through the secure sum, as the run's placement says; the server forms,
 with the public N = sum_k N_k,
 
-    mean_u = V[:d] / N,   var_u = max(V[d:] / N - mean_u^2, (0.1 / B)^2),
+    mean_u = V[:d] / N,   var_u = max(V[d:] / N - mean_u^2, (0.5 / B)^2),
     mean = c + s B mean_u,   std = s B sqrt(var_u)
 
 (post-processing) and every site applies (x - mean) / std. Clipping biases the estimate
-for features outside c +- B s; the floor keeps a noisy variance from collapsing.
+for features outside c +- B s; the floor (half the public scale) keeps a noisy variance
+from collapsing. A non-private run (method sgd or vi) uses the exact pooled mean and std
+(ddof 1) from the sites' exact sums of x and x^2 (:func:`exact_pooled_statistics`).
 
 Privacy caveat: ``pooled`` is a release on every training record, charged to the run's
 ledger (and composed with the training steps inside the one epsilon); ``site`` is free.
@@ -37,6 +39,8 @@ from fedsgld.data.partition import SiteData
 
 __all__ = [
     "apply_standardization",
+    "exact_pooled_statistics",
+    "raw_moment_sum",
     "moment_sum",
     "pooled_statistics",
     "public_scale",
@@ -46,7 +50,7 @@ __all__ = [
 ]
 
 #: The floor of the estimated std, as a share of the public scale s.
-STD_FLOOR = 0.1
+STD_FLOOR = 0.5
 
 
 def _tabular(x: torch.Tensor, what: str) -> None:
@@ -127,3 +131,19 @@ def pooled_statistics(
     second = (v[d:] / n).clamp(0.0, 1.0)
     var_u = (second - mean_u**2).clamp(min=(STD_FLOOR / clip) ** 2)
     return centre + scale * clip * mean_u, scale * clip * var_u.sqrt()
+
+
+def raw_moment_sum(x: torch.Tensor) -> torch.Tensor:
+    """(sum_i x_i, sum_i x_i^2), float64 (2 d,): a non-private run's exact sums."""
+    _tabular(x, "standardize = 'pooled'")
+    x = x.double()
+    return torch.cat([x.sum(0), (x * x).sum(0)]).cpu()
+
+
+def exact_pooled_statistics(total: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pooled (mean, std) (ddof 1; 1 where it is 0) from the exact sums of x and x^2."""
+    d = total.shape[0] // 2
+    mean = total[:d] / n
+    var = (total[d:] - n * mean**2).clamp(min=0.0) / max(n - 1, 1)
+    std = var.sqrt()
+    return mean, torch.where(std > 1e-12, std, torch.ones_like(std))

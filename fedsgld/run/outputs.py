@@ -96,6 +96,8 @@ def results_document(
         results["privacy"]["recalibration"] = recal_privacy_block(
             server.accountant, lc.recal, lc.config.privacy
         )
+    if "standardization" in lc.extra_state:  # the pooled standardisation's release
+        results["privacy"]["standardization"] = lc.extra_state["standardization"]
     if lc.chain.head is not None:
         results["privacy"]["ledger_record"] = lc.chain.head.record()
     return results
