@@ -227,6 +227,7 @@ def write_interval_report(
 
     ids = sorted(next(iter(predictions.values()))[0])
     names = site_names(dataset, ids)
+    save_predictions(out / "predictions.npz", predictions)
     comparisons = (
         compare if compare is not None else default_comparisons(list(predictions), methods)
     )
@@ -246,6 +247,32 @@ def write_interval_report(
         lines.append(f"Per-site reliability of `{row}` (first seed, bin counts below): `{fname}`.")
     (out / "calibration.md").write_text("\n".join(lines) + "\n")
     return table
+
+
+def save_predictions(path: Path, predictions: dict[str, RowPredictions]) -> None:
+    """Every row's test predictions (per seed and site) in one npz, so that the intervals
+    can be recomputed (:func:`load_predictions`) without rerunning the benchmark."""
+    arrays = {}
+    for row, seeds in predictions.items():
+        for i, per_site in enumerate(seeds):
+            for s, (p, y) in per_site.items():
+                arrays[f"{row}|{i}|{s}|probs"] = np.asarray(p)
+                arrays[f"{row}|{i}|{s}|labels"] = np.asarray(y)
+    np.savez_compressed(path, **arrays)
+
+
+def load_predictions(path: Path) -> dict[str, RowPredictions]:
+    """The predictions :func:`save_predictions` wrote."""
+    out: dict[str, dict[int, dict[int, list]]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            row, i, s, what = key.split("|")
+            cell = out.setdefault(row, {}).setdefault(int(i), {}).setdefault(int(s), [None, None])
+            cell[0 if what == "probs" else 1] = data[key]
+    return {
+        row: [{s: (v[0], v[1]) for s, v in sorted(seeds[i].items())} for i in sorted(seeds)]
+        for row, seeds in out.items()
+    }
 
 
 def check_interval_settings(bench: dict[str, Any]) -> None:
@@ -275,6 +302,8 @@ __all__ = [
     "default_comparisons",
     "interval_tables",
     "intervals_markdown",
+    "load_predictions",
+    "save_predictions",
     "site_names",
     "write_interval_report",
 ]

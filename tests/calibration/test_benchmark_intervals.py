@@ -94,3 +94,15 @@ def test_compare_names_rows_of_the_methods():
             comparisons=[("dpsgld+bma", "sgd")],
             n_boot=100,
         )
+
+
+def test_predictions_round_trip(tmp_path):
+    preds = _rows(2)
+    bi.save_predictions(tmp_path / "p.npz", preds)
+    back = bi.load_predictions(tmp_path / "p.npz")
+    assert list(back) == list(preds)
+    for row in preds:
+        for a, b in zip(preds[row], back[row], strict=True):
+            assert list(a) == list(b)
+            for s in a:
+                assert np.array_equal(a[s][0], b[s][0]) and np.array_equal(a[s][1], b[s][1])
