@@ -67,6 +67,26 @@ def section(run_dir: Path, command: str | None) -> list[str]:
     return lines
 
 
+def recompute(run_dir: Path) -> None:
+    """Rewrite a run's calibration.md / calibration.json from its predictions.npz (the
+    intervals with the current code, without rerunning the benchmark)."""
+    from fedsgld.studies.benchmark import benchmark_markdown
+    from fedsgld.studies.benchmark_intervals import load_predictions, write_interval_report
+
+    bench = json.loads((run_dir / "benchmark.json").read_text())
+    b = bench["benchmark"]
+    compare = [tuple(c) for c in b["compare"]] if b.get("compare") else None
+    write_interval_report(
+        run_dir,
+        load_predictions(run_dir / "predictions.npz"),
+        dataset=bench["config"]["dataset"],
+        methods=b["methods"],
+        compare=compare,
+        n_boot=b.get("n_boot", 2000),
+        header=benchmark_markdown(bench).split("\n")[:3],
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="fedsgld benchmark output directories")
@@ -77,7 +97,15 @@ def main() -> int:
         default=[],
         help="the command that produced each run, in order (shown above its tables)",
     )
+    ap.add_argument(
+        "--recompute",
+        action="store_true",
+        help="first rewrite each run's calibration.md / .json from its predictions.npz",
+    )
     args = ap.parse_args()
+    if args.recompute:
+        for run in args.runs:
+            recompute(Path(run))
     cmds = args.command + [None] * (len(args.runs) - len(args.command))
     lines = [
         "# Calibration measurements",
