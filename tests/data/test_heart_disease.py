@@ -98,6 +98,11 @@ def test_other_sites_or_a_random_partition_is_one_clear_error(override):
     assert "partition = 'centres' and sites = 4" in msg
 
 
+def test_the_dataset_alone_takes_its_centres():
+    config = load_config(None, {"dataset": "heart_disease"})
+    assert (config.run.partition, config.run.sites) == ("centres", 4)
+
+
 def test_the_centres_partition_needs_a_dataset_with_centres():
     with pytest.raises(ValueError, match="partition = 'centres' needs a dataset"):
         load_config(None, {"dataset": "mnist5k", "partition": "centres"})
