@@ -22,6 +22,8 @@ seeds, per method, pooled and per site), OUT/reliability_methods.png (the method
 pooled reliability diagrams on one plot, seed of the first run) and says plainly whether
 the paper's finding (DP-SGD over-confident, DP-SGLD better calibrated at similar accuracy)
 holds on this run.
+OUT/calibration.md and OUT/calibration.json hold every metric with a 95 % bootstrap
+interval and the paired comparisons with their verdicts (:mod:`.benchmark_intervals`).
 """
 
 from __future__ import annotations

@@ -202,9 +202,7 @@ n_boot = 200
 """
 
 
-@pytest.mark.slow  # 190 s with the machine's load average at 20; not timed unloaded
-@pytest.mark.ci
-def test_heart_disease_calibration_table_with_intervals_and_flamby_rows(tmp_path):
+def test_heart_disease_calibration_table_with_intervals_and_flamby_rows(tmp_path):  # about 6 s
     """A seeded short benchmark on the real four centres: the interval table per centre,
     the paired verdicts and FLamby's published rows beside ours."""
     cfg_path = tmp_path / "h.toml"

@@ -111,3 +111,28 @@ def test_a_site_fit_uses_its_own_noise_stream(tmp_path, monkeypatch):
 def test_scope_is_checked():
     with pytest.raises(ValueError, match="recal_scope"):
         load_config(None, {**RUN, "recal_scope": "centre"})
+
+
+def test_what_leaves_a_site_is_noised_at_the_site(tmp_path, monkeypatch):
+    """The server's view of a per-site step is the site's noisy sum. Make every site's
+    exact sum zero (the control: an unprotected path would hand the server exact zeros)
+    and check that what the fit receives is N(0, (sigma_r C_r)^2) noise, drawn before it
+    reaches the server's update."""
+    import numpy as np
+
+    import fedsgld.engine as eng
+    import fedsgld.run.recalibration as rec
+
+    monkeypatch.setattr(eng, "site_moment_sum", lambda *a, **k: torch.zeros(2, dtype=torch.float64))
+    seen = []
+    step = rec.moment_step
+
+    def spy(s, b, noisy, **kw):
+        seen.append(noisy.clone())
+        return step(s, b, noisy, **kw)
+
+    monkeypatch.setattr(rec, "moment_step", spy)
+    _run(tmp_path, "r", recal_steps=10)
+    values = torch.cat([v.reshape(-1) for v in seen]).numpy()
+    assert values.size == 4 * 10 * 2 and np.all(values != 0.0)
+    assert 6.0 * 0.7 < values.std() < 6.0 * 1.3  # recal_noise_multiplier 6, recal_clip 1
