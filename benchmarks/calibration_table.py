@@ -13,7 +13,8 @@ validation splits by mean NLL; ``+recal`` rows rerun the selected sgd/dpsgd/dpsg
 with a calibration split of 0.15 taken out of the held-out records (the same training
 size as the other rows). Finished trials are read back, so an interrupted table
 resumes. Writes OUT/<dataset>/eps<e>/ (one sweep each), OUT/table.md (means: the README's
-table), OUT/table_full.md (with standard deviations and per-site results: docs/calibration.md)
+table), OUT/table_full.md (with standard deviations and per-site results:
+benchmarks/results/calibration_history.md)
 and OUT/table.json, and prints the table.
 """
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "--docs",
         default=None,
         metavar="MD",
-        help="also write the tables into MD (docs/calibration.md) between its "
+        help="also write the tables into MD (benchmarks/results/calibration_history.md) between its "
         "<!-- calibration_table: full/means --> markers",
     )
     ap.add_argument(

@@ -22,6 +22,7 @@ import torch
 
 from fedsgld.calibration import calibration_report
 from fedsgld.calibration.recal import RecalPlan, site_temperature_sum
+from fedsgld.calibration.recal_site import calibrated_probs, site_moment_sum
 from fedsgld.clients.site import Site, can_batch, clipped_sums
 from fedsgld.config import Config
 from fedsgld.core import streams
@@ -32,6 +33,7 @@ from fedsgld.federation import Federation
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.evaluation import Evaluation, Evaluations, RunResult
 from fedsgld.run.lifecycle import RunLifecycle
+from fedsgld.run.standardization import pooled_standardization
 from fedsgld.secagg import run_round
 from fedsgld.secagg.workers import EncodeWorkers
 from fedsgld.secagg.workers import available as workers_available
@@ -112,7 +114,54 @@ def recalibrate(lc: RunLifecycle, fed: Federation, server: LangevinServer) -> No
             for s, z, (_, y) in zip(fed.sites, logits, fed.cal_data, strict=True)
         ]
 
+    if lc.config.run.recal_scope == "site":
+        site_sums = _site_moment_sums(fed, plan, logits, server)  # type: ignore[assignment]
     lc.recalibrate(site_sums, calibration_sizes=[int(y.shape[0]) for _, y in fed.cal_data])
+
+
+def _site_moment_sums(fed: Federation, plan: RecalPlan, logits: list, server: LangevinServer):
+    """Per-site recalibration's step: every site's moment sum at its own (log T, b), noised
+    by the site from its own stream through the step's receipt (ledger charged first)."""
+
+    def sums(params: list[tuple[float, float]], j: int, charged) -> list[torch.Tensor]:
+        if not logits:
+            logits.extend(calibration_logits(fed, server.theta))
+        out = []
+        for s, z, (_, y), (log_t, bias) in zip(
+            fed.sites, logits, fed.cal_data, params, strict=True
+        ):
+            total = site_moment_sum(
+                z,
+                y,
+                log_t=log_t,
+                bias=bias,
+                sample_rate=plan.sample_rate,
+                clip=plan.clip,
+                generator=s.randomness.generator(*streams.recal_site(s.site_id, j)),
+            )
+            if plan.noise_multiplier is not None:
+                std = plan.noise_multiplier * plan.clip
+                key = streams.recal_site_noise(s.site_id, j)
+                total = charged.add_noise(total, s.randomness, std=std, key=key)
+            out.append(total)
+        return out
+
+    return sums
+
+
+def evaluate_recalibrated(
+    fed: Federation, theta: torch.Tensor, state: dict[str, Any], split: str = "test"
+) -> Evaluation:
+    """The recalibrated last iterate: one temperature, or each site's (T_k, b_k)."""
+    if state.get("scope") != "site":
+        return evaluate_temperature(fed, theta, state["temperature"], split)
+    fits = state["sites"]
+
+    def predict(s, x):
+        f = fits[str(s.site_id)]
+        return calibrated_probs(_logits(s, theta, x), f["log_temperature"], f["bias"])
+
+    return _report(fed, predict, split)
 
 
 # -- one round: the server's plan, every site's answer, the server's step ------------------
@@ -251,12 +300,12 @@ def _held_out_evaluations(
     )
     if fed.cal_data:
         recalibrate(lc, fed, server)
-        out["evaluate_recal"] = lambda t: evaluate_temperature(fed, server.theta, t)
+        out["evaluate_recal"] = lambda st: evaluate_recalibrated(fed, server.theta, st)
     if fed.val_data:
         out["validate"] = partial(_evaluate_groups, fed, split="validation")
         if fed.cal_data:
-            out["validate_recal"] = lambda t: evaluate_temperature(
-                fed, server.theta, t, "validation"
+            out["validate_recal"] = lambda st: evaluate_recalibrated(
+                fed, server.theta, st, "validation"
             )
     return out
 
@@ -297,6 +346,7 @@ def run(
         fed.encode_workers = workers
         server = fed.make_server(randomness=lc.server_randomness(), run_key=lc.run_key)
         lc.attach(server)
+        pooled_standardization(lc, fed, server, log=log)  # charged before any training step
         if audit is not None:
             audit.attach(fed, server)
         if built is not None:

@@ -32,7 +32,9 @@ from fedsgld.core import streams
 from fedsgld.core.mechanism import FlatModel
 from fedsgld.core.noise import Randomness, os_seed
 from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
+from fedsgld.data.centres import centre_sites
 from fedsgld.data.datasets import ArrayDataset, subsample
+from fedsgld.data.standardize import site_standardize
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.secagg.identity import ephemeral_credentials
@@ -220,30 +222,48 @@ def split_data(
     other sites' shards are neither split, copied nor featurised). ``dataset``: the
     run's dataset already loaded (:func:`run_dataset`)."""
     run = config.run
-    ds = run_dataset(config, seed=seed) if dataset is None else dataset
-    site_data = make_sites(
-        ds,
-        sites=run.sites,
-        scheme=run.partition,
-        alpha=run.dirichlet_alpha,
-        test_fraction=run.test_fraction,
-        seed=seed,
-        only=only,
-    )
+    if run.partition == "centres":  # the dataset's own centres and split
+        site_data = centre_sites(run.dataset, only=only)
+        num_classes = site_data[0].num_classes
+    else:
+        ds = run_dataset(config, seed=seed) if dataset is None else dataset
+        num_classes = ds.num_classes
+        site_data = make_sites(
+            ds,
+            sites=run.sites,
+            scheme=run.partition,
+            alpha=run.dirichlet_alpha,
+            test_fraction=run.test_fraction,
+            seed=seed,
+            only=only,
+        )
     log(describe_sites(site_data))
     if run.model == "timm_head":
         site_data = [backbone_features(config, d) for d in site_data]
+    site_data = standardize_at_sites(config, site_data, log=log)
     site_data, val_data = hold_out(
         config, site_data, seed=seed, setting="validation_fraction", log=log
     )
     site_data, cal_data = hold_out(config, site_data, seed=seed, setting="recal_fraction", log=log)
-    return DataSplit(site_data, ds.num_classes, val_data, cal_data)
+    return DataSplit(site_data, num_classes, val_data, cal_data)
+
+
+def standardize_at_sites(config: Config, site_data: list[Any], *, log: Log) -> list[Any]:
+    """``standardize = "site"``: every site's records standardised by its own training
+    records' mean and std (:func:`fedsgld.data.standardize.site_standardize`, at the site,
+    nothing released); the other settings leave the records as they are (``pooled`` is a
+    release the run makes once its ledger exists: :mod:`fedsgld.run.standardization`)."""
+    if config.privacy.standardize != "site":
+        return site_data
+    log("standardize = 'site': each site's features by its own training mean and std")
+    return [site_standardize(d) for d in site_data]
 
 
 def user_split(config: Config, site_data: list[SiteData], *, seed: int, log: Log) -> DataSplit:
     """A :class:`DataSplit` over sites a user built (:func:`fedsgld.data.user.user_sites`),
     with the validation and calibration splits held out as for a built-in dataset."""
     log(describe_sites(site_data))
+    site_data = standardize_at_sites(config, site_data, log=log)
     site_data, val_data = hold_out(
         config, site_data, seed=seed, setting="validation_fraction", log=log
     )
@@ -431,6 +451,7 @@ __all__ = [
     "seeded_model",
     "site_device",
     "split_data",
+    "standardize_at_sites",
     "user_split",
     "variational_view",
 ]

@@ -262,13 +262,19 @@ def _grid_shape(n: int) -> tuple[int, int]:
 
 
 def plot_site_grid(
-    per_site: dict[str, tuple[Any, Any]], path, *, title: str | None = None, n_bins: int = 15
+    per_site: dict[str, tuple[Any, Any]],
+    path,
+    *,
+    title: str | None = None,
+    n_bins: int = 15,
+    notes: dict[str, str] | None = None,
 ) -> Path:
     """One small reliability diagram per site (and pooled), in a grid.
 
     Under each panel a strip gives the records in each bin (log scale), and each panel's
     title the ECE and the number of records, so a bin of two records does not look like a
-    finding. The key sits in the grid's first empty cell, or below the grid when none is.
+    finding; ``notes`` adds a second title line per panel (e.g. an interval). The key sits
+    in the grid's first empty cell, or below the grid when none is.
     """
     if not per_site:
         raise ValueError("plot_site_grid needs at least one site")
@@ -284,7 +290,9 @@ def plot_site_grid(
         _draw_bars(ax, b)
         _draw_counts(cax, b)
         ax.tick_params(labelbottom=False)
-        ax.set_title(f"{name}: ECE {bins_ece(b):.4f}, {int(b['counts'].sum())} records", fontsize=9)
+        head = f"{name}: ECE {bins_ece(b):.4f}, {int(b['counts'].sum())} records"
+        note = (notes or {}).get(name)
+        ax.set_title(head + (f"\n{note}" if note else ""), fontsize=9)
     if title:
         fig.suptitle(title)
     legend = [*_BARS_LEGEND, _COUNT_KEY]
@@ -292,11 +300,16 @@ def plot_site_grid(
         key = fig.add_subplot(cells[divmod(n, cols)])
         key.axis("off")
         key.legend(handles=legend, loc="center", fontsize=9, frameon=False)
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.5 / fig.get_figheight(), top=0.9)
+        fig.subplots_adjust(
+            left=0.07, right=0.98, bottom=0.5 / fig.get_figheight(), top=0.85 if notes else 0.9
+        )
     else:
         fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
         fig.subplots_adjust(
-            left=0.07, right=0.98, bottom=1.0 / fig.get_figheight(), top=0.9 if title else 0.95
+            left=0.07,
+            right=0.98,
+            bottom=1.0 / fig.get_figheight(),
+            top=(0.9 if title else 0.95) - (0.05 if notes else 0.0),
         )
     return _save(fig, path, layout=False)
 

@@ -32,7 +32,7 @@ towards sharper predictions. On a DP-SGLD model of MNIST-5k at epsilon 1 (under-
 ECE 0.064) the clipped gradient's root was T = 0.65 with no noise at all, where the NLL's
 root is T = 0.87: the temperature it fitted left ECE where it was (0.063), while the
 confidence gap's root gives 0.026 without noise and about 0.04 at the default noise
-(docs/calibration.md shows the commands). The gap needs no clipping (sensitivity 1 under
+(benchmarks/results/calibration_history.md shows the commands). The gap needs no clipping (sensitivity 1 under
 adding or removing a record), so it has no such bias.
 
 What to expect: the noise of one step's mean statistic is nu = sigma_r C_r / (q_r sum_k n_k).

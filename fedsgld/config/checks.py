@@ -17,7 +17,35 @@ from typing import Any
 PLACEMENTS = ("server", "sites")
 METHODS = ("sgd", "dpsgd", "dpsgld", "dpvi", "vi")
 OPTIMIZERS = ("sgd", "adam")
-PARTITIONS = ("iid", "dirichlet", "quantity")
+PARTITIONS = ("iid", "dirichlet", "quantity", "centres")
+STANDARDIZE = ("none", "site", "pooled")
+RECAL_SCOPES = ("federation", "site")
+#: Datasets whose sites are fixed real centres (partition = "centres"), in site order.
+CENTRES: dict[str, tuple[str, ...]] = {
+    "heart_disease": ("Cleveland", "Hungary", "Switzerland", "Long Beach"),
+}
+
+
+def check_centres(dataset: str, partition: str, sites: int) -> None:
+    """A fixed-centre dataset needs partition = "centres" and one site per centre; the
+    "centres" partition needs such a dataset. ValueError naming the centres otherwise."""
+    names = CENTRES.get(dataset)
+    if names is None:
+        if partition == "centres":
+            raise ValueError(
+                f"partition = 'centres' needs a dataset whose sites are real centres "
+                f"({', '.join(CENTRES)}), got dataset {dataset!r}; use iid, dirichlet or quantity"
+            )
+        return
+    if partition != "centres" or sites != len(names):
+        raise ValueError(
+            f"dataset {dataset!r} is split by its {len(names)} centres ("
+            + ", ".join(f"site {k}: {n}" for k, n in enumerate(names))
+            + f"): set partition = 'centres' and sites = {len(names)}; got partition = "
+            f"{partition!r}, sites = {sites}"
+        )
+
+
 ACCOUNTANTS = ("pld", "rdp", "dp_accounting_pld")
 MODELS = ("cnn", "mlp", "logreg", "timm_head")
 # or a user's model factory by its import path, "package.module:function" (fedsgld.models.imported)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedsgld.config.checks import CENTRES
 from fedsgld.config.settings import Config
 
 if sys.version_info >= (3, 11):
@@ -44,7 +45,9 @@ def flatten_tables(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a flat TOML config (nested tables are flattened) and apply overrides."""
+    """Read a flat TOML config (nested tables are flattened) and apply overrides. A dataset
+    of real centres (``heart_disease``) takes ``partition = "centres"`` and one site per
+    centre where neither is set; a value set otherwise is an error naming the centres."""
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -64,4 +67,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         raw.pop("benchmark", None)  # read by `fedsgld benchmark`; one file serves both commands
         values = flatten_tables(raw)
     values.update(overrides or {})
+    centres = CENTRES.get(values.get("dataset"))  # type: ignore[arg-type]
+    if centres is not None:  # a dataset of real centres: its own sites unless set otherwise
+        values.setdefault("partition", "centres")
+        values.setdefault("sites", len(centres))
     return Config.from_flat(values)

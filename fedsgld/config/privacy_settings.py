@@ -21,6 +21,7 @@ from fedsgld.config.checks import (
     METHODS,
     MIN_SAMPLE_RATE,
     PLACEMENTS,
+    STANDARDIZE,
     _choice,
     _int,
     _num,
@@ -152,6 +153,23 @@ class PrivacySettings:
         1.0,
         "clip bound of each record's confidence gap in recalibration (gaps lie in [-1, 1]), > 0",
     )
+    standardize: str = setting(
+        "none",
+        "feature standardisation of tabular records: none | site (each site with its own "
+        "training mean and std, nothing released) | pooled (the pooled mean and std from "
+        "noisy sums the sites release once, charged to the budget)",
+    )
+    standardize_noise_multiplier: float = setting(
+        10.0,
+        "noise multiplier of the pooled standardisation's one release (std "
+        "standardize_noise_multiplier * sqrt(2 d) on sums of the clipped features and their "
+        "squares), > 0",
+    )
+    standardize_clip: float = setting(
+        3.0,
+        "pooled standardisation: each feature (x - c) / s (c, s: the dataset's public centre "
+        "and scale, else 0 and 1) is clipped to [-standardize_clip, standardize_clip], > 0",
+    )
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -196,6 +214,10 @@ class PrivacySettings:
                 f"lr x temperature give DP-SGLD a noise multiplier sigma_0 = sqrt(2 lr "
                 f"temperature) = {self.sigma(0):.3g}; it must be in (0, {MAX_NOISE_MULTIPLIER:g}]"
             )
+        _choice("standardize", self.standardize, STANDARDIZE)
+        _num("standardize_noise_multiplier", self.standardize_noise_multiplier, 0.0,
+             MAX_NOISE_MULTIPLIER, lo_open=True)  # fmt: skip
+        _num("standardize_clip", self.standardize_clip, 0.0, MAX_CLIP, lo_open=True)
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "

@@ -19,10 +19,12 @@ from fedsgld.config.checks import (
     OPTIMIZERS,
     PARTITIONS,
     RANDOMNESS,
+    RECAL_SCOPES,
     SECURE_NOISE,
     _choice,
     _int,
     _num,
+    check_centres,
     check_neighbours,
     is_import_path,
     plain_model_name,
@@ -103,7 +105,10 @@ class RunSettings:
     """What to train on, how long, and what to keep."""
 
     dataset: str = setting(
-        "mnist5k", "mnist5k | mnist | fashion_mnist | breast_cancer | pneumonia | synthetic"
+        "mnist5k",
+        "mnist5k | mnist | fashion_mnist | breast_cancer | pneumonia | synthetic | "
+        "heart_disease (four real centres, FLamby's Fed-Heart-Disease: partition = 'centres', "
+        "sites = 4)",
     )
     data_path: str = setting(
         "",
@@ -119,7 +124,8 @@ class RunSettings:
     )
     partition: str = setting(
         "iid",
-        "how records are split over the sites: iid | dirichlet (label skew) | quantity (size skew)",
+        "how records are split over the sites: iid | dirichlet (label skew) | quantity (size "
+        "skew) | centres (a dataset's own real centres: heart_disease)",
     )
     dirichlet_alpha: float = setting(
         0.5, "concentration of the dirichlet and quantity partitions (smaller: more skew), > 0"
@@ -196,6 +202,12 @@ class RunSettings:
         "calibration split, in [0, 1); 0: off",
     )
     recal_lr: float = setting(1.0, "step size on log T of private recalibration, > 0")
+    recal_scope: str = setting(
+        "federation",
+        "private recalibration: federation (one temperature over all sites' calibration "
+        "splits) | site (each site its own temperature and, for two classes, bias, fitted on "
+        "its own calibration split)",
+    )
     max_records: int = setting(
         0,
         "use a random subset of this many of the dataset's records (drawn with the seed, "
@@ -217,6 +229,7 @@ class RunSettings:
                 f"got {self.min_sites!r}"
             )
         _choice("partition", self.partition, PARTITIONS)
+        check_centres(self.dataset, self.partition, self.sites)
         _num("dirichlet_alpha", self.dirichlet_alpha, 0.0, math.inf, lo_open=True, hi_open=True)
         _num("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         if not is_import_path(self.model):  # else a factory, imported where it is built
@@ -242,6 +255,7 @@ class RunSettings:
         _int("swag_samples", self.swag_samples, 0, 10_000)
         _num("recal_fraction", self.recal_fraction, 0.0, 1.0, hi_open=True)
         _num("recal_lr", self.recal_lr, 0.0, math.inf, lo_open=True, hi_open=True)
+        _choice("recal_scope", self.recal_scope, RECAL_SCOPES)
         _int("max_records", self.max_records, 0, 100_000_000)
         _num("validation_fraction", self.validation_fraction, 0.0, 1.0, hi_open=True)
         if self.validation_fraction + self.recal_fraction >= 1.0:

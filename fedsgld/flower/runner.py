@@ -224,6 +224,12 @@ def _refuse_engine_only_settings(config: Config) -> None:
             "recal_fraction > 0: private recalibration runs in the in-process engine "
             "(fedsgld simulate) only; set recal_fraction = 0 for a Flower run"
         )
+    if config.privacy.standardize == "pooled":
+        raise ValueError(
+            "standardize = 'pooled': the private pooled standardisation runs in the "
+            "in-process engine (fedsgld simulate) only; set standardize = 'site' or 'none' "
+            "for a Flower run"
+        )
     if config.run.validation_fraction > 0:
         raise ValueError(
             "validation_fraction > 0: validation splits (for fedsgld sweep) exist in the "

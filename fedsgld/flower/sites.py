@@ -79,6 +79,7 @@ from fedsgld.federation import (
     seeded_model,
     site_device,
     split_data,
+    standardize_at_sites,
 )
 from fedsgld.flower import user_sites
 from fedsgld.flower.handoff import admitted
@@ -155,6 +156,8 @@ def keep_layers_check(context: Context, hosted: HostedSites, site: Site) -> None
 
 def _load_own(config: Config, node_config: dict[str, Any], site_id: int) -> tuple[SiteShard, int]:
     shard = own_records(node_config, site_id)
+    # standardize = "site": by this file's own training records, at the site
+    shard = standardize_at_sites(config, [shard], log=log.info)[0]
     if config.run.model == "timm_head":  # the engine's own feature step
         try:
             shard = backbone_features(config, shard)

@@ -99,7 +99,7 @@ def validation_block(ev: dict[str, Any], ev_recal: dict[str, Any] | None) -> dic
 def recal_block(state: dict[str, Any], last: dict[str, Any], ev: dict[str, Any]) -> dict[str, Any]:
     """results.json's ``metrics.recal``: the temperature-scaled last iterate's reports and
     ECE (and NLL) before and after, per site and pooled."""
-    return {
+    block = {
         **RECAL,
         "temperature": state["temperature"],
         "steps": state["steps"],
@@ -117,11 +117,27 @@ def recal_block(state: dict[str, Any], last: dict[str, Any], ev: dict[str, Any])
                 for s in ev["sites"]
             },
         },
-        "note": f"private recalibration: the last iterate's logits divided by the temperature "
+        "note": _recal_note(state),
+    }
+    if state.get("scope") == "site":
+        block["site_calibration"] = state["sites"]
+    return block
+
+
+def _recal_note(state: dict[str, Any]) -> str:
+    if state.get("scope") == "site":
+        return (
+            "private per-site recalibration: each site's logits z mapped to z / T_k + b_k "
+            f"(positive class), T_k and b_k fitted by {state['steps']} noisy steps on the "
+            "site's own calibration split (held out of training; site_calibration); its "
+            "epsilon is in privacy.recalibration"
+        )
+    return (
+        f"private recalibration: the last iterate's logits divided by the temperature "
         f"{state['temperature']:.4g}, fitted by {state['steps']} noisy clipped-gradient steps "
         "on log T over the sites' calibration splits (held out of training); its epsilon is "
-        "in privacy.recalibration",
-    }
+        "in privacy.recalibration"
+    )
 
 
 def history_row(server, plan, pooled: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +227,17 @@ def privacy_block(server, config: Config, randomness: dict[str, Any]) -> dict[st
     return block
 
 
+def _noise_per_step(st: dict[str, Any]) -> float | list[float] | None:
+    """The noise std on a step's mean statistic (per site with ``recal_scope = "site"``)."""
+    plan, sizes = st["plan"], st["calibration_sizes"]
+    if plan["noise_multiplier"] is None:
+        return None
+    std = plan["noise_multiplier"] * plan["clip"] / plan["sample_rate"]
+    if st.get("scope") == "site":
+        return [std / n for n in sizes]
+    return std / sum(sizes)
+
+
 def recal_privacy_block(acc, st: dict[str, Any], p: PrivacySettings) -> dict[str, Any]:
     """results.json's ``privacy.recalibration``: the split of epsilon and its composition.
 
@@ -219,11 +246,7 @@ def recal_privacy_block(acc, st: dict[str, Any], p: PrivacySettings) -> dict[str
     block: dict[str, Any] = {
         **st["plan"],
         "steps_taken": st["steps"],
-        "noise_per_step": None
-        if st["plan"]["noise_multiplier"] is None
-        else st["plan"]["noise_multiplier"]
-        * st["plan"]["clip"]
-        / (st["plan"]["sample_rate"] * sum(st["calibration_sizes"])),
+        "noise_per_step": _noise_per_step(st),
         "halt_reason": st["halt_reason"],
         "calibration_sizes": st["calibration_sizes"],
     }

@@ -60,7 +60,11 @@ from fedsgld.run.layout import (
     new_run_dir,
 )
 from fedsgld.run.progress import Progress, RoundInfo
-from fedsgld.run.recalibration import fit_temperature, reserve_recalibration
+from fedsgld.run.recalibration import (
+    fit_site_calibration,
+    fit_temperature,
+    reserve_recalibration,
+)
 from fedsgld.run.resume import open_run_dir, resolve_seed, restore_ledger
 from fedsgld.run.stops import (
     RunInterrupted,
@@ -326,14 +330,15 @@ class RunLifecycle:
     # -- recalibration -----------------------------------------------------------------
     def recalibrate(
         self,
-        site_sums: Callable[[float, int], list[torch.Tensor]],
+        site_sums: Callable[..., list[torch.Tensor]],
         *,
         calibration_sizes: list[int],
     ) -> dict[str, Any] | None:
-        """Fit the last iterate's temperature privately (:mod:`fedsgld.calibration.recal`).
+        """Fit the last iterate's temperature privately (:mod:`fedsgld.calibration.recal`;
+        ``recal_scope = "site"``: each site's own, :func:`fit_site_calibration`).
 
         ``site_sums(log_t, j)`` returns every site's clipped gradient sum of step j (the
-        transport moves them). Each step is checked against the budget, recorded in the
+        transport moves them; site scope: ``site_sums(params, j, receipt)``, noised). Each step is checked against the budget, recorded in the
         ledger and persisted BEFORE the server draws its noise (``server.noise``), like a
         training step. The fitted log T is the mean of the last half of the iterates
         (:func:`~fedsgld.calibration.recal.tail_average`, post-processing). A resumed run
@@ -345,10 +350,11 @@ class RunLifecycle:
             return None
         done = self.extra_state.get("recal")
         if done:
-            self.log(f"resume: recalibration done before, temperature {done['temperature']:.4g}")
+            self.log("resume: recalibration done before; its fitted values are kept")
             self.recal = done
             return done
-        state = fit_temperature(
+        site_scope = self.config.run.recal_scope == "site"
+        state = (fit_site_calibration if site_scope else fit_temperature)(
             self.server,
             plan,
             site_sums,

@@ -49,7 +49,7 @@ def final_groups(lc) -> dict[str, list[torch.Tensor]]:
 
 
 def final_metrics(
-    lc, ev: Evaluations, evaluate_recal: Callable[[float], Evaluation] | None
+    lc, ev: Evaluations, evaluate_recal: Callable[[dict[str, Any]], Evaluation] | None
 ) -> tuple[dict[str, Any], Evaluations, Evaluations]:
     """results.json's ``metrics``, the extra reliability curves, and the evaluations
     (the temperature-scaled last iterate's added when the run recalibrated)."""
@@ -60,7 +60,7 @@ def final_metrics(
         metrics["swag"] = swag_block(server, ev["swag"].report, lc.config.run.swag_samples)
         extra_curves[SWAG["label"]] = ev["swag"]
     if lc.recal is not None and evaluate_recal is not None:
-        ev_r = evaluate_recal(lc.recal["temperature"])
+        ev_r = evaluate_recal(lc.recal)
         ev = {**ev, "recal": ev_r}
         metrics["recal"] = recal_block(lc.recal, last.report, ev_r.report)
         extra_curves[RECAL["label"]] = ev_r
@@ -96,6 +96,8 @@ def results_document(
         results["privacy"]["recalibration"] = recal_privacy_block(
             server.accountant, lc.recal, lc.config.privacy
         )
+    if "standardization" in lc.extra_state:  # the pooled standardisation's release
+        results["privacy"]["standardization"] = lc.extra_state["standardization"]
     if lc.chain.head is not None:
         results["privacy"]["ledger_record"] = lc.chain.head.record()
     return results
@@ -105,16 +107,14 @@ def validation(
     lc,
     groups: dict[str, list[torch.Tensor]],
     validate: Evaluate,
-    validate_recal: Callable[[float], Evaluation] | None,
+    validate_recal: Callable[[dict[str, Any]], Evaluation] | None,
 ) -> dict[str, Any]:
     """results.json's ``validation``: every model evaluated on the validation splits."""
     ev = validate(groups)
     if ev is None:
         raise RuntimeError("validation: every site failed (see the logged reasons)")
     recal = (
-        validate_recal(lc.recal["temperature"])
-        if validate_recal is not None and lc.recal is not None
-        else None
+        validate_recal(lc.recal) if validate_recal is not None and lc.recal is not None else None
     )
     return validation_block(
         {k: v.report for k, v in ev.items()}, None if recal is None else recal.report

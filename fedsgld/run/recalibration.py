@@ -2,7 +2,9 @@
 
 The maths of one step is :mod:`fedsgld.calibration.recal`; here is what the run does
 around it. :func:`reserve_recalibration` cuts the training rounds so that the
-recalibration steps still fit in the one budget; :func:`fit_temperature` takes the steps,
+recalibration steps still fit in the one budget; :func:`fit_temperature` (one temperature
+for the federation) and :func:`fit_site_calibration` (``recal_scope = "site"``: each site
+its own temperature and bias, :mod:`fedsgld.calibration.recal_site`) take the steps,
 each checked against the budget and charged to the run's ledger (persisted) BEFORE the
 server draws its noise (:func:`fedsgld.core.release.charge`), like a training step.
 """
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 
 from fedsgld.calibration.recal import RecalPlan, tail_average, temperature_step
+from fedsgld.calibration.recal_site import moment_step
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.core.release import charge
@@ -129,4 +132,74 @@ def fit_temperature(
         "calibration_sizes": list(calibration_sizes),
     }
     log(f"recalibration: {reason}; temperature {state['temperature']:.4g}")
+    return state
+
+
+def fit_site_calibration(
+    server,
+    plan: RecalPlan,
+    site_noisy_sums: Callable[[list[tuple[float, float]], int, Any], list[torch.Tensor]],
+    *,
+    calibration_sizes: list[int],
+    epsilon_budget: float,
+    persist: Callable[[Any], None],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Per-site recalibration (:mod:`fedsgld.calibration.recal_site`); returns its state.
+
+    Each step is checked against the budget and charged to the run's ledger ONCE (the
+    sites' calibration records are disjoint: parallel composition), persisted, and only
+    then ``site_noisy_sums(params, j, receipt)`` returns every site's sum with the noise
+    the site drew through the receipt from its own stream. Fitted values: the mean of the
+    last half of each site's iterates (post-processing).
+    """
+    acc = server.accountant
+    before = [list(e) for e in acc.ledger] if acc is not None else []
+    for k, n in enumerate(calibration_sizes):
+        if plan.clip is not None and plan.noise_multiplier / (plan.sample_rate * n) > 0.5:
+            log(
+                f"warning: site {k} recalibrates on {n} calibration records at "
+                f"recal_noise_multiplier {plan.noise_multiplier:g}: its noise exceeds half "
+                "the statistic's range, so its fit is dominated by noise"
+            )
+    params = [(0.0, 0.0) for _ in calibration_sizes]
+    traces: list[list[tuple[float, float]]] = [[p] for p in params]
+    taken, reason = 0, f"completed {plan.steps} steps"
+    for j in range(plan.steps):
+        step = SubsampledGaussianStep(plan.sample_rate, plan.noise_multiplier)
+        if acc is not None and not acc.fits(step):
+            reason = (
+                f"privacy budget: recalibration step {j + 1} (q={plan.sample_rate:g}, "
+                f"sigma={plan.noise_multiplier:g}) would take epsilon past "
+                f"{epsilon_budget:g}; spent {acc.rigorous_epsilon():.4f}"
+            )
+            break
+        charged = charge(acc, step, persist=persist)
+        sums = site_noisy_sums(params, j, charged)
+        params = [
+            moment_step(s, b, v, lr=plan.lr, expected_batch=plan.sample_rate * n)
+            for (s, b), v, n in zip(params, sums, calibration_sizes, strict=True)
+        ]
+        for t, p in zip(traces, params, strict=True):
+            t.append(p)
+        taken += 1
+    sites = {}
+    for k, t in enumerate(traces):
+        s, b = tail_average([p[0] for p in t[1:]]), tail_average([p[1] for p in t[1:]])
+        sites[str(k)] = {"temperature": math.exp(s), "log_temperature": s, "bias": b}
+    state = {
+        "scope": "site",
+        "temperature": None,
+        "sites": sites,
+        "steps": taken,
+        "halt_reason": reason,
+        "trace": [[list(p) for p in t] for t in traces],
+        "ledger_before": before,
+        "plan": plan.to_dict(),
+        "calibration_sizes": list(calibration_sizes),
+    }
+    fitted = ", ".join(
+        f"site {k}: T {v['temperature']:.3g}, b {v['bias']:+.3g}" for k, v in sites.items()
+    )
+    log(f"per-site recalibration: {reason}; {fitted}")
     return state

@@ -209,7 +209,15 @@ def _recal_summary(results: dict[str, Any]) -> str:
         f"site {k} {_fmt(v['ece']['before'])} -> {_fmt(v['ece']['after'])}"
         for k, v in ba["sites"].items()
     ]
-    text = f"Temperature {b['temperature']:.4g}. ECE before -> after: " + "; ".join(parts) + "."
+    if b.get("site_calibration"):
+        fits = ", ".join(
+            f"site {k} T {v['temperature']:.3g}, b {v['bias']:+.3g}"
+            for k, v in b["site_calibration"].items()
+        )
+        head = f"Per-site recalibration ({fits})."
+    else:
+        head = f"Temperature {b['temperature']:.4g}."
+    text = f"{head} ECE before -> after: " + "; ".join(parts) + "."
     acc = results["privacy"].get("rigorous_accountant")
     if acc and "epsilon_total" in rc:
         text += (

@@ -22,6 +22,8 @@ seeds, per method, pooled and per site), OUT/reliability_methods.png (the method
 pooled reliability diagrams on one plot, seed of the first run) and says plainly whether
 the paper's finding (DP-SGD over-confident, DP-SGLD better calibrated at similar accuracy)
 holds on this run.
+OUT/calibration.md and OUT/calibration.json hold every metric with a 95 % bootstrap
+interval and the paired comparisons with their verdicts (:mod:`.benchmark_intervals`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from fedsgld.files import write_json
 from fedsgld.posteriors import iterate_average
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.run.layout import new_run_dir
+from fedsgld.studies.benchmark_intervals import check_interval_settings, write_interval_report
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -140,6 +143,7 @@ def load_benchmark(
         )
     bench["methods"], bench["seeds"] = methods, seeds
     bench.setdefault("calibrate_dpsgd", True)
+    check_interval_settings(bench)
     per_method = bench.setdefault("overrides", {})
     if not isinstance(per_method, dict):
         raise ValueError("benchmark.overrides must be a table of per-method tables")
@@ -189,10 +193,12 @@ def _calibrated_dpsgd_sigma(base: dict[str, Any], bench: dict[str, Any], log) ->
 
 
 def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
-    """Every method with every seed: the rows (one entry per run, derived rows included)
-    and the first seed's pooled test probabilities and labels per row (for the plot)."""
+    """Every method with every seed: the rows (one entry per run, derived rows included),
+    the first seed's pooled test probabilities and labels per row (for the plot) and every
+    seed's per-site test predictions per row (for the intervals)."""
     rows: dict[str, list[dict[str, Any]]] = {}
     curves: dict[str, tuple] = {}
+    preds: dict[str, list] = {}
     for method in bench["methods"]:
         for seed in bench["seeds"]:
             over = {**method_settings(method, bench, dpsgd_sigma), "seed": seed}
@@ -212,6 +218,7 @@ def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
             }
             rows.setdefault(method, []).append(entry)
             ev = res.evaluations
+            preds.setdefault(method, []).append(ev["last"].site_curves())
             if seed == bench["seeds"][0]:
                 curves[method] = ev["last"].curve()
             for name, block, ev_key in derived_rows(method, res["metrics"]):
@@ -225,9 +232,11 @@ def _run_all(base, bench, dpsgd_sigma, out: Path, *, progress: bool, log):
                     }
                 )
                 p = ev.get(ev_key)
+                if p is not None:
+                    preds.setdefault(name, []).append(p.site_curves())
                 if seed == bench["seeds"][0] and p is not None:
                     curves[name] = p.curve()
-    return rows, curves
+    return rows, curves, preds
 
 
 def _table(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -259,7 +268,7 @@ def run_benchmark(
     out.mkdir(parents=True, exist_ok=True)
     base = config.flat()
     dpsgd_sigma = _calibrated_dpsgd_sigma(base, bench, log)
-    rows, curves = _run_all(base, bench, dpsgd_sigma, out, progress=progress, log=log)
+    rows, curves, preds = _run_all(base, bench, dpsgd_sigma, out, progress=progress, log=log)
     table = _table(rows)
     finding = paper_finding(table)
     result = {
@@ -275,7 +284,17 @@ def run_benchmark(
     plot_reliability_overlay(
         curves, out / "reliability_methods.png", title="pooled test, all methods"
     )
-    log(f"benchmark written to {out}")
+    full = {k: v for k, v in preds.items() if len(v) == len(bench["seeds"])}
+    result["intervals"] = write_interval_report(
+        out,
+        full,
+        dataset=base["dataset"],
+        methods=bench["methods"],
+        compare=bench.get("compare"),
+        n_boot=bench["n_boot"],
+        header=benchmark_markdown(result).split("\n")[:3],
+    )
+    log(f"benchmark written to {out} (intervals: calibration.md, calibration.json)")
     result["out_dir"] = str(out)
     return result
 

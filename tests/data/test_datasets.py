@@ -251,6 +251,7 @@ def test_unknown_dataset_lists_the_valid_names():
         "synthetic",
         "breast_cancer",
         "pneumonia",
+        "heart_disease",
     }
 
 

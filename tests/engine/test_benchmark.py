@@ -177,3 +177,54 @@ def test_the_finding_needs_similar_accuracy_too():
     worse = paper_finding({"dpsgd": row(0.56, 0.41), "dpsgld": row(0.28, 0.15)})
     assert not worse["dpsgld"]["holds"] and "less accurate" in worse["dpsgld"]["statement"]
     assert not paper_finding({"dpsgd": row(0.9, 0.01), "dpsgld": row(0.9, 0.02)})["dpsgld"]["holds"]
+
+
+HEART_TOML = """
+dataset = "heart_disease"
+partition = "centres"
+sites = 4
+model = "logreg"
+standardize = "site"
+epsilon = 1.0
+delta = 1e-4
+rounds = 8
+sample_rate = 0.2
+lr = 0.5
+eval_every = 0
+burn_in = 100
+swag_samples = 0
+checkpoint_every = 0
+
+[benchmark]
+methods = ["dpsgd", "sgd"]
+seeds = [0]
+n_boot = 200
+"""
+
+
+def test_heart_disease_calibration_table_with_intervals_and_flamby_rows(tmp_path):  # about 6 s
+    """A seeded short benchmark on the real four centres: the interval table per centre,
+    the paired verdicts and FLamby's published rows beside ours."""
+    cfg_path = tmp_path / "h.toml"
+    cfg_path.write_text(HEART_TOML)
+    config, bench = load_benchmark(cfg_path)
+    res = run_benchmark(config, bench, out_dir=tmp_path / "out", progress=False, log=lambda s: None)
+    table = res["intervals"]
+    assert table["rows"]["dpsgd"]["records"] == {
+        "Cleveland": 104,
+        "Hungary": 89,
+        "Switzerland": 16,
+        "Long Beach": 45,
+    }
+    for row in table["rows"].values():
+        for scope in row["scopes"].values():
+            for m in scope.values():
+                assert m["lo"] <= m["mean"] + 1e-12 and m["mean"] <= m["hi"] + 1e-12
+    pairs = {(c["a"], c["b"]) for c in table["comparisons"]}
+    assert pairs == {("sgd", "dpsgd")}
+    md = (tmp_path / "out" / "calibration.md").read_text()
+    assert "### Switzerland (16 test records)" in md
+    assert "| *FLamby (published)*: FedAvg + DP-SGD, epsilon 1, delta 1e-4 | - | 0.685 |" in md
+    assert "| fedsgld: dpsgd |" in md
+    assert (tmp_path / "out" / "predictions.npz").stat().st_size > 0
+    assert (tmp_path / "out" / "reliability_sites_dpsgd.png").stat().st_size > 5000
