@@ -34,6 +34,7 @@ def is_import_path(name: object) -> bool:
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")
+TRACKERS = ("none", "mlflow")  # experiment trackers (fedsgld.run.tracking)
 LR_SCHEDULES = ("polynomial", "cyclical")
 
 
