@@ -73,7 +73,7 @@ class _SetKey(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         key = self.dest.removeprefix("key_")
-        setattr(namespace, "set", [*(getattr(namespace, "set", None) or []), f"{key}={values}"])
+        namespace.set = [*(getattr(namespace, "set", None) or []), f"{key}={values}"]
 
 
 def tracking_options(p: argparse.ArgumentParser) -> None:

@@ -118,6 +118,8 @@ def test_unknown_tracker_is_refused():
         fedsgld.simulate(config=SMALL, progress=False, tracking="wandb")
 
 
+@pytest.mark.slow  # Flower's in-process grid (about 30 s on a busy 2-core machine)
+@pytest.mark.ci
 def test_flower_run_is_logged_by_the_server_only(tmp_path):
     out = tmp_path / "runs" / "f"
     res = fedsgld.simulate(config={**SMALL, "rounds": 4}, out_dir=out, progress=False,
@@ -140,3 +142,31 @@ def test_the_site_side_never_imports_the_tracker():
         "assert 'fedsgld.run.tracking' not in sys.modules and 'mlflow' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.slow  # two trials and a store (about a minute on a busy 2-core machine)
+@pytest.mark.ci
+def test_a_sweep_logs_each_trial_as_a_child_run(tmp_path):
+    from fedsgld.studies.sweep import run_sweep
+
+    out = tmp_path / "sweeps" / "s"
+    sets = ["recal_fraction=0", "rounds=4", "burn_in=2", "thin=1", "eval_every=2",
+            "tracking=mlflow"]  # fmt: skip
+    res = run_sweep(ROOT / "simulations" / "calibration_breast_cancer.toml",
+                    grid_items=["lr=0.02,0.2"], sets=sets, methods=["dpsgld"], seeds=[0],
+                    out=out, use_ray=False, progress=False, log=lambda s: None)  # fmt: skip
+    assert not res["failed"]
+    client, runs = _runs(tmp_path / "sweeps" / "mlflow.db")
+    parent = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parent) == 1 and parent[0].data.tags["fedsgld.kind"] == "sweep"
+    assert len(children) == 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parent[0].info.run_id}
+    assert sorted(r.data.params["lr"] for r in children) == ["0.02", "0.2"]
+    for child in children:
+        summary = next(t["summary"] for t in res["trials"] if t["name"] == child.info.run_name)
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "test_accuracy")]
+        assert steps == [2, 4] and child.data.tags["fedsgld.halt_reason"] == summary["halt_reason"]
+        assert "results.json" in {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert "sweep.md" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
+    assert not list((out / "trials").rglob("mlflow.db"))  # the trials themselves log nothing
