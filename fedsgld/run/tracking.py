@@ -29,6 +29,7 @@ private as the result files).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import time
@@ -189,6 +190,7 @@ class MlflowTracker(NoTracking):
         self.uri, self.experiment = uri, experiment
         self.store: MlflowStore | None = None
         self.run_id: str | None = None
+        self.failed = False
 
     def start(self, lc) -> None:
         if self.run_id is not None:
@@ -212,6 +214,24 @@ class MlflowTracker(NoTracking):
         store.params(self.run_id, lc.config.flat())
 
     def round(self, lc, evaluation) -> None:
+        self._guarded(lc, self._round, evaluation)
+
+    def finish(self, lc, results: dict[str, Any]) -> None:
+        self._guarded(lc, self._finish, results)
+
+    def _guarded(self, lc, fn, arg) -> None:
+        """A store that fails mid-run (a server gone) costs the tracking, never the run:
+        one line, then nothing more is logged (results.json holds everything)."""
+        if self.failed:
+            return
+        try:
+            fn(lc, arg)
+        except Exception as err:  # noqa: BLE001 - any client or store error
+            self.failed = True
+            lc.log(f"tracking: MLflow failed ({type(err).__name__}: {err}); the run goes on "
+                   "untracked, its results.json is complete".splitlines()[0])  # fmt: skip
+
+    def _round(self, lc, evaluation) -> None:
         self.start(lc)
         assert self.store is not None and self.run_id is not None
         values = history_metrics(lc.history[-1]) if lc.history else {}
@@ -222,7 +242,7 @@ class MlflowTracker(NoTracking):
         values.update(_epsilons(lc.server.accountant))
         self.store.metrics(self.run_id, values, lc.server.t)
 
-    def finish(self, lc, results: dict[str, Any]) -> None:
+    def _finish(self, lc, results: dict[str, Any]) -> None:
         self.start(lc)
         assert self.store is not None and self.run_id is not None
         p = results["privacy"]
@@ -236,8 +256,9 @@ class MlflowTracker(NoTracking):
 
     def stop(self, status: str) -> None:
         """The run stopped without finishing (``KILLED``: interrupted, ``FAILED``: an error)."""
-        if self.store is not None and self.run_id is not None:
-            self.store.end(self.run_id, status)
+        if self.store is not None and self.run_id is not None and not self.failed:
+            with contextlib.suppress(Exception):  # the run's own error is the one to see
+                self.store.end(self.run_id, status)
             self.run_id = None
 
 

@@ -170,3 +170,16 @@ def test_a_sweep_logs_each_trial_as_a_child_run(tmp_path):
         assert "results.json" in {a.path for a in client.list_artifacts(child.info.run_id)}
     assert "sweep.md" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
     assert not list((out / "trials").rglob("mlflow.db"))  # the trials themselves log nothing
+
+
+def test_a_store_failing_mid_run_costs_the_tracking_not_the_run(tmp_path, monkeypatch, capsys):
+    from fedsgld.run import tracking
+
+    def broken(self, run_id, values, step):
+        raise ConnectionError("the tracking server went away")
+
+    monkeypatch.setattr(tracking.MlflowStore, "metrics", broken)
+    res = fedsgld.simulate(config=SMALL, out_dir=tmp_path / "runs" / "a", tracking="mlflow")
+    assert res.results["privacy"]["steps"] == 8 and (tmp_path / "runs" / "a" / "report.md").exists()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tracking:")]
+    assert len(lines) == 1 and "ConnectionError" in lines[0] and "untracked" in lines[0]
