@@ -5,6 +5,8 @@ CNN's pre-noise (6.66 million normals) and prints nanoseconds per normal:
 
   torch_randn_f32     torch.randn(B, P) from an explicit CPU generator (what
                       fedsgld.core.noise.gaussian_noise does)
+  fedsgld_substreams_f32   fedsgld.core.prenoise.prenoise_values on one thread: the
+                      8 sub-streams of a chunk's pre-noise (key, SHAKE-256, 8 draws)
   torch_normal_f32_buffer   Tensor.normal_ into a preallocated buffer (no fresh memory)
   torch_randn_f32_rows16    the same block drawn 16 rows at a time (cache-sized pieces)
   torch_randn_f64     float64 draws (twice the bytes, same Mersenne Twister)
@@ -32,6 +34,8 @@ import time
 
 import numpy as np
 import torch
+
+from fedsgld.core.prenoise import prenoise_values
 
 M0, M1, W0, W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 MASK = 0xFFFFFFFF
@@ -79,6 +83,7 @@ def main() -> None:
 
     cases = {
         "torch_randn_f32": lambda: torch.randn(B, P, generator=gen),
+        "fedsgld_substreams_f32": lambda: prenoise_values(n, std=1.0, generator=gen),
         "torch_normal_f32_buffer": lambda: buf.normal_(generator=gen),
         "torch_randn_f32_rows16": rows16,
         "torch_randn_f64": lambda: torch.randn(B, P, generator=gen, dtype=torch.float64),

@@ -10,6 +10,9 @@
                       torch.func (vmap over the one-record gradient), for comparison
   dpsgld_serial_prenoise   dpsgld with the pre-noise drawn on the calling thread (what a
                       run with threads = 1 does) instead of beside the gradients
+  dpsgld_one_stream   dpsgld with each chunk's pre-noise drawn from the party's one
+                      generator stream on one thread (before fedsgld split it over 8
+                      sub-streams drawn on up to half of torch's threads)
 
 All are timed in the same process, interleaved over repeats, and reported with ratios to
 plain SGD measured in that run (ratios are what transfers between machines on the CPU).
@@ -96,6 +99,26 @@ def serial_prenoise(step):
             per_record.draw_in_background = background
 
     return serial
+
+
+def one_stream_prenoise(step):
+    """The step with each chunk's pre-noise drawn as one ``gaussian_noise`` from the party's
+    generator, on one thread (no sub-streams)."""
+    from fedsgld.core import prenoise as pn
+
+    values = pn.prenoise_values
+
+    def single(n, *, std, generator, threads=1):
+        return gaussian_noise((n,), std=std, generator=generator)
+
+    def one(x, y):
+        pn.prenoise_values = single
+        try:
+            step(x, y)
+        finally:
+            pn.prenoise_values = values
+
+    return one
 
 
 def make_opacus(model, batch, device):
@@ -335,6 +358,9 @@ def main() -> None:
             PaperCNN(), args.batch, device, prenoise=0.0, grad_path="func"
         ),
         "dpsgld_serial_prenoise": serial_prenoise(
+            make_dpsgld(PaperCNN(), args.batch, device, prenoise=PRENOISE)
+        ),
+        "dpsgld_one_stream": one_stream_prenoise(
             make_dpsgld(PaperCNN(), args.batch, device, prenoise=PRENOISE)
         ),
     }

@@ -29,6 +29,7 @@ from fedsgld.deploy.ray_cluster import check_ray_address
 from fedsgld.run.evaluation import RunResult
 from fedsgld.run.progress import RoundInfo
 from fedsgld.run.stops import RunInterrupted
+from fedsgld.run.tracking import default_uri
 
 
 def _trained_model(module: nn.Module, fm, theta: torch.Tensor) -> nn.Module:
@@ -88,6 +89,8 @@ def simulate(
 
     ``out_dir``: the run directory (default: a temporary one, removed with the result;
     :meth:`Result.save` copies it); ``resume``: continue the run in ``out_dir``.
+    ``tracking="mlflow"`` logs the run to MLflow (``tracking_uri``: a server; default: a
+    SQLite store beside ``out_dir``, or ``./runs/mlflow.db`` without one; docs/simulation.md).
     ``progress=False`` prints nothing. ``on_round(info)`` is called after every round.
     Ctrl-C raises :class:`~fedsgld.run.stops.RunInterrupted` (a KeyboardInterrupt) after
     checkpointing, in ``out_dir``, a run that released something (resume it with
@@ -118,6 +121,9 @@ def simulate(
     )  # fmt: skip
     data = None if sites_read is None else sites_read.sites
     out, tmp = _run_dir(out_dir)
+    if tmp is not None and cfg.run.tracking != "none" and not cfg.run.tracking_uri:
+        # a temporary run directory goes with the result: the store goes to ./runs instead
+        cfg = Config.from_flat({**cfg.flat(), "tracking_uri": default_uri(Path("runs/run"))})
     log = print if progress else (lambda _line: None)
     if runtime is not None:
         flower = dict(nodes=nodes, log=log, on_round=on_round, ray_address=ray_address)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from fedsgld.config import settings_text
+from fedsgld.config.loading import tracking_options
 
 
 def simulate(sim: argparse.ArgumentParser) -> None:
@@ -26,6 +27,7 @@ def simulate(sim: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="resume the run in --out from its checkpoint"
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tracking_options(sim)
 
 
 def audit(aud: argparse.ArgumentParser) -> None:
@@ -54,6 +56,7 @@ def benchmark(bench: argparse.ArgumentParser) -> None:
         "--out", default=None, help="output directory (default: a new one under runs/)"
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tracking_options(bench)
 
 
 def config(cfg: argparse.ArgumentParser) -> None:

@@ -87,6 +87,7 @@ MAX_STEP_SIZE = 1e6
 RANDOMNESS = ("seeded", "os")
 DEVICES = ("cpu", "cuda", "auto")  # resolved to a torch device by fedsgld.config.device
 SECURE_NOISE = ("auto", "on", "off")
+TRACKERS = ("none", "mlflow")  # experiment trackers (fedsgld.run.tracking)
 LR_SCHEDULES = ("polynomial", "cyclical")
 
 

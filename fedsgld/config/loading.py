@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,30 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         values.setdefault("partition", "centres")
         values.setdefault("sites", len(centres))
     return Config.from_flat(values)
+
+
+class _SetKey(argparse.Action):
+    """``--tracking mlflow`` is ``--set tracking=mlflow`` (the config key it names)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        key = self.dest.removeprefix("key_")
+        namespace.set = [*(getattr(namespace, "set", None) or []), f"{key}={values}"]
+
+
+def tracking_options(p: argparse.ArgumentParser) -> None:
+    """``--tracking`` and ``--tracking-uri``: the config keys, as options."""
+    p.add_argument(
+        "--tracking",
+        dest="key_tracking",
+        action=_SetKey,
+        choices=("none", "mlflow"),
+        help="log the run to an experiment tracker (mlflow: pip install 'fedsgld[tracking]'); "
+        "the config key tracking",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        dest="key_tracking_uri",
+        action=_SetKey,
+        metavar="URI",
+        help="MLflow tracking URI (default: sqlite:///<the run's parent folder>/mlflow.db)",
+    )

@@ -21,6 +21,7 @@ from fedsgld.config.checks import (
     RANDOMNESS,
     RECAL_SCOPES,
     SECURE_NOISE,
+    TRACKERS,
     _choice,
     _int,
     _num,
@@ -219,6 +220,17 @@ class RunSettings:
         "is also evaluated there: results.json 'validation', what fedsgld sweep selects on), "
         "in [0, 1); 0: none",
     )
+    tracking: str = setting(
+        "none",
+        "experiment tracker the run (or sweep) logs to: none | mlflow (config, per-round "
+        "metrics and epsilon, halt reason, result files; pip install 'fedsgld[tracking]')",
+    )
+    tracking_uri: str = setting(
+        "",
+        "MLflow tracking URI (a server you run, http://HOST:5000, or sqlite:///PATH.db); "
+        "empty: sqlite:///<the run directory's parent>/mlflow.db (nothing to start)",
+    )
+    tracking_experiment: str = setting("fedsgld", "MLflow experiment the runs are logged under")
 
     def __post_init__(self) -> None:
         _int("sites", self.sites, 1, 10_000)
@@ -258,6 +270,11 @@ class RunSettings:
         _choice("recal_scope", self.recal_scope, RECAL_SCOPES)
         _int("max_records", self.max_records, 0, 100_000_000)
         _num("validation_fraction", self.validation_fraction, 0.0, 1.0, hi_open=True)
+        _choice("tracking", self.tracking, TRACKERS)
+        if not isinstance(self.tracking_experiment, str) or not self.tracking_experiment.strip():
+            raise ValueError(
+                f"tracking_experiment must be a non-empty name, got {self.tracking_experiment!r}"
+            )
         if self.validation_fraction + self.recal_fraction >= 1.0:
             raise ValueError(
                 f"validation_fraction + recal_fraction must be < 1 (both are held out of each "

@@ -9,7 +9,7 @@ sampled records of all sites go through one per-record gradient pass (in batches
 ``batch_rows`` records), are clipped by the one clip (:mod:`fedsgld.core.clipping`) and are
 summed per site (segment sums): the rows of site k add into S_k only. Site k's pre-noise is
 drawn from G_k in the same calls and order as its own pass draws it (one
-``gaussian_noise((n * P,))`` per chunk of ``chunk_size`` of its records, laid out parameter
+``prenoise_values(n * P)`` per chunk of ``chunk_size`` of its records, laid out parameter
 by parameter, then its canaries' rows), so the randomness is the same; only the order of
 float additions differs (the same sums to float rounding, not bitwise).
 
@@ -35,9 +35,13 @@ from fedsgld.core.clipping import (
     finite_clip_factors,
     param_blocks,
 )
-from fedsgld.core.noise import gaussian_noise
 from fedsgld.core.per_record import RecordGradients, add_rows, clipped_rows_sum
-from fedsgld.core.prenoise import draw_in_background, sharing_threads
+from fedsgld.core.prenoise import (
+    draw_in_background,
+    draw_threads,
+    prenoise_values,
+    sharing_threads,
+)
 
 __all__ = ["SiteSample", "segment_clipped_sums"]
 
@@ -70,6 +74,7 @@ class _Draws:
         self._error: BaseException | None = None
         self._args = (pieces, size, std)
         self.in_background = bool(pieces) and draw_in_background(pieces[0].sample.generator)
+        self._threads = draw_threads() if self.in_background else 1
         self._thread = None
         if self.in_background:
             self._thread = threading.Thread(target=self._draw, name="fedsgld-prenoise")
@@ -79,10 +84,13 @@ class _Draws:
 
     def _draw(self) -> None:
         pieces, size, std = self._args
+        threads = self._threads
         try:
             for p in pieces:
                 n = (p.stop - p.start) * size
-                self.values.append(gaussian_noise((n,), std=std, generator=p.sample.generator))
+                self.values.append(
+                    prenoise_values(n, std=std, generator=p.sample.generator, threads=threads)
+                )
         except BaseException as err:  # re-raised by result()
             self._error = err
 

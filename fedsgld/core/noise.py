@@ -134,9 +134,17 @@ def _check_state_layout() -> torch.Tensor:
 def os_cpu_generator() -> torch.Generator:
     """A CPU generator whose whole Mersenne Twister state (624 x 32 bits) is fresh OS
     entropy, for one use by the party that makes it."""
+    return cpu_generator_from_bytes(secrets.token_bytes(4 * MT19937_WORDS))
+
+
+def cpu_generator_from_bytes(state_bytes: bytes) -> torch.Generator:
+    """A CPU generator whose whole Mersenne Twister state is ``state_bytes`` (624 x 32 bits,
+    little-endian words; not all zero), twisted before its first number."""
+    if len(state_bytes) != 4 * MT19937_WORDS:
+        raise ValueError(f"a Mersenne Twister state is {4 * MT19937_WORDS} bytes")
     state = _check_state_layout().clone()
     a = state.numpy()
-    words = np.frombuffer(secrets.token_bytes(4 * MT19937_WORDS), dtype="<u4")
+    words = np.frombuffer(state_bytes, dtype="<u4")
     a[_OFF_WORDS : _OFF_WORDS + 8 * MT19937_WORDS].view("<u8")[:] = words
     a[0:8].view("<u8")[0] = 0  # initial_seed(): no seed made this stream
     a[_OFF_LEFT : _OFF_LEFT + 8].view("<i4")[:] = (1, 1)  # twist before the first number

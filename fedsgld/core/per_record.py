@@ -37,8 +37,12 @@ from torch.func import functional_call, grad, vmap
 from fedsgld.core.clipping import clip_blocks_and_sum, param_blocks
 from fedsgld.core.device import check_generator
 from fedsgld.core.grad_samplers import LayerGrads, UnsupportedModel, unfold_patches
-from fedsgld.core.noise import gaussian_noise
-from fedsgld.core.prenoise import PrenoiseRows, draw_in_background, sharing_threads
+from fedsgld.core.prenoise import (
+    PrenoiseRows,
+    draw_in_background,
+    prenoise_values,
+    sharing_threads,
+)
 
 __all__ = [
     "LayerGrads",
@@ -360,7 +364,7 @@ def clipped_rows_sum(
     for start in range(0, rows.shape[0], chunk_size):
         part = rows[start : start + chunk_size]
         k = part.shape[0]
-        flat = gaussian_noise((k * size,), std=prenoise, generator=generator).to(rows.device)
+        flat = prenoise_values(k * size, std=prenoise, generator=generator).to(rows.device)
         blocks = param_blocks(flat, k, sizes)
         pos = 0
         for blk in blocks:

@@ -17,6 +17,7 @@ from fedsgld.config import Config
 CHECKPOINT = "checkpoint.pt"
 LEDGER = "ledger.json"
 RESULTS = "results.json"
+RESUME_MAY_CHANGE = ("threads", "min_sites", "tracking", "tracking_uri", "tracking_experiment")
 LIFECYCLE_VERSION = 2  # 2: ledger.json carries its place in ledger.chain
 
 
@@ -32,5 +33,6 @@ def new_run_dir(base: str | Path = "runs", tag: str = "run") -> Path:
 
 
 def ckpt_config(config: Config) -> dict[str, Any]:
-    """The settings a resume must repeat (performance settings and min_sites may change)."""
-    return {k: v for k, v in config.flat().items() if k not in ("threads", "min_sites")}
+    """The settings a resume must repeat (performance settings, min_sites and the tracker
+    may change)."""
+    return {k: v for k, v in config.flat().items() if k not in RESUME_MAY_CHANGE}

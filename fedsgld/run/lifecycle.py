@@ -72,6 +72,7 @@ from fedsgld.run.stops import (
     refuse_empty_plan,
     released_nothing,
 )
+from fedsgld.run.tracking import tracker_for
 
 
 class RunLifecycle:
@@ -99,6 +100,7 @@ class RunLifecycle:
         self.user_config = config
         out = Path(out).expanduser() if out else new_run_dir(tag=tag or config.privacy.method)
         self.out = out
+        self.tracker = tracker_for(config, out)  # the experiment tracker (run/tracking.py)
         self.created = not out.exists()  # removed again if interrupted before any release
         self.saved = open_run_dir(out, config, resume=resume, log=log)
         self.ckpt, self.ledger_file = self.saved.ckpt, self.saved.ledger_file
@@ -239,6 +241,7 @@ class RunLifecycle:
                 discard_unreleased(self.out, created=self.created)
             raise
         bar = self._progress(enabled=progress)
+        self.tracker.start(self)
         last_plan = None
         try:
             while True:
@@ -259,13 +262,16 @@ class RunLifecycle:
                     on_round(RoundInfo(server.t, bar.total, bar.eps, acc, server.theta))
         except KeyboardInterrupt:
             bar.close()
+            self.tracker.stop("KILLED")
             raise self._interrupted(extra) from None
         except checkpoint_on:
             bar.close()
+            self.tracker.stop("FAILED")
             self.checkpoint(**extra())
             raise
         except BaseException:
             bar.close()
+            self.tracker.stop("FAILED")
             raise
         bar.close()
         self._stop(reserved, last_plan, evaluate, extra)
@@ -375,6 +381,7 @@ class RunLifecycle:
             return None
         pooled = ev["last"].pooled
         self.history.append(history_row(server, plan, pooled))
+        self.tracker.round(self, ev["last"])
         return pooled["accuracy"]
 
     # -- results ---------------------------------------------------------------------------
@@ -417,6 +424,7 @@ class RunLifecycle:
             results[self.transport] = transport_info()
         outputs.write_outputs(self.out, results, last=last, posterior=post, extra=curves)
         self.log(f"results in {self.out}")
+        self.tracker.finish(self, results)
         return RunResult(results, self.out, self.evaluations)
 
 

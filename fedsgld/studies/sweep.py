@@ -21,6 +21,7 @@ from typing import Any
 from fedsgld.config import METHODS, parse_overrides
 from fedsgld.files import write_json
 from fedsgld.run.layout import new_run_dir
+from fedsgld.run.tracking import SweepTracker
 from fedsgld.studies.benchmark import load_benchmark
 from fedsgld.studies.sweep_accounting import SelectionSettings
 from fedsgld.studies.sweep_charge import charge_selection, selection_release
@@ -95,21 +96,27 @@ def _job(base, bench, root, validation_fraction, method, point, seed, phase, rec
     name = trial_name(method, point, seed, phase)
     flat = trial_config(base, bench, method, point, seed,
                         validation_fraction=validation_fraction, recal_fraction=recal_fraction)  # fmt: skip
+    flat["tracking"] = "none"  # the sweep's process logs each trial as a child run
     meta = {"name": name, "method": method, "point": point, "point_label": point_label(point),
             "seed": seed, "phase": phase}  # fmt: skip
     return meta, flat, str(root / "trials" / name)
 
 
-def _execute(pool: _Pool, batch, trials: list, failed: dict[str, str], *, progress, log) -> None:
+def _execute(pool: _Pool, batch, trials: list, failed: dict[str, str], *, progress, log,
+             tracker=None) -> None:  # fmt: skip
     """Run ``batch`` on ``pool``: each finished trial joins ``trials``, each failed one
-    ``failed`` (its first line of error)."""
+    ``failed`` (its first line of error); ``tracker`` logs each as a child run."""
     meta = {m["name"]: m for m, _, _ in batch}
     for name, r in pool.map([(m["name"], f, o) for m, f, o in batch], progress=progress):
         if isinstance(r, Exception):
             failed[name] = f"{type(r).__name__}: {r}".splitlines()[0][:300]
             log(f"sweep: trial {name} failed: {failed[name]}")
+            if tracker is not None:
+                tracker.trial(meta[name], error=failed[name])
         else:
             trials.append({**meta[name], "summary": r})
+            if tracker is not None:
+                tracker.trial(trials[-1])
 
 
 def _ordered(table: dict[str, dict[str, Any]], methods: list[str]) -> dict[str, dict[str, Any]]:
@@ -189,12 +196,13 @@ def _run_grid(base, bench, grid, root, select, validation_fraction, recal, pool_
         + ", ".join(f"{m}: {len(method_points(grid, m))} points" for m in bench["methods"])
         + f" x {len(bench['seeds'])} seeds), selecting on validation {select}; in {root}"
     )
+    tracker = SweepTracker(base, root, log=log) if base.get("tracking") == "mlflow" else None
     pool = _Pool(**pool_kw)
     trials: list[dict[str, Any]] = []
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
     execute = functools.partial(_execute, pool, trials=trials, failed=failed,
-                                progress=progress, log=log)  # fmt: skip
+                                progress=progress, log=log, tracker=tracker)  # fmt: skip
     try:
         execute(jobs)
         table = select_rows(trials, select)
@@ -206,6 +214,10 @@ def _run_grid(base, bench, grid, root, select, validation_fraction, recal, pool_
                 log(f"sweep: {len(rjobs)} recalibration trials at the selected points")
                 execute(rjobs)
                 table = select_rows(trials, select)
+    except BaseException:
+        if tracker is not None:
+            tracker.stop()
+        raise
     finally:
         pool.close()
     table = _ordered(table, bench["methods"])
@@ -227,6 +239,8 @@ def _run_grid(base, bench, grid, root, select, validation_fraction, recal, pool_
         "data is not accounted.",
     }
     _write(root, result, log)
+    if tracker is not None:
+        tracker.finish(root)
     result["out_dir"] = str(root)
     return result
 
@@ -239,6 +253,8 @@ def _run_private(base, bench, grid, root, settings, validation_fraction, recal, 
     cands = [(m, p, job(m, p, 0, "private", recal)[1])
              for m in bench["methods"] for p in method_points(grid, m)]  # fmt: skip
     plan = plan_selection(cands, settings)
+    if base.get("tracking") != "none":  # what the selection keeps private stays here too
+        log("sweep: a private selection is not tracked (its trials' scores are private)")
     root.mkdir(parents=True, exist_ok=True)
     drawn = draw_trials(cands, settings, root / "selection_plan.json", seed)
     log(f"sweep: private selection over {len(cands)} grid points, epsilon_total "

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import argparse
 
+from fedsgld.config.loading import tracking_options
+
 #: validation metrics a sweep can select on, and whether larger is better
 SELECT = {"nll": False, "accuracy": True, "ece": False, "brier": False, "ace": False}
 
@@ -58,6 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="one axis of the grid (repeatable); METHOD. limits it to that method",
     )  # fmt: skip
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a run setting")
+    tracking_options(p)  # the sweep is one tracked run, each trial a child run
     p.add_argument("--methods", nargs="+", help="methods to sweep (default: the config's)")
     p.add_argument(
         "--seeds", nargs="+", type=int, help="seeds of every point (default: the config's)"

@@ -27,7 +27,7 @@ from fedsgld.core.mechanism import (
 )
 from fedsgld.core.noise import gaussian_noise, seeded_generator
 from fedsgld.core.per_record import unfold_patches
-from fedsgld.core.prenoise import PrenoiseRows
+from fedsgld.core.prenoise import PrenoiseRows, prenoise_values
 from fedsgld.models import build_model
 
 CUDA = torch.cuda.is_available()
@@ -63,7 +63,7 @@ def loop_grads(fm: FlatModel, theta, x, y):
 def noise_matrix(rows, numels, *, std, generator):
     """rho z for a chunk: one flat draw of rows * P normals, laid out parameter by
     parameter (the first rows * numel_0 numbers are parameter 0 of every record, ...)."""
-    z = gaussian_noise((rows * sum(numels),), std=std, generator=generator)
+    z = prenoise_values(rows * sum(numels), std=std, generator=generator)
     cols, pos = [], 0
     for k in numels:
         cols.append(z[pos : pos + rows * k].reshape(rows, k))
@@ -346,7 +346,7 @@ def test_every_record_is_clipped_after_its_prenoise(path):
             prenoise=rho,
             generator=torch.Generator().manual_seed(i),
         )
-        z = gaussian_noise((1, fm.size), std=rho, generator=torch.Generator().manual_seed(i))[0]
+        z = prenoise_values(fm.size, std=rho, generator=torch.Generator().manual_seed(i))
         v = ref[i] + z
         assert v.norm() > C
         assert abs(float(s.norm()) - C) < 1e-5 * C
@@ -377,7 +377,7 @@ def test_prenoise_is_deterministic_for_a_seed_in_the_background_or_not():
         rows.append(p.result())
     assert torch.equal(rows[0], rows[1]) and torch.equal(rows[1], rows[2])
     torch.testing.assert_close(
-        rows[0], gaussian_noise((5 * fm.size,), std=0.1, generator=seeded_generator(3, 4))
+        rows[0], prenoise_values(5 * fm.size, std=0.1, generator=seeded_generator(3, 4))
     )
     a = site_step(
         fm, theta, x, y, sample_rate=0.7, clip=0.5, prenoise=0.1, generator=seeded_generator(1, 2)

@@ -14,8 +14,9 @@ import math
 import numpy as np
 import pytest
 
-from fedsgld.clients.policy import SiteLedger, SitePolicy
+from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.secure_site import SecureSumSite
+from fedsgld.clients.site_ledger import SiteLedger
 from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.secagg import (
     Mechanism,
