@@ -35,6 +35,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from _report import add_report_option, report_cli  # benchmarks/_report.py
+
 from fedsgld.privacy import pld_fft
 from fedsgld.privacy.accountant import PrivacyAccountant
 from fedsgld.privacy.rdp import ledger_rdp_epsilon
@@ -104,6 +106,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--exact", action="store_true", help="recompute the exact value (minutes)")
     parser.add_argument("--json", action="store_true")
+    add_report_option(parser)
     args = parser.parse_args()
 
     exact_ledger = [(0.01, s, 1) for s in sigmas(2000)]
@@ -190,4 +193,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with report_cli():
+        main()

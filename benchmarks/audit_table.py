@@ -377,6 +377,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/audit-table.json")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out")
     ap.add_argument("--docs", metavar="MD", help="write the table into MD (docs/audit.md)")
+    ap.add_argument("--report", metavar="PATH", help="append this run's output, with the "
+                    "commit, machine and command, to PATH (benchmarks/results/audit_table.md)")  # fmt: skip
     ap.add_argument(
         "--report-only", action="store_true", help="run nothing: the table of the rows in --out"
     )
@@ -457,4 +459,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from _report import report_cli  # benchmarks/_report.py: on the path only as a script
+
+    with report_cli():  # --report PATH: append this run's output to a report
+        raise SystemExit(main())

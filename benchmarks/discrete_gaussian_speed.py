@@ -25,6 +25,8 @@ import time
 import types
 from pathlib import Path
 
+from _report import add_report_option, report_cli  # benchmarks/_report.py
+
 from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.secagg import discrete_gaussian as current
 from fedsgld.secagg.crypto import os_randbytes
@@ -83,6 +85,7 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=1.46)
     ap.add_argument("--sites", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    add_report_option(ap)
     a = ap.parse_args()
     share = choose_ddg(
         noise_multiplier=a.sigma, clip=1.0, dim=100_000, sites=a.sites, signal_norm=1e4
@@ -112,4 +115,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with report_cli():
+        main()

@@ -27,6 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from _report import add_report_option, report_cli  # benchmarks/_report.py
 
 from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.secagg import ddg, workers
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    add_report_option(ap)
     args = ap.parse_args()
     if args.repeats < 1 or args.threads < 1 or args.params < 1:
         ap.error("--params, --repeats and --threads must be >= 1")
@@ -108,4 +110,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with report_cli():
+        main()

@@ -57,6 +57,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import add_report_option, report_cli  # benchmarks/_report.py
+
 from fedsgld.deploy.loopback import flower_env
 from fedsgld.deploy.loopback import run_config_arg as _run_config
 from fedsgld.deploy.staging import stage_app
@@ -425,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine's cores; 0: torch's default)",
     )
     ap.add_argument("--json", action="store_true")
+    add_report_option(ap)
     args = ap.parse_args(argv)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the first round is left out)")
@@ -480,4 +483,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with report_cli():
+        raise SystemExit(main())

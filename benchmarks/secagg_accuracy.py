@@ -35,6 +35,8 @@ import shlex
 import statistics
 from pathlib import Path
 
+from _report import add_report_option, report_cli  # benchmarks/_report.py
+
 from fedsgld import engine
 from fedsgld.config import load_config
 from fedsgld.config.loading import parse_overrides
@@ -152,6 +154,7 @@ def main() -> None:
         "--placements", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
         help="which placements to run (default: all three)",
     )  # fmt: skip
+    add_report_option(ap)
     a = ap.parse_args()
     extra = parse_overrides(a.set)
     if a.rounds is not None:
@@ -195,4 +198,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with report_cli():
+        main()

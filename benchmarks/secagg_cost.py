@@ -87,6 +87,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import add_report_option, report_to  # benchmarks/_report.py
 
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.distributed import choose_ddg, ddg_epsilon
@@ -495,7 +496,13 @@ def main() -> None:
     ap.add_argument("--encoders", default="auto", choices=["auto", "threads", "processes"],
                     help="--engine: secagg_encoders of the secure runs (auto: processes from "
                     "8 sites up on 2 or more threads)")  # fmt: skip
+    add_report_option(ap)
     args = ap.parse_args()
+    with report_to(args.report):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     if args.full:  # PLACEMENTS["secure"] is this same dict
         SECURE["secagg_one_shot"] = False
     if args.engine:

@@ -39,6 +39,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from _report import add_report_option, report_cli  # benchmarks/_report.py
 
 from fedsgld.core import per_record
 from fedsgld.core.device import resolve_device
@@ -329,6 +330,7 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     ap.add_argument("--model-repeats", type=int, default=10)
     ap.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
+    add_report_option(ap)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     if args.memory_child:
@@ -424,4 +426,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with report_cli():
+        main()
