@@ -18,9 +18,6 @@ _spec.loader.exec_module(_links)  # the link checker of tests/test_docs_links.py
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 REPORTS = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
 PAGE_LIMIT = 400  # the README's 200 is checked in tests/test_docs_links.py
-# Expected exception: docs/calibration.md is being cut to size in a separate change.
-# Remove it from this set once that change is merged.
-OVER_LIMIT_FOR_NOW = {"calibration.md"}
 
 
 def lines(path: Path) -> int:
@@ -30,8 +27,6 @@ def lines(path: Path) -> int:
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
 def test_docs_page_is_at_most_400_lines(page):
     n = lines(page)
-    if page.name in OVER_LIMIT_FOR_NOW and n > PAGE_LIMIT:
-        pytest.xfail(f"{page.name}: {n} lines, being shortened in a separate change")
     assert n <= PAGE_LIMIT, f"docs/{page.name} has {n} lines; move histories to a report"
 
 
