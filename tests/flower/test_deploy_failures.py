@@ -87,8 +87,7 @@ def _policy(tmp_path, k):
     return str(d / "policy.toml")
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_path):
     """Every deployed site keeps a policy and a replay record on disk. A run crashes; its
     directory is copied; both copies resume (same run key, epoch 1). The second copy's

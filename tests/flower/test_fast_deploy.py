@@ -118,8 +118,7 @@ def _tasks_per_node(rounds: int) -> int:
 
 
 @pytest.mark.deploy
-@pytest.mark.slow  # about 70 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # about 70 s
 def test_fast_path_with_tls_and_supernode_auth_runs_the_submitted_bundle_warm(flower_tmp):
     root, procs = flower_tmp
     support = fast.support()  # what must apply on the installed flwr (its tables)
@@ -327,8 +326,7 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_fork_server_hands_each_task_to_a_spare_forked_before_it(tmp_path):
     """Each task goes to a child the server forked before the task came (the fork is not on
     the task's path); every task is its own process with its own streams and exit status,
