@@ -369,7 +369,12 @@ def test_fork_server_hands_each_task_to_a_spare_forked_before_it(tmp_path):
     finally:
         owner.kill()
         owner.wait()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)  # it exits with its owner
+        finally:
+            if server.poll() is None:  # it did not: stopped by its PID all the same
+                server.kill()
+                server.wait()
     assert waiting is not None
     end = time.monotonic() + 10
     while not _gone(waiting) and time.monotonic() < end:
