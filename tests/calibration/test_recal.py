@@ -211,7 +211,7 @@ def test_ece_improves_at_a_realistic_budget(tmp_path, scale):
         assert after["ece"] < 0.5 * before["ece"], (seed, t, before["ece"], after["ece"])
 
 
-@pytest.mark.slow  # 250 charged, persisted steps: about a minute
+@pytest.mark.slow  # 250 charged steps, each written and fsynced: 2 s to 2 min, with the disk
 def test_the_noise_added_has_the_charged_scale(tmp_path, monkeypatch):
     # every step's noisy sum minus the sites' exact sum, over the charged std sigma * C,
     # is N(0, 1): a KS test that accepts it and rejects 2/3 and 3/2 of the scale

@@ -125,8 +125,7 @@ def test_sweep_arguments_are_checked(tmp_path):
                       **{"sets": SMALL, **kw})  # fmt: skip
 
 
-@pytest.mark.slow  # about 45 s (Ray): in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # about 45 s (Ray)
 def test_tiny_sweep_on_ray_selects_on_validation_and_resumes(tmp_path):
     out = tmp_path / "sweep"
     kw = dict(

@@ -42,8 +42,7 @@ def test_calibrated_dpsgd_sigma_spends_at_most_the_budget():
     assert pld_epsilon([(0.05, sigma * 0.99)] * 200, delta=1e-5, grid=0.0) > 2.0 * 0.98  # tight
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_benchmark_table_and_finding(tmp_path):
     cfg_path = tmp_path / "b.toml"
     cfg_path.write_text(BENCH_TOML)

@@ -65,8 +65,7 @@ def test_result_directory_has_everything(tmp_path):
     assert on_disk["config"]["method"] == "dpsgld" and res["seed"] == 3
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_same_seed_same_trajectory_and_training_helps(tmp_path):
     a = _run(tmp_path, "a", rounds=30)
     _run(tmp_path, "b", rounds=30)
@@ -99,8 +98,7 @@ def test_budget_halts_before_overspending(tmp_path):
     assert ref * (1 - 2e-3) <= pr["epsilon"]["pld"] <= ref * 1.01
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_resume_after_crash_keeps_the_spent_budget(tmp_path, monkeypatch):
     ref = _run(tmp_path, "ref")
     real = Site.clipped_sum

@@ -54,8 +54,7 @@ def test_one_local_sgd_step_per_round_is_the_server_step(tmp_path):
     torch.testing.assert_close(_theta(sites), _theta(server), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_local_steps_are_each_accounted(tmp_path):
     res = _run(tmp_path, "local", noise_placement="sites", local_steps=3)
     p = res["privacy"]
@@ -70,8 +69,7 @@ def test_local_steps_are_each_accounted(tmp_path):
     assert res["metrics"]["posterior"]["samples"] == 3
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_the_budget_stops_whole_rounds_of_local_steps(tmp_path):
     # a budget of a few rounds of 4 local steps (one that affords none is refused)
     res = _run(tmp_path, "tight", noise_placement="sites", local_steps=4, epsilon=10.0, rounds=50)

@@ -1,7 +1,7 @@
 """The README's demo numbers are what the demo gives.
 
 The slow tests run the demo exactly as ``make demo`` does (same config, overrides and
-per-method runs; about a minute each on 2 cores) and compare every number of the README's
+per-method runs; about a minute each on 2 cores, the DP-SGLD run shared by both tests) and compare every number of the README's
 demo table, and the placement table's ``server`` row: step counts and epsilons at the
 printed precision, accuracy, NLL and ECE within ``readme_numbers.TOLERANCE`` (their last
 digits depend on the processor; the tolerance is a multiple of their spread across seeds,
@@ -28,17 +28,22 @@ def _demo(method: str, out: Path) -> dict:
     return rn.run_demo(method, out, root=ROOT)
 
 
+@pytest.fixture(scope="module")
+def dpsgld_demo(tmp_path_factory) -> dict:
+    """The DP-SGLD demo's results.json: run once (about a minute) for the tests below."""
+    return _demo("dpsgld", tmp_path_factory.mktemp("demo") / "dpsgld")
+
+
 @pytest.mark.slow
-@pytest.mark.ci  # in CI's slow subset
-def test_demo_dpsgld_matches_the_readme(tmp_path):
-    r = _demo("dpsgld", tmp_path / "dpsgld")
+def test_demo_dpsgld_matches_the_readme(dpsgld_demo):
+    r = dpsgld_demo
     assert rn.check(README.read_text(), {"dpsgld": r}, rn.TOLERANCE) == []
     assert sorted(r["metrics"]["sites"]) == ["0", "1", "2", "3"]
 
 
 @pytest.mark.slow
-def test_demo_dpsgd_matches_the_readme_and_is_less_calibrated(tmp_path):
-    runs = {m: _demo(m, tmp_path / m) for m in ("dpsgld", "dpsgd")}
+def test_demo_dpsgd_matches_the_readme_and_is_less_calibrated(dpsgld_demo, tmp_path):
+    runs = {"dpsgld": dpsgld_demo, "dpsgd": _demo("dpsgd", tmp_path / "dpsgd")}
     assert rn.check(README.read_text(), runs, rn.TOLERANCE) == []
     # what the README's Tests section says of the demo: DP-SGD less calibrated, similar accuracy
     sgld, sgd = (runs[m]["metrics"]["pooled"] for m in ("dpsgld", "dpsgd"))

@@ -38,8 +38,7 @@ def _final(tmp_path, site_pass: str) -> tuple[torch.Tensor, dict]:
     return built["server"].theta.clone(), res["privacy"]
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_batched_rounds_end_where_per_site_rounds_end(tmp_path):
     ref, ref_privacy = _final(tmp_path, "per_site")
     got, got_privacy = _final(tmp_path, "auto")  # 8 sites: batched
@@ -50,8 +49,7 @@ def test_batched_rounds_end_where_per_site_rounds_end(tmp_path):
     assert start.perf.batched_sites(8)
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_noise_at_the_sites_shares_the_first_steps_pass_and_ends_in_the_same_place(
     tmp_path, monkeypatch
 ):

@@ -61,8 +61,7 @@ def flwr_build(app: Path, cwd: Path) -> bytes:
     return data
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_flwr_build_digest_is_stable_and_is_what_site_approve_prints(tmp_path):
     """The README recipe's bundle (`flwr run .` at the top of the checkout) is approvable:
     two `flwr build` runs of the same tree, a copy of the tree made later (new mtimes,

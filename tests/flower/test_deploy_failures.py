@@ -89,8 +89,7 @@ def _policy(tmp_path, k):
     return str(d / "policy.toml")
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_two_resumed_copies_of_a_run_fail_instead_of_training_on_one_site(tmp_path):
     """Every deployed site keeps a policy and a replay record on disk. A run crashes; its
     directory is copied; both copies resume (same run key, epoch 1). The second copy's
@@ -200,9 +199,10 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     link += ["--port", str(port), "--disable-runtime-dependency-installation"]
     procs.start("superlink", link, flower_env(root / "home-link"))
     procs.wait_listening("superlink", port)
-    for k, f in enumerate(files):
+    for k, f in enumerate(files):  # every deployed site needs its policy file
+        nc = f"site-id={k} site-data='{f}' privacy-policy='{_policy(root, k)}'"
         node = [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}"]
-        node += ["--port", str(free_port()), "--node-config", f"site-id={k} site-data='{f}'"]
+        node += ["--port", str(free_port()), "--node-config", nc]
         procs.start(f"supernode-{k}", node, flower_env(root / f"home-node{k}"))
     home = root / "home-cli"
     home.mkdir()

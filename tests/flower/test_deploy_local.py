@@ -27,8 +27,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_deploy_local_runs_on_its_own_superlink_and_stops_it(tmp_path):
-    out, home = tmp_path / "out", tmp_path / "home"
+def test_deploy_local_runs_on_its_own_superlink_and_stops_it(flower_tmp):
+    # flower_tmp's teardown stops whatever names its directory: the SuperLink too, should
+    # the command be killed (timeout) before it stops it
+    root, _ = flower_tmp
+    out, home = root / "out", root / "home"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-m", "fedsgld", "deploy", "local", "--home", str(home)]
     cmd += ["--run-config", f"{RUN_CONFIG} out='{out}'"]

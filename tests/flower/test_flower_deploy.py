@@ -23,8 +23,8 @@ from fedsgld.config import load_config
 from fedsgld.deploy.export_sites import export_sites
 from fedsgld.deploy.loopback import link_address_args, supernode_args, write_connection
 
-# a few minutes each (stock SuperNodes, cold tasks): slow, and in CI's slow subset (ci)
-pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.ci]
+# a few minutes each (stock SuperNodes, cold tasks): slow
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 SITES = 3
 RUN = {

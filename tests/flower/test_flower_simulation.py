@@ -19,8 +19,8 @@ from fedsgld.config import load_config
 from fedsgld.pate.flower import pate_config_from_run_config
 from fedsgld.pate.train import run_pate
 
-# about a minute each (a Ray cluster per run): slow, and in CI's slow subset (ci)
-pytestmark = [pytest.mark.simulation, pytest.mark.slow, pytest.mark.ci]
+# about a minute each (a Ray cluster per run): slow
+pytestmark = [pytest.mark.simulation, pytest.mark.slow]
 
 
 def _simulate(root, run_config: dict, nodes: int) -> None:

@@ -224,8 +224,11 @@ def _actor_logs(logs: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_flower_simulation_and_sweep_on_an_existing_two_node_cluster(ray_cluster, tmp_path):
+def test_flower_simulation_and_sweep_on_an_existing_two_node_cluster(ray_cluster, flower_tmp):
     address, temp, pids = ray_cluster
+    # flower_tmp's teardown stops whatever names its directory (deploy local's SuperLink
+    # and simulation, should the command be killed by the timeout before it stops them)
+    tmp_path, _ = flower_tmp
     before = _cluster_core(pids)
     assert len(before) == 2 + 1 + 2  # two ray start, one GCS, two raylets
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -278,6 +281,10 @@ def test_a_sweeps_pool_leaves_a_callers_own_ray_connected():
         assert ray.is_initialized()  # the caller's Ray: not the pool's to disconnect
     finally:
         ray.shutdown()
-    pool = _Pool(ray=True, address=None, workers=1, log=lambda _line: None)
-    pool.close()
-    assert not ray.is_initialized()  # the Ray it started itself: disconnected
+    try:
+        pool = _Pool(ray=True, address=None, workers=1, log=lambda _line: None)
+        pool.close()
+        assert not ray.is_initialized()  # the Ray it started itself: disconnected
+    finally:
+        if ray.is_initialized():  # the pool left its Ray running: stop it all the same
+            ray.shutdown()

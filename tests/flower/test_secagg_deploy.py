@@ -151,7 +151,6 @@ def test_a_site_whose_policy_assumes_more_dropouts_refuses_and_the_round_complet
     assert refused["answered"] == {} and "ddg" not in refused["ledger"]
 
 
-@pytest.mark.ci
 def test_one_shot_rounds_deployed_are_one_exchange_after_the_first(tmp_path):
     """No dropouts planned (the sites' policies too): the default one-shot rounds on the
     fast path. Round 0 asks for keys, then every round is its masked_input exchange alone,

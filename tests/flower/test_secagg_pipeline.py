@@ -51,8 +51,7 @@ def _steps(wire: Wire, rnd: int) -> set[str]:
     }
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_a_pipelined_round_unmasks_to_the_sum_an_unpipelined_round_does(tmp_path):
     piped, plain = Wire(), Wire()
     grid, res = _run(tmp_path / "piped", piped, rounds=2, **FULL)

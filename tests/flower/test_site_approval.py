@@ -45,8 +45,7 @@ def _env(root: Path, name: str, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.deploy
-@pytest.mark.slow  # about 100 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # about 100 s
 def test_a_site_runs_the_bundle_it_approved_and_refuses_one_changed_line(flower_tmp):
     root, procs = flower_tmp
     if fast.support()["waits"] is not None:

@@ -29,7 +29,7 @@ from fedsgld.config import load_config
 from fedsgld.deploy.export_sites import export_sites
 from fedsgld.deploy.loopback import Loopback
 
-pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.ci]  # ~1-2 min; in CI's slow subset
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]  # ~1-2 min
 
 ATTACK = {
     "dataset": "synthetic",

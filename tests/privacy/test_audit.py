@@ -355,16 +355,14 @@ def test_poisson_sampler_at_four_times_the_rate_is_flagged(monkeypatch):
     assert r["flagged"] and r["epsilon_lower_bound"] > r["epsilon_accountant"], r
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_noise_reused_across_two_rounds_is_caught(monkeypatch):
     _server_noise(monkeypatch, lambda std, key: (std, (key[0], key[1] - key[1] % 2, *key[2:])))
     r = _audit(TWENTY_STEPS, 10_000)
     assert r["epsilon_lower_bound"] > r["epsilon_accountant"], r
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_sound_where_noise_reuse_is_caught():
     _sound(_audit(TWENTY_STEPS, 10_000))
 

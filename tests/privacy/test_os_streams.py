@@ -42,8 +42,7 @@ def test_the_attack_finds_repeated_streams_among_63_bit_seeded_generators():
     assert torch.equal(torch.randn(8, generator=a), torch.randn(8, generator=b))
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_deployment_generators_never_repeat_a_stream():
     """250,000 ``Randomness.system`` generators: with 32-bit streams about 7.3 repeats
     would be expected (P(none) = 7e-4); with 19,968 bits, none."""

@@ -171,8 +171,7 @@ def _server_attack(tmp_path, monkeypatch, randomness):
     return np.array(errors), np.array(noise_norms)
 
 
-@pytest.mark.slow  # 7-16 s: in CI's slow subset (marker ci)
-@pytest.mark.ci
+@pytest.mark.slow  # 7-16 s
 def test_the_server_cannot_subtract_a_sites_noise(tmp_path, monkeypatch):
     err, noise = _server_attack(tmp_path, monkeypatch, "os")
     assert len(err) == 9

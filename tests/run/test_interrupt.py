@@ -38,15 +38,29 @@ CONFIG = {
 }
 
 
-def _start(tmp_path: Path, out: Path) -> subprocess.Popen:
+@pytest.fixture
+def started():
+    """The processes a test starts; each still running at teardown (a failed test) is
+    killed by its PID and reaped."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
+
+
+def _start(tmp_path: Path, out: Path, started: list[subprocess.Popen]) -> subprocess.Popen:
     cfg = tmp_path / "long.toml"
     cfg.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in CONFIG.items()))
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FLWR_TELEMETRY_ENABLED": "0"}
     cmd = [sys.executable, "-m", "fedsgld", "simulate", str(cfg), "--out", str(out)]
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [*cmd, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env,
     )  # fmt: skip
+    started.append(proc)
+    return proc
 
 
 def _steps(out: Path) -> int:
@@ -70,9 +84,9 @@ def _interrupt(proc: subprocess.Popen, ready, timeout: float = 120.0) -> tuple[s
 
 
 @pytest.mark.slow
-def test_interrupted_after_a_release_resumes(tmp_path):
+def test_interrupted_after_a_release_resumes(tmp_path, started):
     out = tmp_path / "run"
-    proc = _start(tmp_path, out)
+    proc = _start(tmp_path, out, started)
     _, err = _interrupt(proc, lambda: _steps(out) >= 3)
     assert "Traceback" not in err
     line = err.strip().splitlines()[-1]
@@ -84,15 +98,16 @@ def test_interrupted_after_a_release_resumes(tmp_path):
     assert resume[-1] == "--resume" and resume[:2] == ["fedsgld", "simulate"]
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FLWR_TELEMETRY_ENABLED": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "fedsgld", *resume[1:]], capture_output=True, text=True, env=env
-    )
+        [sys.executable, "-m", "fedsgld", *resume[1:]],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     res = json.loads((out / "results.json").read_text())
     assert res["privacy"]["steps"] == CONFIG["rounds"]
     assert res["privacy"]["ledger_steps"] >= CONFIG["rounds"]
 
 
-def test_interrupted_while_loading_leaves_no_directory(tmp_path):
+def test_interrupted_while_loading_leaves_no_directory(tmp_path, started):
     """At a terminal the command says it is loading before the heavy imports; Ctrl-C then
     prints one line and leaves nothing behind."""
     out = tmp_path / "run"
@@ -102,6 +117,7 @@ def test_interrupted_while_loading_leaves_no_directory(tmp_path):
     leader, follower = pty.openpty()  # stderr a terminal, as for a user
     cmd = [sys.executable, "-m", "fedsgld", "simulate", str(cfg), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=follower, env=env)
+    started.append(proc)
     os.close(follower)
     seen = b""
     while b"loading" not in seen:
