@@ -70,3 +70,17 @@ def test_the_private_pooled_standardisation_is_refused_over_flower():
     with pytest.raises(ValueError, match="standardize = 'pooled'.*in-process engine"):
         _refuse_engine_only_settings(load_config(CONFIG))
     _refuse_engine_only_settings(load_config(CONFIG, {"standardize": "site"}))
+
+
+def test_flower_and_the_engine_agree_on_the_centres_with_site_standardisation():
+    """A seeded Flower run over the four centres (each node its centre, standardised at the
+    site) gives the engine's numbers."""
+    import fedsgld
+
+    kw = dict(config=str(CONFIG), standardize="site", method="dpsgd", rounds=3, progress=False)
+    engine_run = fedsgld.simulate(**kw)
+    flower_run = fedsgld.simulate(**kw, transport="flower")
+    assert flower_run.metrics == engine_run.metrics
+    for k, m in engine_run.site_metrics.items():
+        assert flower_run.site_metrics[k]["accuracy"] == m["accuracy"]
+        assert flower_run.site_metrics[k]["nll"] == pytest.approx(m["nll"], rel=1e-6)
