@@ -33,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsgld import __version__
+from fedsgld.version import __version__
 from fedsgld.cli.deploy import split_passthrough
 from fedsgld.cli.errors import (
     _error_lines,

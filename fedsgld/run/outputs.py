@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fedsgld import __version__
+from fedsgld.version import __version__
 from fedsgld.core.streams import SWAG_STREAM
 from fedsgld.posteriors import RECAL, SWAG
 from fedsgld.run.blocks import (
