@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from fedsgld.version import __version__
 
 #: The public names, each imported from :mod:`fedsgld.api` on first use.
 _API = (
@@ -32,8 +32,8 @@ _API = (
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        # on first use: torch loads only when the API is used, and the layers below, which
-        # read __version__ from here, do not depend on the API (import-linter)
+        # on first use: torch loads only when the API is used; no module of the package
+        # imports the package root (they read fedsgld.version), so none depends on the API
         return getattr(importlib.import_module("fedsgld.api"), name)
     raise AttributeError(f"module 'fedsgld' has no attribute {name!r}")
 

@@ -128,6 +128,11 @@ def simulate(
     if runtime is not None:
         flower = dict(nodes=nodes, log=log, on_round=on_round, ray_address=ray_address)
         return _over_flower(cfg, model, data, runtime, out, tmp, resume, flower)
+    return _in_process(cfg, model, data, out, tmp, resume, progress, log, on_round)
+
+
+def _in_process(cfg, model, data, out, tmp, resume, progress, log, on_round) -> Result:
+    """The run on the in-process engine, and its :class:`Result`."""
     built: dict[str, Any] = {}
     with warnings.catch_warnings():
         # the per-record gradient path in use is part of the result (Result.grad_path)

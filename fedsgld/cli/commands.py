@@ -33,7 +33,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsgld import __version__
 from fedsgld.cli.deploy import split_passthrough
 from fedsgld.cli.errors import (
     _error_lines,
@@ -43,6 +42,7 @@ from fedsgld.cli.errors import (
 )
 from fedsgld.config import settings_markdown, settings_text
 from fedsgld.deploy import fast as deploy_fast
+from fedsgld.version import __version__
 
 __all__ = ["COMMANDS", "SUBCOMMANDS", "Subcommand", "build_parser", "main"]
 

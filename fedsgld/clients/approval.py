@@ -1,34 +1,13 @@
 """A site approves the code it runs: app bundle digests in its policy, checked before load.
 
-Every guarantee of a site's policy lives in the ClientApp, and the ClientApp is code the
-server ships in its Flower app bundle (FAB). A site therefore lists, in its policy file,
-the bundles it has reviewed::
-
-    [[approved_apps]]
-    sha256 = "3f1c...64 hexadecimal digits"   # the bundle's SHA-256 (Flower's fab_hash)
-    name = "fedsgld"
-    version = "0.1.0"
-
-and the process that starts each ClientApp at the site (the warm fork server's child, or
-the ``flwr-clientapp`` shim's cold launch: :func:`guard_clientapp`) checks the bundle's
-digest after Flower's ClientApp runtime has pulled the task and BEFORE it installs the
-bundle: the check reads the bundle's bytes (and, to name it, its ``pyproject.toml`` from
-the zip) and runs nothing from it. A bundle not listed is refused: a log line at the site,
-and Flower's error reply (it carries the message, which names the site) to the server.
-
-``sha256`` is the SHA-256 of the ``.fab`` bytes, the digest Flower itself computes (its
-``fab_hash``; ``flwr build`` names the file ``<publisher>.<name>.<version>.<first 8 hex
-digits>.fab``). ``flwr build`` and ``flwr run`` build the same bytes from the same tree:
-files sorted, a fixed date on every zip entry, deflate at the default level. The bytes
-depend on the tree (every file Flower includes, untracked ones too), the Flower release
-(it rewrites ``pyproject.toml``) and the zlib that compresses them; ``fedsgld site
-approve`` lists every file with its own SHA-256 and the bundle's content digest (of its
-``.info/CONTENT`` manifest, independent of compression), so that two builds can be
-compared file by file.
-
-Standard library only, and no import of any other fedsgld module: the warm fork server's
-children drop every ``fedsgld`` module before Flower loads the bundle (the bundle's copy
-must be the one that runs), and the cold launch loads this file by its path.
+A site lists the Flower app bundles (FABs) it has reviewed in its policy file
+(``[[approved_apps]]``: ``sha256``, Flower's ``fab_hash``; ``name``; ``version``). The
+process that starts each ClientApp at the site (:func:`guard_clientapp`) checks the
+bundle's digest after Flower pulls the task and BEFORE it installs the bundle, running
+nothing from it; a bundle not listed is refused. How the digest is built and compared:
+docs/architecture.md, "Design notes". Standard library only, no other fedsgld module: the
+warm fork server's children drop every fedsgld module before Flower loads the bundle, and
+the cold launch loads this file by its path.
 """
 
 from __future__ import annotations
@@ -123,15 +102,12 @@ def read_approved(path: str | Path) -> tuple[ApprovedApp, ...]:
     the rest of the policy is the ClientApp's to check)."""
     p = Path(path).expanduser()
     try:
-        raw = tomllib.loads(p.read_text())
+        text = p.read_text()
     except OSError as e:
         raise ValueError(f"privacy policy {str(p)!r} cannot be read ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"privacy policy {str(p)!r} is not valid TOML ({e})") from None
-    return parse_approved_apps(raw.get("approved_apps", []), f"privacy policy {str(p)!r}")
-
-
-# -- what a bundle is --------------------------------------------------------------------
+    return parse_approved_apps(
+        _toml(text, p).get("approved_apps", []), f"privacy policy {str(p)!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -219,9 +195,6 @@ def build_bundle(directory: str | Path) -> bytes:
     from flwr.cli.build import build_fab_from_files
 
     return build_fab_from_files(app_files(directory))[0]
-
-
-# -- the check at the site ---------------------------------------------------------------
 
 
 def _log(msg: str) -> None:
@@ -362,9 +335,6 @@ def checked_clientapp() -> int:
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
-
-
-# -- starting a site ---------------------------------------------------------------------
 
 
 def node_config_of(flower_args: list[str]) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class Admission:
     run_secure: bool = False  # the run asks for hardened draws (it cannot ask for plain ones)
     release: Release = _as_is
     request: Any = None  # what the handler computes from, as admitted (a :class:`Training`)
+    after: Callable[[], None] | None = None  # the transport's own bookkeeping after a reply
 
 
 @dataclass(frozen=True)

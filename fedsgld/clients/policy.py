@@ -7,52 +7,10 @@ passes the site's guard (:mod:`fedsgld.clients.guard`), which checks the request
 the policy and charges the site's ledger (:class:`~fedsgld.clients.site_ledger.SiteLedger`)
 before the site computes anything.
 
-Policy file keys (all optional except ``epsilon``: a deployed site without a budget answers
-nothing computed on its records; ``fedsgld site init`` writes a commented file)::
-
-    epsilon = 4.0                 # the site's lifetime budget: every round it answers, in any
-                                  # placement, and every release it noises itself
-    placements = ["secure", "sites"]  # where the noise of a training round may be added:
-                                  # "secure" (each site adds a share; the server learns only the
-                                  # secure sum), "sites" (this site noises its own update),
-                                  # "server" (the site sends its clipped sum and TRUSTS the server
-                                  # to add the noise it promises; charged as that promise)
-    public_records = 1000         # the training / test record counts the site publishes (the
-    public_test_records = 250     # server's expected batch, min_expected_batch); "exact": the
-                                  # true counts (a simulation's default); unset: none published,
-                                  # and no training request answered (docs/privacy.md, "Sizes")
-    min_expected_batch = 16       # a training request whose sample rate x public_records is
-                                  # below this is refused (a floor on what one release holds)
-    delta = 1e-5
-    accountant = "pld"            # rigorous accountant of the site's ledger
-    max_sample_rate = 0.1
-    min_noise_multiplier = 0.5    # noise multiplier sigma_t of every step, >= this
-    max_clip = 10.0
-    max_local_steps = 10
-    insecure_seeded_noise = false # accept a shared seed (simulations and tests only)
-    allow_non_private = false     # answer sgd / vi (no clipping, no noise), and send PATE
-                                  # vote counts without the site's own noise
-    share_label_histogram = false # send the training-label histogram with the site sizes
-    share_predictions = false     # send test predictions and labels (needs evaluation = "exact")
-    evaluation = "dp"             # metrics released with the site's Gaussian noise, charged
-                                  # to its ledger; "exact": exact metrics (trusts the server)
-    evaluation_noise_multiplier = 5.0  # noise std of an evaluation / its L2 sensitivity
-    max_evaluations = 20          # evaluate / evaluate.pate messages answered per run key
-    max_models_per_evaluation = 32 # parameter vectors one evaluation may average (posterior
-                                  # samples of a Bayesian model average)
-    vote_noise_multiplier = 1.0   # PATE: noise std of a vote histogram / its L2 sensitivity
-    max_dropouts = 0              # secure aggregation: the site takes part only in rounds
-    max_colluders = 0             # planned for at least this many sites dropping out / colluding
-                                  # with the server (its noise share assumes them missing)
-    signing_key = "site.key"      # secure aggregation: the site's long-term Ed25519 private key
-                                  # (fedsgld.secagg.identity.generate; relative: to this file)
-    peers = "peers.toml"          # the consortium's public keys: {site-id = "hex"} inline, or a
-                                  # TOML/JSON file of that table (relative: to this file)
-    min_peers = 2                 # the fewest authenticated sites (this one included) a
-                                  # secure-aggregation round may count on
-    secure_noise = true           # hardened Gaussian draws; false: the run's secure_noise decides
-    state_dir = "."               # where the site's ledger file lives (relative: to this file)
-    approved_apps = [...]         # bundles the site runs: {sha256, name, version} (deploy/approval.py)
+The policy file's keys are the fields of :class:`SitePolicy` (each commented there);
+all are optional except ``epsilon`` (a deployed site without a budget answers nothing
+computed on its records). ``fedsgld site init`` writes a commented file, and
+docs/site-operators.md explains each key.
 
 The ledger file (``fedsgld-site-<k>.json``) lives next to the policy file (``state_dir``
 overrides), so it outlives runs and resumes: the budget is the site's, for all the rounds
@@ -102,36 +60,43 @@ class PolicyRefused(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class SitePolicy:
-    """What one site accepts (see the module docstring for the keys)."""
+    """What one site accepts: the keys of its policy file, each commented below."""
 
-    epsilon: float | None = None
+    epsilon: float | None = None  # lifetime budget: every round answered, every own release
+    # where a round's noise may be added: "secure" (a share per site; the server learns only
+    # the secure sum), "sites" (this site noises its update), "server" (the site TRUSTS the
+    # server to add the noise it promises; charged as that promise)
     placements: tuple[str, ...] = DEPLOYED_PLACEMENTS
+    # the training / test counts the site publishes; "exact": the true counts (a
+    # simulation's default); None: none published, no training request answered
     public_records: int | str | None = None
     public_test_records: int | str | None = None
-    min_expected_batch: float = 16.0
+    min_expected_batch: float = 16.0  # refused below: sample rate x public_records
     delta: float = 1e-5
-    accountant: str = "pld"
+    accountant: str = "pld"  # rigorous accountant of the site's ledger
     max_sample_rate: float = 1.0
-    min_noise_multiplier: float = 0.0
+    min_noise_multiplier: float = 0.0  # every step's sigma_t at least this
     max_clip: float = math.inf
     max_local_steps: int = 10_000
-    insecure_seeded_noise: bool = False
-    allow_non_private: bool = False
-    share_label_histogram: bool = False
-    share_predictions: bool = False
-    evaluation: str = "dp"
-    evaluation_noise_multiplier: float = 5.0
-    max_evaluations: int = 20
-    max_models_per_evaluation: int = 32
-    vote_noise_multiplier: float = 1.0
+    insecure_seeded_noise: bool = False  # accept a shared seed (simulations and tests only)
+    allow_non_private: bool = False  # answer sgd / vi, send PATE votes without own noise
+    share_label_histogram: bool = False  # with the site sizes
+    share_predictions: bool = False  # test predictions and labels (needs evaluation "exact")
+    evaluation: str = "dp"  # "dp": metrics noised and charged; "exact": trusts the server
+    evaluation_noise_multiplier: float = 5.0  # noise std / L2 sensitivity of an evaluation
+    max_evaluations: int = 20  # evaluate / evaluate.pate messages answered per run key
+    max_models_per_evaluation: int = 32  # parameter vectors one evaluation may average
+    vote_noise_multiplier: float = 1.0  # PATE: noise std / L2 sensitivity of a histogram
+    # secure aggregation: rounds planned for at least this many sites dropping out /
+    # colluding with the server (the site's noise share assumes them missing)
     max_dropouts: int = 0
     max_colluders: int = 0
-    signing_key: str | None = None
-    peers: Consortium | dict | str | None = None
-    min_peers: int = 2
-    secure_noise: bool = True
-    state_dir: str | None = None
-    approved_apps: tuple[ApprovedApp, ...] = ()
+    signing_key: str | None = None  # its long-term Ed25519 key (relative: to the file)
+    peers: Consortium | dict | str | None = None  # {site-id = "hex"} or a TOML/JSON file
+    min_peers: int = 2  # fewest authenticated sites (this one included) a round counts on
+    secure_noise: bool = True  # hardened Gaussian draws; False: the run's setting decides
+    state_dir: str | None = None  # where the ledger file lives (relative: to the file)
+    approved_apps: tuple[ApprovedApp, ...] = ()  # {sha256, name, version} of approved bundles
     source: str = "default"
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ the run's outcome (:mod:`fedsgld.deploy.run`); documented as ``fedsgld deploy ru
 
 import sys
 
+# only the module that runs is imported: the fast path's site process stays small
 if sys.argv[1:2] == ["run"]:
     from fedsgld.deploy.run import main
 else:

@@ -9,52 +9,17 @@ Opt-in. Each runs Flower's own ``flower-supernode`` / ``flower-superlink`` (same
 TLS, SuperNode authentication, SuperExec, ClientApp and ServerApp processes) in this
 process after adjusting, at run time, the waits that Flower 1.41/1.42 hard-codes:
 
-``fedsgld supernode``
-  * **empty-pull sleep.** The SuperNode sleeps 3 s after every pull that brought no
-    message, and in a federated round the pull right after a reply is always empty. While
-    a run is active (a message arrived in the last ``--active-for`` s, default 60) it
-    first waits ``--predict`` (0.7) times the shortest of the last three waits from a
-    reply to the next message (see :class:`_Waits`), then pulls every
-    ``--pull-interval`` (0.05 s), or a tenth of the time since its reply if that is
-    longer; an idle node keeps Flower's 3 s.
-  * **reply waits.** It checks every 0.5 s whether the ClientApp's reply (and each of its
-    objects) is ready: every ``--reply-poll`` (0.01 s) instead (local checks).
-  * **SuperExec task poll.** Its SuperExec asks for new tasks every
-    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (1 s). Here the SuperNode wakes its SuperExec
-    (Flower's own, started through a ``flower-superexec`` wrapper first on its ``PATH``)
-    the moment it has stored a message, over a datagram socket in a private directory; the
-    SuperExec otherwise polls every ``--task-poll`` (2 s) unless the environment sets
-    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (a task taken before its message's objects are
-    stored makes its ClientApp poll for them).
-  * **object-pull backoff** in the SuperNode and in its ClientApp processes (below).
-  * unless ``--no-warm``, **warm sites** (:mod:`fedsgld.deploy.warm`), started now; the
-    SuperExec hands each task straight to the fork server (on the flwr releases in
-    :data:`DIRECT_LAUNCH`; elsewhere through the ``flwr-clientapp`` shim).
-  * **approved bundles only** (:mod:`fedsgld.clients.approval`): it refuses to start
-    without a ``privacy-policy`` in the node config unless ``--no-policy``, and every
-    ClientApp (forked warm, or cold through the shim) checks the app bundle's digest
-    against the policy's ``approved_apps`` before Flower installs it.
-
-``fedsgld superlink``
-  * **object-pull backoff** in its ServerApp process (started through a
-    ``flwr-serverapp`` wrapper first on the SuperLink's ``PATH``): a reply is visible to
-    the ServerApp before its objects have all arrived, and Flower then retries after 1 s.
-
-  **Object-pull backoff**: retries start after ``--pull-backoff`` (0.02 s) instead of 1 s
-  and double up to ``--pull-backoff-cap`` (0.1 s) instead of 10 s; Flower's limit on the
-  total time (7200 s) stays, its limit of 500 tries per object is lifted (with the short
-  waits it would give up after a minute instead of over an hour).
-
-Nothing else changes: messages, objects, retries, timeouts, authentication and the apps
-are Flower's. The price is more requests to the SuperLink while a run is active: up to
-one per ``--pull-interval`` per SuperNode instead of one per 3 s. ``python -m
-fedsgld.deploy supernode|superlink`` is the same command (``fedsgld supernode`` re-runs
-itself that way, so that the SuperNode process does not carry the whole CLI's imports).
-
-Before anything starts, the code adjusted is checked: the installed flwr must be one of
-:data:`SUPPORTED` and every adjusted file byte-identical to that release's (SHA-256, in
-:data:`ADJUSTED`); otherwise the command refuses to start and says to use Flower's own
-``flower-supernode`` / ``flower-superlink``, with which the warm sites work too.
+``fedsgld supernode`` shortens the empty-pull sleep while a run is active (predicting the
+next message from the last waits), polls for the ClientApp's reply every ``--reply-poll``,
+wakes its SuperExec the moment a message is stored, shortens the object-pull backoff,
+starts warm sites (:mod:`fedsgld.deploy.warm`) unless ``--no-warm``, and runs approved
+bundles only (:mod:`fedsgld.clients.approval`; ``--no-policy`` to start without a
+policy). ``fedsgld superlink`` shortens its ServerApp's object-pull backoff. Every option's
+default is in ``--help``; why each wait, and what it costs: docs/architecture.md, "Design
+notes". Nothing else changes (messages, retries, timeouts, authentication and the apps
+are Flower's), and the command refuses to start unless the installed flwr is one of
+:data:`SUPPORTED` with every adjusted file byte-identical to that release's
+(:data:`ADJUSTED`).
 
 This module holds the two commands (their options, and what they run in the SuperNode,
 SuperExec, SuperLink and ServerApp processes). The parts they apply are modules of their

@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedsgld.clients.approval import approve
+from fedsgld.config import load_config
+from fedsgld.deploy.shim import install_shim
 from fedsgld.deploy.staging import stage_app
 
 BIN = Path(sys.executable).parent
@@ -224,8 +227,6 @@ class Loopback:
         wrap = [sys.executable, "-m", "fedsgld.deploy"]
         link = [*wrap, "superlink", "--"] if fast else [str(BIN / "flower-superlink")]
         if warm and not fast:
-            from fedsgld.deploy.shim import install_shim
-
             shims = Path(install_shim(str(self.root / "warm-bin"))).parent
             extra["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{task_poll:g}"
         self.port = free_port()
@@ -271,8 +272,6 @@ class Loopback:
 def approved_policy(path: Path, text: str) -> Path:
     """A site's privacy-policy file: ``text``, and ``approved_apps`` naming the bundle
     ``flwr run .`` submits from this checkout (what a warm site checks before it runs it)."""
-    from fedsgld.clients.approval import approve
-
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     approve(ROOT, path)
@@ -297,7 +296,7 @@ def site_node_configs(
     file (the engine's split, ``export_sites``) under ``root/data`` and, unless ``policy``
     is None, its own policy file ``root/site<k>/policy.toml`` holding ``policy`` (its
     ledger beside it). ``sites``: which sites (default: all)."""
-    from fedsgld.config import load_config
+    # torch (through the federation): only the sites' files need it, not `fedsgld deploy local`
     from fedsgld.deploy.export_sites import export_sites
 
     keys = {k: v for k, v in run_config.items() if "-" not in k and k not in ("out", "resume")}

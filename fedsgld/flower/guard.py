@@ -47,7 +47,7 @@ from fedsgld.flower.protocol import (
     decode_train,
 )
 from fedsgld.flower.redact import redacted
-from fedsgld.flower.sites import hosted_site, hosted_sites, node_policy
+from fedsgld.flower.site_runtime import site_runtime
 
 Handler = Callable[[Message, Context], Message]
 Mod = Callable[[Message, Context, Handler], Message]
@@ -87,6 +87,8 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
             reply = call_next(msg, context)
         if reply.has_error():
             return reply
+        if adm.after is not None:
+            adm.after()
         return adm.release(msg, reply, noise)
 
     return site_guard
@@ -134,19 +136,22 @@ def checked_array(
 
 def _query(msg: Message, context: Context) -> Admission:
     config = config_from_record(request_record(msg, "run", ConfigRecord))
-    policy = node_policy(context, config)
+    runtime = site_runtime(context, config)
+    policy = runtime.policy
     hist = policy.share_label_histogram
     return Admission(
-        policy, release=partial(release.sites_info, label_histogram=hist, policy=policy)
+        policy,
+        release=partial(release.sites_info, label_histogram=hist, policy=policy),
+        request=runtime,
     )
 
 
 def _train(msg: Message, context: Context) -> Admission:
     request_record(msg, "plan", ConfigRecord)
     plan = decode_train(msg.content)  # the one decoding of the message
-    policy = node_policy(context, plan.config)
-    site = hosted_site(hosted_sites(context, plan.config), plan.site_id)
-    return guard.training_admission(policy, site, plan)
+    runtime = site_runtime(context, plan.config)
+    adm = guard.training_admission(runtime.policy, runtime.site(plan.site_id), plan)
+    return replace(adm, after=partial(runtime.remember_checks, context))
 
 
 def evaluation_admission(
@@ -167,8 +172,8 @@ def _evaluate(msg: Message, context: Context) -> Admission:
         request_record(msg, name, kind)
     req = decode_evaluate(msg.content)  # the one decoding of the message
     config = req.config
-    policy = node_policy(context, config)
-    site = hosted_site(hosted_sites(context, config), req.site_id, required=True)
+    runtime = site_runtime(context, config)
+    policy, site = runtime.policy, runtime.site(req.site_id, required=True)
     run_key = guard.run_key({"run-key": req.run_key})
     thetas, n = req.thetas, len(req.thetas)
     if len(req.groups) != 1:

@@ -50,6 +50,7 @@ round t + 1 (its keys in the reply: ``next``), kept as the site's round in progr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -65,13 +66,7 @@ from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
 from fedsgld.flower.secure_requests import next_plan, step_message
-from fedsgld.flower.sites import (
-    hosted_site,
-    hosted_sites,
-    keep_layers_check,
-    layers_check_from_state,
-    node_policy,
-)
+from fedsgld.flower.site_runtime import SiteRuntime, site_runtime
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep
 from fedsgld.secagg import (
@@ -99,6 +94,7 @@ class _Request:
     policy: SitePolicy
     site: Site
     training: Training | None = None  # masked_input: the training request, as admitted
+    runtime: SiteRuntime | None = None  # the node's sites (those of its layer path check)
 
     @property
     def config(self) -> Config:
@@ -123,9 +119,9 @@ def _request(msg: Message, context: Context) -> _Request:
     config = secure.plan.config
     if not config.privacy.secure_aggregation:
         raise PolicyRefused("train.secagg refused: the run config has secure_aggregation = false")
-    policy = node_policy(context, config)
-    site = hosted_site(hosted_sites(context, config), secure.plan.site_id, required=True)
-    return _Request(secure, policy, site)
+    runtime = site_runtime(context, config)
+    site = runtime.site(secure.plan.site_id, required=True)
+    return _Request(secure, runtime.policy, site, runtime=runtime)
 
 
 def site_credentials(r: _Request) -> Credentials:
@@ -264,8 +260,13 @@ def _check_plan(r: _Request, creds: Credentials) -> None:
 
 
 def secagg_door(msg: Message, context: Context) -> Admission:
-    """The admission of one step of a secure-aggregation round (module docstring)."""
+    """The admission of one step of a secure-aggregation round (module docstring); after
+    its reply, the node keeps its sites' layer path check for the run."""
     r = _request(msg, context)
+    return replace(_admission(r, context), after=partial(r.runtime.remember_checks, context))
+
+
+def _admission(r: _Request, context: Context) -> Admission:
     guard.check_placement(r.policy, r.site.site_id, "secure")
     creds = site_credentials(r)
     _check_plan(r, creds)
@@ -380,16 +381,12 @@ def handle_secagg(msg: Message, context: Context) -> Message:
         if not isinstance(kept, ConfigRecord):
             raise RoundAborted(f"site {r.site.site_id}: no secure-aggregation round in progress")
         party = SiteParty.restore(r.secagg, unflatten(kept, ""), creds)
-        hosted = hosted_sites(context, r.config)
-        # the per-record gradient check of the run's model: once per run, as in `train`
-        layers_check_from_state(context, hosted, r.site)
         try:
             out = _play(r, got.receipt, party, m)
         except RoundAborted:  # a refused roster or survivor set ends the site's round
             del context.state[slot]
             context.state.pop(later, None)
             raise
-        keep_layers_check(context, hosted, r.site)
     if r.step == "unmask" or (r.secagg.one_shot and r.step == "masked_input"):
         del context.state[slot]  # the round's last step: no secret of it is kept
     else:

@@ -20,7 +20,7 @@ from fedsgld.calibration import calibration_report, pooling
 from fedsgld.clients.guard import Evaluating
 from fedsgld.files import json_default
 from fedsgld.flower.handoff import admitted
-from fedsgld.flower.sites import threads
+from fedsgld.flower.site_runtime import threads
 
 
 def evaluation_records(

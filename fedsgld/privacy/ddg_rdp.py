@@ -31,15 +31,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
 from .rdp import DEFAULT_ORDERS, rdp_epsilon, subsampled_gaussian_rdp
 
-if TYPE_CHECKING:  # typing only: distributed.py imports this module
-    from .distributed import DDGParameters
+
+class RoundRdp(Protocol):
+    """What this module needs of a round (:class:`fedsgld.privacy.distributed.DDGParameters`
+    has it): its Poisson-subsampled RDP curve. A protocol, so that this module does not
+    import :mod:`.distributed`, which imports it."""
+
+    def subsampled_rdp(self, q: float, orders: np.ndarray) -> np.ndarray: ...
+
 
 __all__ = [
     "INTEGER_ORDERS",
@@ -120,7 +126,7 @@ def poisson_subsampled_rdp(
 
 
 def ddg_rdp_epsilon(
-    steps: Iterable[tuple[float, DDGParameters, int]],
+    steps: Iterable[tuple[float, RoundRdp, int]],
     delta: float,
     orders: np.ndarray = INTEGER_ORDERS,
     *,

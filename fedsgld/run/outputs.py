@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from fedsgld import __version__
 from fedsgld.core.streams import SWAG_STREAM
 from fedsgld.posteriors import RECAL, SWAG
 from fedsgld.run.blocks import (
@@ -31,6 +30,7 @@ from fedsgld.run.blocks import (
 )
 from fedsgld.run.evaluation import Evaluation, Evaluations
 from fedsgld.run.results import write_outputs
+from fedsgld.version import __version__
 
 
 def final_groups(lc) -> dict[str, list[torch.Tensor]]:

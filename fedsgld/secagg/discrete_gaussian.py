@@ -14,35 +14,9 @@ integers that fit in 64 bits for every realistic |Y| (the rare larger ones are d
 Python's unbounded integers). :func:`fedsgld.privacy.distributed.choose_ddg` rounds the
 variance a site needs UP to that form.
 
-Speed without changing the algorithm:
-
-* **Entropy in bulk.** A batch reads its random bytes from one ``randbytes`` call sized for
-  the whole batch (:class:`Entropy`; a further call only if the batch's rejections ran
-  past that estimate). Every uniform integer still comes from fresh, unused bytes.
-* **Narrow words.** A uniform integer below m <= 2^32 takes a 32-bit word, above a 64-bit
-  one; both by rejection (no modulo bias).
-* **Proposals in bulk.** The Laplace and Gaussian rejection steps draw enough proposals
-  for the whole batch at once (their acceptance rates are known lower bounds), so that
-  few passes remain; accepted proposals are kept in proposal order (iid whatever the
-  order). Randomness drawn and not needed is discarded, never reused.
-* Trials whose outcome is certain (Bernoulli(exp(0)), the first trial of
-  Bernoulli(exp(-1))) draw nothing.
-* **A binned envelope, for t <= 2^16** (every realistic share: t is about 26,430 / sqrt(K)
-  at the demo's d = 32,768), instead of the chain of Laplace and Gaussian rejections:
-  rejection from a piecewise-constant envelope whose bins are W = 2^k integers wide
-  (W between t / 32 and t / 16), with integer weights at least 2^16 times the target's largest value in
-  the bin (exact upper bounds from :mod:`.exact_exp`). Its proposals are drawn exactly
-  from one uniform integer each (offset, sign and bin from its bits and a look-up), and
-  accepted with probability target / weight: the AND of a bin trial (the integer's
-  remainder against the bin's bounds) and an in-bin trial exp(-l (2 i W + l) / den), one
-  16-bit word per base-C digit of the exponent (C a power of two) against exact bounds. A word between a
-  bound pair (about 2^-15 of the trials) is settled exactly with more bits of the same
-  uniform (:class:`~.exact_exp.LazyUniform`). Beyond the bins (|x| >= 6 t, probability
-  below e^-17) a geometric tail proposal is accepted by exact trials in Python
-  (:func:`_tail_draw`). About 0.98 of the proposals are accepted (0.78 at t = 2): one
-  uniform and two or three words per draw, where the rejection chains take about two
-  Laplace proposals, each with its own trials. The tables of a t take a few
-  milliseconds: t changes every round of DP-SGLD.
+Speed without changing the algorithm (entropy read in bulk, narrow words, proposals in
+bulk, and for t <= 2^16 a binned envelope settled by exact trials): see
+docs/architecture.md, "Design notes".
 """
 
 from __future__ import annotations

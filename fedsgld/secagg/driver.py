@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -184,37 +185,6 @@ def run_round(
     )  # fmt: skip
     creds = credentials if credentials is not None else ephemeral_credentials(plan.sites)
     sites = {v: SiteParty(v, plan, creds[v]) for v in plan.sites}
-    server = ServerParty(plan)
-    res = RoundResult(total=np.empty(0), survivors=(), server=server)
-    res.sent = dict.fromkeys(plan.sites, 0)
-    res.received = dict.fromkeys(plan.sites, 0)
-
-    def live(name: str) -> list[int]:
-        """The sites still answering at step ``name``."""
-        return [v for v in plan.sites if v not in drop or STEPS.index(drop[v]) > STEPS.index(name)]
-
-    def timed(name: str, fn, *args) -> object:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = fn(*args)
-        res.seconds[name] = time.perf_counter() - t0
-        res.cpu_seconds[name] = time.process_time() - c0
-        return out
-
-    def step(name: str, call, deliver) -> object:
-        def ask() -> list:
-            asked = live(name)
-            msgs = list(pool.map(call, asked)) if pool is not None else [call(v) for v in asked]
-            for v, m in zip(asked, msgs, strict=True):
-                res.sent[v] += message_bytes(m)
-            return msgs
-
-        return timed(name + " (server)", deliver, timed(name, ask))
-
-    def broadcast(name: str, message: object) -> None:
-        """The same message to every site still answering at step ``name``."""
-        size = message_bytes(message)
-        for v in live(name):
-            res.received[v] += size
 
     def encoded(v: int) -> np.ndarray:
         vector = np.asarray(vectors[v], dtype=np.float64)
@@ -222,31 +192,79 @@ def run_round(
             return encoder(v, vector, plan)
         return encode(vector, params, round_label)
 
-    def masked(v: int) -> dict:
-        return sites[v].masked_input(inbox[v], encoded(v))
-
-    def one_shot(v: int) -> dict:
-        return sites[v].one_shot_input(roster, lambda: encoded(v))
-
+    steps = _Steps(plan, ServerParty(plan), drop)
     threaded = workers > 1 and len(plan.sites) > 1
     with ThreadPoolExecutor(workers) if threaded else contextlib.nullcontext() as pool:
-        roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
-        if plan.one_shot:  # the roster comes with the request for the masked input
-            broadcast("masked_input", roster)
-            modular = step("masked_input", one_shot, server.collect_one_shot)
-            survivors = plan.sites
-        else:
-            broadcast("share_keys", roster)
-            inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
-            for v in live("masked_input"):
-                res.received[v] += message_bytes(inbox.get(v, {}))
-            announcement = step("masked_input", masked, server.collect_masked)
-            broadcast("consistency", announcement)
-            signed = step("consistency", lambda v: sites[v].consistency(announcement),
-                          server.collect_signatures)  # fmt: skip
-            broadcast("unmask", signed)
-            modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
-            survivors = announcement["survivors"]
-    res.total = timed("decode (server)", decode, modular, params, round_label, length)
+        steps.pool = pool
+        modular, survivors = steps.run(sites, encoded)
+    res = steps.res
+    res.total = steps.timed("decode (server)", decode, modular, params, round_label, length)
     res.survivors = tuple(survivors)
     return res
+
+
+class _Steps:
+    """The steps of one round in order (:data:`STEPS`): each asks the sites still answering
+    (on the pool's threads, if any), counts the bytes each site sends and receives, and
+    times the sites' part and the server's."""
+
+    def __init__(self, plan: SecAggPlan, server: ServerParty, drop: Mapping[int, str]) -> None:
+        self.plan, self.server, self.drop = plan, server, drop
+        self.pool: ThreadPoolExecutor | None = None
+        self.res = RoundResult(total=np.empty(0), survivors=(), server=server)
+        self.res.sent = dict.fromkeys(plan.sites, 0)
+        self.res.received = dict.fromkeys(plan.sites, 0)
+
+    def live(self, name: str) -> list[int]:
+        """The sites still answering at step ``name``."""
+        drop = self.drop
+        return [
+            v for v in self.plan.sites if v not in drop or STEPS.index(drop[v]) > STEPS.index(name)
+        ]
+
+    def timed(self, name: str, fn: Callable, *args: object) -> Any:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn(*args)
+        self.res.seconds[name] = time.perf_counter() - t0
+        self.res.cpu_seconds[name] = time.process_time() - c0
+        return out
+
+    def step(self, name: str, call: Callable[[int], object], deliver: Callable) -> Any:
+        def ask() -> list:
+            asked = self.live(name)
+            pool = self.pool
+            msgs = list(pool.map(call, asked)) if pool is not None else [call(v) for v in asked]
+            for v, m in zip(asked, msgs, strict=True):
+                self.res.sent[v] += message_bytes(m)
+            return msgs
+
+        return self.timed(name + " (server)", deliver, self.timed(name, ask))
+
+    def broadcast(self, name: str, message: object) -> None:
+        """The same message to every site still answering at step ``name``."""
+        size = message_bytes(message)
+        for v in self.live(name):
+            self.res.received[v] += size
+
+    def run(
+        self, sites: Mapping[int, SiteParty], encoded: Callable[[int], np.ndarray]
+    ) -> tuple[object, Sequence[int]]:
+        """Every step; the server's modular sum and the survivors."""
+        server, step, broadcast = self.server, self.step, self.broadcast
+        roster = step("advertise_keys", lambda v: sites[v].advertise_keys(), server.collect_keys)
+        if self.plan.one_shot:  # the roster comes with the request for the masked input
+            broadcast("masked_input", roster)
+            one_shot = lambda v: sites[v].one_shot_input(roster, lambda: encoded(v))  # noqa: E731
+            return step("masked_input", one_shot, server.collect_one_shot), self.plan.sites
+        broadcast("share_keys", roster)
+        inbox = step("share_keys", lambda v: sites[v].share_keys(roster), server.route_shares)
+        for v in self.live("masked_input"):
+            self.res.received[v] += message_bytes(inbox.get(v, {}))
+        masked = lambda v: sites[v].masked_input(inbox[v], encoded(v))  # noqa: E731
+        announcement = step("masked_input", masked, server.collect_masked)
+        broadcast("consistency", announcement)
+        signed = step("consistency", lambda v: sites[v].consistency(announcement),
+                      server.collect_signatures)  # fmt: skip
+        broadcast("unmask", signed)
+        modular = step("unmask", lambda v: sites[v].unmask(signed), server.finish)
+        return modular, announcement["survivors"]

@@ -1,64 +1,14 @@
 """The public plan of a secure-aggregation round (:mod:`fedsgld.secagg.protocol` for the
 steps), the same at every party.
 
-**Sparse neighbourhoods** (``neighbours`` = k > 0; SecAgg+, Bell et al., CCS 2020): each
-site agrees masks with, and secret-shares b_u and s_u^SK to, only its k neighbours, the
-sites at ring distance 1..k/2 on either side in the sorted site list (the Harary graph
-H_{k,K}, a function of the public plan alone: neither the server nor any site chooses it).
-Step 3's sums run over u's neighbours in U2, the Shamir threshold is t_n = k + 1 -
-max_dropouts among u's k + 1 holders (its neighbours and itself), and the server rebuilds
-each b_v or s_v^SK from v's holders. The plan requires k >= 2 max_dropouts + max_colluders
-+ 1, which gives the same guarantees as the complete graph against the worst case, not
-only with high probability over a random graph:
-
-* H_{k,K} is k-vertex-connected (Harary 1962), and the server can remove at most
-  max_colluders + max_dropouts sites from the honest survivors' graph (colluders know
-  their pairwise seeds; a site is counted out of U3 only up to max_dropouts), fewer than
-  k: the honest survivors stay connected, so their masks cancel only in the whole sum;
-* t_n > max_colluders: u's colluding holders never rebuild its secrets alone;
-* an honest holder of u releases either its share of b_u or of s_u^SK, so both need
-  2 (t_n - max_colluders) honest holders, more than the k + 1 - max_colluders there are.
-
-The consistency check and the roster are unchanged and global (every site verifies every
-roster entry: a site cannot count an unauthenticated site towards the noise). A site's
-cost in masks, key agreements and shares is then k instead of K - 1.
-
-**One-shot rounds** (``one_shot = True``, only with ``max_dropouts = 0``): the round is
-``advertise_keys`` and one ``masked_input`` that carries the roster, y_u = x_u + sum_v
-+-PRG(s_uv) with no self-mask and no Shamir shares (:meth:`SiteParty.one_shot_input
-<fedsgld.secagg.protocol.SiteParty.one_shot_input>`). With no dropouts planned the full
-protocol's threshold is K: a round missing any site aborts, so no secret of a site is ever
-rebuilt, and the self-masks, the shares and the consistency check (which exist to recover
-dropped sites without exposing the late ones) protect nothing. The sum of every site's
-input is all the server can learn: an honest site's pairwise masks with the other honest
-sites cancel only in the sum over all of them (the graph minus the colluders stays
-connected, as above). ``one_shot`` is in the context, so keys signed for one kind of
-round are refused in the other.
-
-**The mechanism is in the context** (:class:`Mechanism`: sigma_t, clip, sample rate,
-pre-noise, the norm bound the bits are chosen for, and the distributed discrete Gaussian
-each site draws: grid step, share variance s^2, dimension, bits, K and the honest shares).
-Every signature (round keys, survivor set), every pairwise mask seed and every share's
-encryption is derived from :attr:`SecAggPlan.context`, so two sites shown different
-numbers sign different statements and agree different seeds. A site's accountant charges
-each round as one of K_eff *equal* shares of N_Z(0, s^2) on the grid gamma; that is true by
-construction, not by trust in the server:
-
-1. a site draws its share only under the mechanism it builds itself from the checked
-   request (its guard: ``check_site_plan`` holds ``plan.mechanism`` to it, and the ledger
-   charges exactly those parameters), and only in the round context under which it signed
-   its round keys (its party keeps that context and refuses any other);
-2. before its share is drawn it has verified every roster entry's signature over ITS
-   context (``share_keys`` in a full round, the one-shot request's roster otherwise): each
-   other site of the roster advertised its keys for the same sigma, clip, q, pre-noise,
-   s^2, gamma, bits and dimension, and (by 1, if honest) draws under them only;
-3. so a server that shows sites different parameters gets refused rosters (at
-   ``share_keys``, before the consistency step, in a full round; at the one-shot request,
-   before the charge), and even where a site were fooled, its masks (seeded from its
-   context) would not cancel against the others': nothing decodable, never a sum of
-   unequal shares. The masked input itself carries no extra signature: no honest site
-   produces one before step 2, so a signature over it would only let a third party audit
-   the transcript, and adds nothing against the server.
+With ``neighbours`` = k > 0 (SecAgg+) each site masks and shares with its k neighbours
+in the Harary graph H_{k,K}, a function of the plan alone, and the plan requires
+k >= 2 max_dropouts + max_colluders + 1; ``one_shot`` (max_dropouts = 0 only) is
+``advertise_keys`` and one ``masked_input`` carrying the roster; the mechanism
+(:class:`Mechanism`) is in the plan's context, so every signature, mask seed and share
+encryption is bound to the numbers each site checked. Why these give the complete
+graph's guarantees, and why a server showing sites different numbers gets nothing
+decodable: docs/architecture.md, "Design notes".
 """
 
 from __future__ import annotations

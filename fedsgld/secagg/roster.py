@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import identity
 from .identity import Credentials
-
-if TYPE_CHECKING:
-    from .plan import SecAggPlan
+from .plan import SecAggPlan
 
 
 class RosterRefused(RuntimeError):

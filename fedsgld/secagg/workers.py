@@ -36,6 +36,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..privacy.distributed import DDGParameters
+from .ddg import encode
 
 _READY = "ready"
 _STOP_WAIT_S = 10.0  #: how long close() waits for a child to exit before it kills it
@@ -214,8 +215,6 @@ def _serve(fd: int, requests: IO[bytes], replies: IO[bytes]) -> None:
     """The worker's loop: (length, params, label, shared size) in, the vector read from
     and its encoding written to the shared file, (ok, error, cpu seconds) out, until its
     input closes."""
-    from .ddg import encode
-
     pickle.dump(_READY, replies)
     replies.flush()
     shared, size = None, 0

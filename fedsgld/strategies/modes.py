@@ -32,20 +32,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from fedsgld.config import PrivacySettings
 from fedsgld.core import streams
+from fedsgld.core.noise import Randomness
 from fedsgld.core.plan import RoundPlan
 from fedsgld.core.release import Charged
+from fedsgld.privacy import PrivacyAccountant
+from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.privacy.events import DpEvent, SubsampledGaussianStep, subsampled_steps
-
-if TYPE_CHECKING:
-    from fedsgld.config import PrivacySettings
-    from fedsgld.core.noise import Randomness
-    from fedsgld.privacy import PrivacyAccountant
-    from fedsgld.privacy.distributed import DDGParameters
 
 
 class ServerState(Protocol):

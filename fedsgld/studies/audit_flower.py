@@ -43,7 +43,7 @@ from fedsgld.config import Config
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SECAGG, TRAIN
 from fedsgld.flower.runner import serve
-from fedsgld.flower.sites import hosted_sites
+from fedsgld.flower.site_runtime import hosted_sites
 from fedsgld.studies.audit import CanaryAudit, audit_result, make_audit
 
 _log = logging.getLogger("fedsgld.studies.audit")

@@ -201,7 +201,7 @@ def test_site_data_files_give_the_engine_trajectory(tmp_path, reference):
 
 def test_shards_are_rebuilt_from_node_state_in_a_fresh_process(tmp_path, monkeypatch):
     """Deployment starts a new process per message: the node's shards come from context.state."""
-    from fedsgld.flower import sites as site_side
+    from fedsgld.flower import site_runtime as site_side
     from fedsgld.flower.local_grid import LocalGrid
     from fedsgld.flower.protocol import run_record
 
@@ -231,7 +231,7 @@ def test_a_node_builds_only_its_own_sites_once_per_process_and_run(tmp_path, mon
     engine's records, model and generators) and nothing of the other sites; nodes whose
     messages interleave in one process (Ray's actors) each build once for the run."""
     from fedsgld.federation import Federation
-    from fedsgld.flower import sites as site_side
+    from fedsgld.flower import site_runtime as site_side
     from fedsgld.flower.local_grid import LocalGrid
 
     config = Config.from_flat({**SMALL, "sites": 6})
@@ -269,7 +269,7 @@ def test_a_later_task_of_the_run_skips_the_layer_path_check_its_first_task_passe
     runs in the run's first train task, and later tasks read that it passed from
     context.state (for the same sites' data key only)."""
     from fedsgld.core.per_record import RecordGradients
-    from fedsgld.flower import sites as site_side
+    from fedsgld.flower import site_runtime as site_side
 
     checks = []
     real = RecordGradients.ready
@@ -305,7 +305,7 @@ def test_a_site_data_node_reads_its_file_and_keeps_no_records_in_node_state(tmp_
     from flwr.app import Context, RecordDict
 
     from fedsgld.deploy.export_sites import export_sites
-    from fedsgld.flower import sites as site_side
+    from fedsgld.flower import site_runtime as site_side
 
     config = Config.from_flat(SMALL)
     paths = export_sites(load_config(None, SMALL), tmp_path / "data")

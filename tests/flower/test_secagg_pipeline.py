@@ -143,7 +143,7 @@ def test_the_per_record_gradient_check_is_kept_for_the_runs_later_secure_tasks(t
     model passed the layer-path check from the node's state and records it there, as the
     plain `train` step does, instead of checking it again in every round."""
     from fedsgld.config import Config
-    from fedsgld.flower import sites as site_side
+    from fedsgld.flower import site_runtime as site_side
 
     grid, _ = _run(tmp_path, rounds=2)  # one-shot rounds, the default
     config = Config.from_flat({k: v for k, v in SMALL.items() if "-" not in k} | {"rounds": 2})

@@ -40,7 +40,7 @@ from fedsgld.flower.protocol import (
     plan_record,
     run_record,
 )
-from fedsgld.flower.sites import hosted_site, hosted_sites
+from fedsgld.flower.site_runtime import hosted_site, hosted_sites
 from fedsgld.privacy import PrivacyAccountant
 
 UNGUARDED = os.environ.get("FEDSGLD_UNGUARDED") == "1"
