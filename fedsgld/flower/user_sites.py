@@ -4,7 +4,7 @@ The Python API (``fedsgld.simulate(..., transport="flower" | "ray")``) builds th
 ClientApp with one more mod, :func:`user_objects_mod`, outside the site's guard: while a
 message is handled it makes the user's :class:`UserObjects` (the model factory and every
 site's :class:`~fedsgld.data.partition.SiteData`) the node's, and
-:func:`fedsgld.flower.sites.hosted_sites` builds the node's sites from them
+:func:`fedsgld.flower.site_runtime.site_runtime` builds the node's sites from them
 (:func:`hosted_user_sites`) instead of from the config's dataset and model: node i of
 Flower's simulation (``partition-id``) hosts the sites k with ``k % num-partitions == i``,
 each a :class:`~fedsgld.clients.Site` over the user's records of site k and the user's

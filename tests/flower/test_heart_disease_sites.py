@@ -15,7 +15,7 @@ from fedsgld.data.standardize import site_standardize
 from fedsgld.deploy.export_sites import export_sites, main
 from fedsgld.deploy.loopback import site_node_configs
 from fedsgld.flower.runner import _refuse_engine_only_settings
-from fedsgld.flower.sites import _load_own
+from fedsgld.flower.site_runtime import _load_own
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "simulations" / "heart_disease.toml"
