@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from fedsgld.clients.approval import approve
+from fedsgld.cli.site_log import add_log_arguments
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     _add_init(sub)
     _add_ledger(sub)
     _add_new_key(sub)
+    add_log_arguments(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",
