@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedsgld.clients.approval import approve
 from fedsgld.cli.site_log import add_log_arguments
+from fedsgld.clients.approval import approve
 
 
 def add_site_arguments(parser: argparse.ArgumentParser) -> None:

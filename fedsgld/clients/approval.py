@@ -46,6 +46,7 @@ from typing import Any
 import tomllib
 
 ENV_NO_POLICY = "FEDSGLD_NO_POLICY"  # "1": the site was started with --no-policy
+BUNDLE_ENV = "FEDSGLD_BUNDLE_SHA256"  # set in the ClientApp process once its bundle passed
 POLICY_KEY = "privacy-policy"  # the node config key naming the site's policy file
 ENTRY_KEYS = ("sha256", "name", "version")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -289,6 +290,7 @@ def check_bundle(
         raise refuse(str(e)) from None
     for app in approved:
         if app.sha256 == digest:
+            env[BUNDLE_ENV] = digest  # the guard's audit log names the bundle that answered
             _log(
                 f"{site} runs app bundle {label}: approved in {policy} as {app.name} {app.version}"
             )

@@ -165,7 +165,9 @@ def chain_problem(lines: list[tuple[int, str, dict[str, Any] | None]]) -> str | 
         if entry is None:
             return f"line {no}: not a JSON object (cut short or edited)"
         if entry.get("seq") != seq:
-            return f"line {no}: sequence {entry.get('seq')!r}, expected {seq} (removed or reordered)"
+            return (
+                f"line {no}: sequence {entry.get('seq')!r}, expected {seq} (removed or reordered)"
+            )
         if entry.get("prev") != prev:
             return f"line {no}: does not follow line {no - 1} (a line was removed or reordered)"
         if entry.get("hash") != line_hash(entry):

@@ -59,15 +59,17 @@ def ledger_problem(entries: list[dict[str, Any]], sid: int, led: SiteLedger) -> 
         top = max(lines, key=lambda e: int(e.get("ledger_releases") or 0))
         eps = led.accountant.rigorous_epsilon()
         got = top.get("epsilon_total")
-        if top.get("ledger_releases") != held or not isinstance(got, (int, float)) or not (
-            math.isclose(float(got), eps, rel_tol=1e-6, abs_tol=1e-9)
+        if (
+            top.get("ledger_releases") != held
+            or not isinstance(got, (int, float))
+            or not (math.isclose(float(got), eps, rel_tol=1e-6, abs_tol=1e-9))
         ):
             return (
                 f"line {top['seq'] + 1}: site {sid}'s ledger total after it is "
                 f"{top.get('ledger_releases')} releases, epsilon {got}; the ledger holds "
                 f"{held}, epsilon {eps:.6g}"
             )
-    for run, (epoch, rnd) in led.answered.items():
+    for run, (_epoch, rnd) in led.answered.items():
         if not any(e.get("run") == run and e.get("round") == rnd for e in lines):
             return f"site {sid}: its ledger answered round {rnd} of run {run}, the log has no line"
     for run, n in led.evaluations.items():

@@ -36,9 +36,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fedsgld.clients import guard
+from fedsgld.clients.audit_log import AuditUnwritable
 from fedsgld.clients.guard import Admission, Evaluating
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
-from fedsgld.clients.audit_log import AuditUnwritable
 from fedsgld.flower import release
 from fedsgld.flower.audit import MessageAudit
 from fedsgld.flower.handoff import Admitted, handing

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,25 @@ def _requests(node: Node) -> None:
     refused(node.send("evaluate", **evaluation(z3, config=LOCAL)), "max_models_per_evaluation")
 
 
-def test_every_request_has_its_line_and_the_log_agrees_with_the_ledger(tmp_path, capsys):
-    node, state, pol = _site(tmp_path)
+@pytest.fixture(scope="module")
+def _ran(tmp_path_factory) -> Path:
+    """A site's policy directory after :func:`_requests` (run once for the module)."""
+    tmp = tmp_path_factory.mktemp("audit")
+    node, state, _ = _site(tmp)
     _requests(node)
+    return state
+
+
+@pytest.fixture
+def ran(_ran, tmp_path) -> tuple[Path, str]:
+    """A copy of it of the test's own: (state directory, policy file)."""
+    state = tmp_path / "policy"
+    shutil.copytree(_ran, state)
+    return state, str(state / "policy.toml")
+
+
+def test_every_request_has_its_line_and_the_log_agrees_with_the_ledger(ran, capsys):
+    state, pol = ran
     lines = _log(state)
     assert [(e["type"], e["decision"]) for e in lines] == [
         ("train", "answered"), ("train", "answered"), ("train", "refused"),
@@ -69,7 +86,7 @@ def test_every_request_has_its_line_and_the_log_agrees_with_the_ledger(tmp_path,
         lines[3]["epsilon_total"]
     )
     text = audit_log.audit_path(state).read_text()
-    assert str(tmp_path) not in text and "site-data" not in text and "theta" not in text
+    assert str(state.parent) not in text and "site-data" not in text and "theta" not in text
     assert verify(SitePolicy.from_file(pol)) == (5, None)
     assert cli_main(["site", "log", pol, "--verify"]) == 0
     capsys.readouterr()
@@ -90,8 +107,12 @@ def _rewrite(path: Path, change) -> None:
 @pytest.mark.parametrize(
     "change, words",
     [
-        (lambda ls: ls[:1] + [ls[1].replace('"decision":"answered"', '"decision":"refused"')]
-         + ls[2:], "line 2: its content does not match"),
+        (
+            lambda ls: (
+                ls[:1] + [ls[1].replace('"decision":"answered"', '"decision":"refused"')] + ls[2:]
+            ),
+            "line 2: its content does not match",
+        ),
         (lambda ls: ls[:1] + ls[2:], "line 2: sequence 2, expected 1"),
         (lambda ls: [ls[1], ls[0], *ls[2:]], "line 1: sequence 1, expected 0"),
         (lambda ls: ls[:-2], "the log charged 4 releases, its ledger holds 5"),
@@ -99,17 +120,15 @@ def _rewrite(path: Path, change) -> None:
     ],
     ids=["edited", "removed", "reordered", "cut-short", "truncated-line"],
 )
-def test_verify_finds_the_first_bad_line(tmp_path, capsys, change, words):
-    node, state, pol = _site(tmp_path)
-    _requests(node)
+def test_verify_finds_the_first_bad_line(ran, capsys, change, words):
+    state, pol = ran
     _rewrite(audit_log.audit_path(state), change)
     assert cli_main(["site", "log", pol, "--verify"]) == 1
     assert words in capsys.readouterr().err
 
 
-def test_a_line_recomputed_after_an_edit_still_disagrees_with_the_ledger(tmp_path):
-    node, state, pol = _site(tmp_path)
-    _requests(node)
+def test_a_line_recomputed_after_an_edit_still_disagrees_with_the_ledger(ran):
+    state, pol = ran
     path = audit_log.audit_path(state)
     entries = _log(state)
     path.write_text("")
