@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fedsgld.cli.console import add_console_arguments
 from fedsgld.cli.site_log import add_log_arguments
 from fedsgld.clients.approval import approve
 
@@ -19,6 +20,7 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     _add_ledger(sub)
     _add_new_key(sub)
     add_log_arguments(sub)
+    add_console_arguments(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",

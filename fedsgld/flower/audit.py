@@ -35,11 +35,11 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fedsgld.clients import audit_log
+from fedsgld.clients.approval import BUNDLE_ENV  # set by the bundle check
 from fedsgld.clients.guard import Admission
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site_ledger import SiteLedger
 
-BUNDLE_ENV = "FEDSGLD_BUNDLE_SHA256"  # the approved bundle's digest, set by its check
 # the request's settings a line keeps (a config record's key, "run." / "pate." prefix dropped)
 SETTINGS = frozenset(
     {"site-id", "round", "epoch", "run-key", "sample-rate", "sigma", "prenoise", "clip",
