@@ -189,6 +189,7 @@ def _serve(console) -> tuple[str, object]:
 @pytest.mark.ci
 def test_the_console_in_chromium(site):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from fedsgld.cli.console import Console
 
@@ -211,12 +212,16 @@ def test_the_console_in_chromium(site):
         changed = _fab("print('changed')\n")
         sha = approval.bundle_info(changed).sha256
         browser.find_element(By.ID, f"approve-{sha[:12]}").click()
-        assert browser.find_elements(By.ID, f"revoke-{sha[:12]}")  # now listed as approved
+        WebDriverWait(browser, 20).until(  # the page after the redirect lists it as approved
+            lambda b: b.find_elements(By.ID, f"revoke-{sha[:12]}")
+        )
         assert check_bundle({"privacy-policy": str(site), "site-id": 0}, changed, env={})
         browser.find_element(By.NAME, "run").send_keys("attacker")
         browser.find_element(By.NAME, "refused").click()
         browser.find_element(By.CSS_SELECTOR, "form[method='get'] button").click()
-        assert len(browser.find_elements(By.CSS_SELECTOR, "tr.entry")) == 1
+        WebDriverWait(browser, 20).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, "tr.entry")) == 1
+        )
     finally:
         browser.quit()
         server.should_exit = True
