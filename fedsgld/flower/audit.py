@@ -39,6 +39,7 @@ from fedsgld.clients.approval import BUNDLE_ENV  # set by the bundle check
 from fedsgld.clients.guard import Admission
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.site_ledger import SiteLedger
+from fedsgld.flower.redact import scrub, site_paths
 
 # the request's settings a line keeps (a config record's key, "run." / "pate." prefix dropped)
 SETTINGS = frozenset(
@@ -109,6 +110,7 @@ class MessageAudit:
 
     def __init__(self, msg: Message, context: Context) -> None:
         meta = msg.metadata
+        self.node_config = dict(context.node_config)
         self.state_dir = node_state_dir(context)
         self.entry: dict[str, Any] = {
             "type": _value(str(meta.message_type)),
@@ -153,8 +155,11 @@ class MessageAudit:
         if self.path is None or self.written:
             return
         entry = {"time": audit_log.now(), **self.entry, "decision": decision}
-        if reason is not None:
-            entry["reason"] = " ".join(reason.split())[:500]
+        if reason is not None:  # as the server received it; scrubbed again if path-like
+            text = " ".join(reason.split())
+            if "/" in text:
+                text = scrub(text, site_paths(self.node_config))
+            entry["reason"] = text[:500]
         audit_log.append(self.path, entry)
         self.written = True
 
