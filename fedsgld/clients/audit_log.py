@@ -110,6 +110,24 @@ def _last(path: Path) -> tuple[int, str, bool]:
         return -1, hashlib.sha256(last).hexdigest(), ends
 
 
+def last_total(path: Path, site: int) -> tuple[int, float] | None:
+    """(ledger_releases, epsilon_total) of the last charged line of ``site`` among the
+    log's last 64 KiB, or None (then the caller computes it from the ledger)."""
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - (1 << 16)))
+        tail = f.read().split(b"\n")
+    for raw in reversed(tail[1:]):  # the first piece may be a cut line
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(e, dict) and e.get("site") == site and "ledger_releases" in e:
+            return int(e["ledger_releases"]), float(e["epsilon_total"])
+    return None
+
+
 def clean(value: Any) -> Any:
     """``value`` as JSON the log may hold: non-finite floats as strings."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -182,6 +200,7 @@ __all__ = [
     "DECISIONS",
     "GENESIS",
     "AuditUnwritable",
+    "last_total",
     "append",
     "audit_path",
     "chain_problem",

@@ -97,11 +97,17 @@ def node_state_dir(context: Context) -> str | None:
     return pol.state_dir
 
 
-def _totals(policy: SitePolicy, site_id: int) -> tuple[int, float]:
-    """(releases, rigorous epsilon) of the site's ledger file as it is now."""
+def _totals(
+    policy: SitePolicy, site_id: int, known: tuple[int, float] | None = None
+) -> tuple[int, float]:
+    """(releases, rigorous epsilon) of the site's ledger file as it is now; ``known``: the
+    totals of the log's last line of the site, used where the count still matches (the
+    epsilon of a long ledger takes about a second to compute)."""
     path = Path(str(policy.state_dir)) / f"fedsgld-site-{site_id}.json"
     led = SiteLedger(site_id, policy, state_path=path)
     n = led.spent_steps
+    if known is not None and known[0] == n:
+        return known
     return n, (led.accountant.rigorous_epsilon() if n else 0.0)
 
 
@@ -144,7 +150,7 @@ class MessageAudit:
             yield
             return
         with audit_log.locked(self.path):
-            n0, e0 = _totals(pol, sid)
+            n0, e0 = _totals(pol, sid, audit_log.last_total(self.path, sid))
             yield
             n1, e1 = _totals(pol, sid)
         self.entry.update(
