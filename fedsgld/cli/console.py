@@ -17,7 +17,6 @@ taken). ``--read-only`` shows no buttons and refuses every POST.
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import secrets
 from html import escape
@@ -184,32 +183,13 @@ def build_app(console: Console) -> Any:
     return Starlette(routes=routes)
 
 
-def add_console_arguments(sub) -> None:
-    cp = sub.add_parser(
-        "console",
-        help="a local web page: the policy, budget spent, audit log and app bundles",
-        description="Serve the site's operator page on this machine (127.0.0.1 by default): "
-        "its policy, the epsilon spent over time, the audit log, the approved and refused app "
-        "bundles with approve/revoke buttons. Prints a URL with a random token.",
-    )
-    cp.add_argument("policy", metavar="POLICY", help="the site's policy file")
-    cp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    cp.add_argument("--port", type=int, default=8765, help="port (default 8765)")
-    cp.add_argument("--read-only", action="store_true", help="show only; never write")
-    cp.set_defaults(func=run_console)
-
-
-def run_console(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port {args.port}: must be in 1..65535")
+def serve(policy: str, *, host: str, port: int, read_only: bool) -> None:
+    """Serve the console of ``policy`` on ``host:port`` until interrupted."""
     import uvicorn  # installed with flwr's dependencies; only the console needs it
 
-    console = Console(args.policy, read_only=args.read_only)
-    print(
-        f"fedsgld site console: http://{args.host}:{args.port}/?token={console.token}", flush=True
-    )
-    uvicorn.run(build_app(console), host=args.host, port=args.port, log_level="warning")
-    return 0
+    console = Console(policy, read_only=read_only)
+    print(f"fedsgld site console: http://{host}:{port}/?token={console.token}", flush=True)
+    uvicorn.run(build_app(console), host=host, port=port, log_level="warning")
 
 
-__all__ = ["COOKIE", "Console", "add_console_arguments", "build_app", "run_console"]
+__all__ = ["COOKIE", "Console", "build_app", "serve"]

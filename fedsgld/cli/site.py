@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedsgld.cli.console import add_console_arguments
-from fedsgld.cli.site_log import add_log_arguments
+from fedsgld.cli.site_log import add_console_arguments, add_log_arguments
 from fedsgld.clients.approval import approve
 
 

@@ -15,8 +15,6 @@ from datetime import datetime
 from typing import Any
 
 from fedsgld.clients import audit_log
-from fedsgld.clients.audit_verify import verify
-from fedsgld.clients.policy import SitePolicy
 
 
 def add_log_arguments(sub) -> None:
@@ -96,6 +94,10 @@ def describe(e: dict[str, Any]) -> str:
 
 
 def run_log(args: argparse.Namespace) -> int:
+    # the policy and the ledger check import torch and scipy: not for `fedsgld -h`
+    from fedsgld.clients.audit_verify import verify
+    from fedsgld.clients.policy import SitePolicy
+
     policy = SitePolicy.from_file(args.policy)
     if policy.state_dir is None:
         print("the policy names no state_dir: the site keeps no audit log", file=sys.stderr)
@@ -114,4 +116,37 @@ def run_log(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_log_arguments", "describe", "run_log", "select", "since_key"]
+def add_console_arguments(sub) -> None:
+    """``fedsgld site console POLICY [--host H] [--port P] [--read-only]``."""
+    cp = sub.add_parser(
+        "console",
+        help="a local web page: the policy, budget spent, audit log and app bundles",
+        description="Serve the site's operator page on this machine (127.0.0.1 by default): "
+        "its policy, the epsilon spent over time, the audit log, the approved and refused app "
+        "bundles with approve/revoke buttons. Prints a URL with a random token.",
+    )
+    cp.add_argument("policy", metavar="POLICY", help="the site's policy file")
+    cp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    cp.add_argument("--port", type=int, default=8765, help="port (default 8765)")
+    cp.add_argument("--read-only", action="store_true", help="show only; never write")
+    cp.set_defaults(func=run_console)
+
+
+def run_console(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port {args.port}: must be in 1..65535")
+    from fedsgld.cli.console import serve  # the web app: only for this command
+
+    serve(args.policy, host=args.host, port=args.port, read_only=args.read_only)
+    return 0
+
+
+__all__ = [
+    "add_console_arguments",
+    "add_log_arguments",
+    "describe",
+    "run_console",
+    "run_log",
+    "select",
+    "since_key",
+]
