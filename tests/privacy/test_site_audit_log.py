@@ -185,3 +185,20 @@ def test_concurrent_appends_from_two_processes_keep_the_chain(tmp_path):
     assert len(lines) == 120
     assert audit_log.chain_problem(lines) is None
     assert {e["who"] for _, _, e in lines} == {1, 2}
+
+
+def test_a_pate_vote_has_its_line_and_verifies(tmp_path):
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+    from test_site_guard import _pate, pate_node
+
+    config, rec, split = _pate()
+    node = pate_node(tmp_path, split, "default")
+    task = ConfigRecord({"site-id": 0, "run-key": "pate-run"})
+    queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
+    answered(node.send("train.pate", pate=rec, task=task, queries=queries))
+    (line,) = _log(tmp_path / "default")
+    assert (line["type"], line["decision"], line["run"], line["releases"]) == (
+        "train.pate", "answered", "pate-run", 1,
+    )  # fmt: skip
+    assert "x" not in line["request"]  # the queries' array name and values stay out
+    assert verify(SitePolicy.from_file(tmp_path / "default" / "policy.toml")) == (1, None)
