@@ -18,6 +18,7 @@ taken). ``--read-only`` shows no buttons and refuses every POST.
 from __future__ import annotations
 
 import hmac
+import re
 import secrets
 from html import escape
 from pathlib import Path
@@ -108,8 +109,6 @@ class Console:
         action is logged in the site's audit log; one that cannot be logged is not taken."""
         if self.read_only:
             return 403, "the console is read-only"
-        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
-            return 403, "missing or wrong CSRF token"
         sha = form.get("sha256", "")
         pol = self.policy()
         log = None if pol.state_dir is None else audit_log.audit_path(pol.state_dir)
@@ -118,22 +117,32 @@ class Console:
                 audit_log.probe(log)
         except audit_log.AuditUnwritable as err:
             return 503, f"{err}: nothing changed"
-        try:
-            if action == "approve":
-                approve(find_kept(self.policy_path, sha).path, self.policy_path)
-            else:
-                revoke(sha, self.policy_path)
-            status, msg, decision = 200, f"{action}d {sha}", "answered"
-        except ValueError as err:
-            status, msg, decision = 400, str(err).replace(self.policy_path, "the policy"), "refused"
+        if not hmac.compare_digest(form.get("csrf", ""), self.csrf):
+            status, msg, decision = 403, "missing or wrong CSRF token", "refused"
+        else:
+            status, msg, decision = self._change(action, sha)
         if log is not None:
             entry = {"time": audit_log.now(), "type": f"console.{action}", "site": None,
-                     "run": None, "round": None, "request": {"bundle": sha[:64]},
+                     "run": None, "round": None, "request": {"bundle": _plain(sha)},
                      "decision": decision}  # fmt: skip
             if decision == "refused":
                 entry["reason"] = msg
             audit_log.append(log, entry)
         return status, msg
+
+    def _change(self, action: str, sha: str) -> tuple[int, str, str]:
+        try:
+            if action == "approve":
+                approve(find_kept(self.policy_path, sha).path, self.policy_path)
+            else:
+                revoke(sha, self.policy_path)
+            return 200, f"{action}d {sha}", "answered"
+        except ValueError as err:
+            return 400, str(err).replace(self.policy_path, "the policy"), "refused"
+
+
+def _plain(sha: str) -> str:
+    return sha if re.fullmatch(r"[0-9a-f]{64}", sha) else "<withheld>"
 
 
 def build_app(console: Console) -> Any:

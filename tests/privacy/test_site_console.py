@@ -107,6 +107,8 @@ def test_no_token_no_page_and_no_csrf_no_change(site):
     assert client.post("/revoke", data={"sha256": sha}).status_code == 403  # no CSRF token
     assert client.post("/revoke", data={"sha256": sha, "csrf": "x"}).status_code == 403
     assert site.read_text() == before
+    log = [e for _, _, e in audit_log.read(audit_log.audit_path(site.parent))]
+    assert [(e["type"], e["decision"]) for e in log[-2:]] == [("console.revoke", "refused")] * 2
     ro, ro_client = _client(site, read_only=True)
     ro_client.get(f"/?token={ro.token}")
     html = ro_client.get("/").text
