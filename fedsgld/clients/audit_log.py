@@ -73,7 +73,9 @@ def locked(path: Path) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - closed below
     except OSError as err:
-        raise AuditUnwritable(f"the audit log's lock cannot be taken: {err.strerror}") from None
+        raise AuditUnwritable(
+            f"the site's audit log cannot be written (its lock: {err.strerror})"
+        ) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -88,6 +90,8 @@ def probe(path: Path) -> None:
         with locked(path):
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             os.close(fd)
+    except AuditUnwritable:
+        raise
     except OSError as err:
         raise AuditUnwritable(f"the site's audit log cannot be written ({err.strerror})") from None
 
@@ -155,10 +159,10 @@ def append(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-    except OSError as err:
-        raise AuditUnwritable(
-            f"the site's audit log cannot be written ({err.strerror or err})"
-        ) from None
+    except AuditUnwritable:
+        raise
+    except OSError as err:  # strerror only: the error's text may name the site's path
+        raise AuditUnwritable(f"the site's audit log cannot be written ({err.strerror})") from None
     return line
 
 
