@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from fedsgld.cli.commands import _runner
+from fedsgld.cli.site_log import add_console_arguments, add_log_arguments
 from fedsgld.clients.approval import approve
 
 #: What runs each subcommand, imported only when it runs (the policy and ledger need torch).
@@ -25,6 +26,8 @@ def add_site_arguments(parser: argparse.ArgumentParser) -> None:
     _add_init(sub)
     _add_ledger(sub)
     _add_new_key(sub)
+    add_log_arguments(sub)
+    add_console_arguments(sub)
     ap = sub.add_parser(
         "approve",
         help="print an app bundle's digest and files; with --policy, approve it",

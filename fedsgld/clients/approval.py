@@ -25,6 +25,8 @@ from typing import Any
 import tomllib
 
 ENV_NO_POLICY = "FEDSGLD_NO_POLICY"  # "1": the site was started with --no-policy
+BUNDLE_ENV = "FEDSGLD_BUNDLE_SHA256"  # set in the ClientApp process once its bundle passed
+KEPT = "bundles"  # beside the policy: the bundles the site checked, kept for review
 POLICY_KEY = "privacy-policy"  # the node config key naming the site's policy file
 ENTRY_KEYS = ("sha256", "name", "version")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -262,14 +264,28 @@ def check_bundle(
         raise refuse(str(e)) from None
     for app in approved:
         if app.sha256 == digest:
+            env[BUNDLE_ENV] = digest  # the guard's audit log names the bundle that answered
+            keep_bundle(str(policy), digest, data)
             _log(
                 f"{site} runs app bundle {label}: approved in {policy} as {app.name} {app.version}"
             )
             return info
+    keep_bundle(str(policy), digest, data)  # for the operator's review (the site console)
     raise refuse(
         f"{info.name} {info.version} is not in approved_apps of its policy {policy} "
         f"(review it with `fedsgld site approve`; {SEE})"
     )
+
+
+def keep_bundle(policy: str, digest: str, data: bytes) -> None:
+    """A copy of a checked bundle in ``bundles/`` beside the policy (best effort), so that
+    its operator can compare a refused bundle with the approved one (``fedsgld site console``)."""
+    try:
+        (d := Path(policy).expanduser().parent / KEPT).mkdir(exist_ok=True)
+        if not (f := d / f"{digest}.fab").exists():
+            f.write_bytes(data)
+    except OSError:
+        pass
 
 
 def guard_clientapp() -> None:

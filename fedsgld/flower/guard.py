@@ -14,7 +14,9 @@ of its type; the guard
 3. draws the release's noise (:func:`fedsgld.clients.guard.draw`),
 4. calls the handler (``call_next``), handing it what was admitted: the decoded, checked
    request and the charge's receipt (:mod:`fedsgld.flower.handoff`), and
-5. lets out only the admission's release of the reply (:mod:`fedsgld.flower.release`).
+5. lets out only the admission's release of the reply (:mod:`fedsgld.flower.release`),
+6. and only after its line is in the site's audit log (:mod:`fedsgld.flower.audit`: the
+   log must be writable before the charge, every refusal has its line too).
 
 A refusal raises :class:`~fedsgld.clients.policy.PolicyRefused`; Flower turns it into the
 error reply the server logs; no error leaves with a path of the site's in it
@@ -34,9 +36,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fedsgld.clients import guard
+from fedsgld.clients.audit_log import AuditUnwritable
 from fedsgld.clients.guard import Admission, Evaluating
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.flower import release
+from fedsgld.flower.audit import MessageAudit
 from fedsgld.flower.handoff import Admitted, handing
 from fedsgld.flower.protocol import (
     EVALUATE,
@@ -62,15 +66,17 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
 
     def site_guard(msg: Message, context: Context, call_next: Handler) -> Message:
         """The ClientApp mod every message passes: validate, charge, draw, compute, release."""
+        audit = MessageAudit(msg, context)  # its line is written before the reply leaves
         try:
-            return _admit(msg, context, call_next)
+            return _admit(msg, context, call_next, audit)
         except Exception as err:  # noqa: BLE001 - the reason leaves the site: no path in it
             out = redacted(err, dict(context.node_config))
+            audit.refused(str(out))
             if out is err:
                 raise
             raise out from None
 
-    def _admit(msg: Message, context: Context, call_next: Handler) -> Message:
+    def _admit(msg: Message, context: Context, call_next: Handler, audit: MessageAudit) -> Message:
         kind = msg.metadata.message_type
         door = table.get(kind)
         if door is None:
@@ -81,17 +87,28 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
             adm = door(msg, context)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise PolicyRefused(f"{kind}: malformed request: {err}") from None
-        receipt = guard.charge(adm, _ContextLedgers(context))
+        _logged(audit.admitted, adm)  # no log, no charge: refused here
+        with audit.charging(adm):
+            receipt = guard.charge(adm, _ContextLedgers(context))
         noise = guard.draw(adm, receipt)
         with handing(msg, Admitted(adm.request, receipt)):
             reply = call_next(msg, context)
-        if reply.has_error():
-            return reply
-        if adm.after is not None:
-            adm.after()
-        return adm.release(msg, reply, noise)
+        if not reply.has_error():
+            if adm.after is not None:
+                adm.after()
+            reply = adm.release(msg, reply, noise)
+        _logged(audit.answered, reply)  # the reply leaves only once its line is written
+        return reply
 
     return site_guard
+
+
+def _logged(step: Callable[[Any], None], arg: Any) -> None:
+    """``step(arg)`` of the message's audit; a log that cannot be written refuses."""
+    try:
+        step(arg)
+    except AuditUnwritable as err:
+        raise PolicyRefused(f"{err}: the site releases nothing it has not logged") from None
 
 
 class _ContextLedgers:
