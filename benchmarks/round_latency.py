@@ -252,7 +252,7 @@ def deploy(
 ) -> tuple[dict, float]:
     """A loopback deployment of run config ``cfg`` (one SuperNode per site); the run's
     results.json and the wall time of ``flwr run``."""
-    from fedsgld.clients.approval import approve
+    from fedsgld.clients.approve import approve
     from fedsgld.config import load_config
     from fedsgld.deploy.export_sites import export_sites
     from fedsgld.deploy.shim import install_shim

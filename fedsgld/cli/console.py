@@ -5,7 +5,7 @@ server-rendered HTML, no JavaScript), reading the site's files live on every req
 the policy, its ledgers (epsilon spent per site), the audit log (filters as ``fedsgld
 site log``), a plot of the budget spent over time per run, the approved bundles and the
 bundles the site refused (their files and the difference from the approved one), with
-buttons that approve (:func:`fedsgld.clients.approval.approve`, what ``fedsgld site
+buttons that approve (:func:`fedsgld.clients.approve.approve`, what ``fedsgld site
 approve --policy`` writes) or revoke (:func:`fedsgld.clients.bundles.revoke`).
 
 Security: it binds 127.0.0.1 unless told otherwise and prints a URL with a random token
@@ -36,7 +36,8 @@ from fedsgld.cli.console_pages import (
 )
 from fedsgld.cli.site_log import select
 from fedsgld.clients import audit_log
-from fedsgld.clients.approval import approve, read_approved
+from fedsgld.clients.approval import read_approved
+from fedsgld.clients.approve import approve
 from fedsgld.clients.audit_verify import ledgers
 from fedsgld.clients.bundles import find_kept, kept_bundles, revoke
 from fedsgld.clients.policy import SitePolicy

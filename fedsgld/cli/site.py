@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedsgld.cli.commands import _runner
 from fedsgld.cli.site_log import add_console_arguments, add_log_arguments
-from fedsgld.clients.approval import approve
+from fedsgld.clients.approve import approve
 
 #: What runs each subcommand, imported only when it runs (the policy and ledger need torch).
 RUNS = {

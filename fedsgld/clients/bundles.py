@@ -4,7 +4,7 @@ The bundle check (:func:`fedsgld.clients.approval.check_bundle`) keeps a copy of
 bundle it checked in ``bundles/<sha256>.fab`` beside the policy (best effort). From them
 :func:`kept_bundles` lists what the site was sent, :func:`difference` compares a refused
 bundle with an approved one file by file, and :func:`revoke` removes an entry that
-``fedsgld site approve`` wrote (approving is :func:`fedsgld.clients.approval.approve`
+``fedsgld site approve`` wrote (approving is :func:`fedsgld.clients.approve.approve`
 itself). Nothing here runs a bundle: only its zip's manifest is read.
 """
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedsgld.clients.approval import approve
+from fedsgld.clients.approve import approve
 from fedsgld.config import load_config
 from fedsgld.deploy.shim import install_shim
 from fedsgld.deploy.staging import stage_app

@@ -8,7 +8,7 @@ import io
 import zipfile
 from pathlib import Path
 
-from fedsgld.clients.approval import build_bundle
+from fedsgld.clients.approve import build_bundle
 
 
 def stage_app(directory: str | Path, dest: str | Path) -> Path:

@@ -22,12 +22,11 @@ from fedsgld.clients import approval
 from fedsgld.clients.approval import (
     ApprovedApp,
     NotApproved,
-    approve,
-    build_bundle,
     bundle_info,
     check_bundle,
     parse_approved_apps,
 )
+from fedsgld.clients.approve import app_files, approve, build_bundle
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.deploy import shim
 from fedsgld.deploy.staging import stage_app
@@ -344,7 +343,7 @@ def test_the_fast_build_and_the_staged_app_give_flowers_own_bytes(tmp_path):
     (app / ".gitignore").write_text("runs/\n")
     flower = build_fab_from_disk(app)
     assert build_bundle(app) == flower
-    assert ".venv/lib/python3.11/site-packages/evil.py" not in approval.app_files(app)
+    assert ".venv/lib/python3.11/site-packages/evil.py" not in app_files(app)
     staged = stage_app(app, tmp_path / "staged")
     assert build_fab_from_disk(staged) == flower
     assert not (staged / ".venv").exists() and not (staged / "runs").exists()

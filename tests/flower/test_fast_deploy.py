@@ -24,7 +24,7 @@ import pytest
 from flower_support import BIN, ROOT, flower_env, flwr, free_port, run_config_arg
 from test_flower_deploy import RUN, SITES, _certificates, _node_key, _site_files
 
-from fedsgld.clients.approval import approve
+from fedsgld.clients.approve import approve
 from fedsgld.deploy import fast, shim, warm
 from fedsgld.deploy.loopback import write_connection
 

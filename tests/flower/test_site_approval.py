@@ -25,7 +25,7 @@ from test_approval import app_copy
 from test_fast_deploy import _wait_serving
 from test_flower_deploy import RUN, SITES, _site_files
 
-from fedsgld.clients.approval import build_bundle
+from fedsgld.clients.approve import build_bundle
 from fedsgld.deploy import fast, shim
 from fedsgld.deploy.loopback import write_connection
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from test_site_guard import LOCAL, Node, answered, evaluation, plan, policy_file, refused
 
-from fedsgld.clients import approval, audit_log
+from fedsgld.clients import approval, approve, audit_log
 from fedsgld.clients.approval import NotApproved, check_bundle
 from fedsgld.clients.audit_verify import verify
 from fedsgld.clients.policy import SitePolicy
@@ -53,7 +53,7 @@ def _site_dir(tmp_path_factory) -> Path:
     good, changed = _fab(), _fab("print('changed')\n")
     fab = tmp / "good.fab"
     fab.write_bytes(good)
-    approval.approve(fab, pol)
+    approve.approve(fab, pol)
     node_config = {"privacy-policy": pol, "site-id": 0}
     check_bundle(node_config, good, env={})
     with pytest.raises(NotApproved):
@@ -130,7 +130,7 @@ def test_approving_on_the_page_lets_the_changed_bundle_through_and_is_logged(sit
     assert r.status_code == 303
     assert check_bundle(node_config, changed, env={}) is not None
     text = site.read_text()
-    assert approval.approval_entry(approval.bundle_info(changed)) in text  # as `site approve`
+    assert approve.approval_entry(approval.bundle_info(changed)) in text  # as `site approve`
     r = client.post("/revoke", data={"sha256": sha, "csrf": console.csrf}, follow_redirects=False)
     assert r.status_code == 303
     with pytest.raises(NotApproved):
