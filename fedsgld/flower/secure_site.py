@@ -60,6 +60,7 @@ from fedsgld.clients.guard import Admission, Training
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core.finite import clip_to_norm
 from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
@@ -341,7 +342,8 @@ def _masked_input(
             clip=params.clip,
             prenoise=t.prenoise,
             randomness=t.randomness,
-        )
+        )  # within C x the count the site publishes, which the plan's signal norm sums
+        total = clip_to_norm(total, params.clip * guard.public_records(r.policy, t.site))
         return receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
 
     if r.secagg.one_shot:  # ``inbox`` is the roster: checked before anything is drawn
