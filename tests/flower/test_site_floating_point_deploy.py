@@ -347,7 +347,7 @@ def test_an_attackers_serverapp_gets_no_record_through_floating_point_code_or_si
     assert all("not signed by its key" in s for s in split["masked"]), split
     assert "decoded_std" not in split
     assert control["masked"] == ["answered"] * 4, control
-    assert control["decoded_std"] < 1e-3
+    assert control["decoded_std"] < 0.1  # masks that do not cancel: uniform, std 0.29
     assert [_ddg_rounds(root, k) for k in range(4)] == [1] * 4
     # no refusal carries a path of a site's files
     refusals = [s for s in [*seen["pate"], *split["advertise"], *split["masked"]]
