@@ -241,8 +241,8 @@ def test_no_refusal_carries_a_path_of_the_sites(tmp_path):
     p = choose_ddg(noise_multiplier=1.0, clip=1.0, dim=64, sites=4, signal_norm=10.0)
     sp = SecAggPlan(round_label=b"x", sites=(0, 7, 8, 9), length=p.dim, bits=p.bits)
     with pytest.raises(ValueError, match="outside the site's key list") as err:
-        check_site_plan(sp, p, clip=1.0, noise_multiplier=1.0, max_dropouts=0,
-                        max_colluders=0, peers=peers)  # fmt: skip
+        check_site_plan(sp, p, clip=1.0, noise_multiplier=1.0, sample_rate=0.1, prenoise=0.0,
+                        max_dropouts=0, max_colluders=0, peers=peers)  # fmt: skip
     assert str(tmp_path) not in str(err.value)
 
 
