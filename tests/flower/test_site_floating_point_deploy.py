@@ -328,7 +328,7 @@ def test_an_attackers_serverapp_gets_no_record_through_floating_point_code_or_si
     seen = json.loads(seen_file.read_text())
     # (a) D and D' answer the same requests, every reply finite
     assert seen["train"]["0"] == seen["train"]["1"] == [["answered", True]], seen["train"]
-    assert seen["evaluate"]["0"] == seen["evaluate"]["1"] == [["answered", True]] * 4, seen[
+    assert seen["evaluate"]["0"] == seen["evaluate"]["1"] == [["answered", True]] * 3, seen[
         "evaluate"
     ]
     # (b) PATE's model names: refused before anything is imported or called, one reply
