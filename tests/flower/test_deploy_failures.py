@@ -190,6 +190,7 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     --stream`` exits 0 anyway; ``python -m fedsgld.deploy run`` exits 1 with the reason,
     and 0 for a run that completes."""
     from fedsgld.deploy.export_sites import export_sites
+    from fedsgld.deploy.loopback import LOOPBACK_POLICY
 
     root, procs = flower_tmp
     run = {**SMALL, "rounds": 2, "eval_every": 0, "checkpoint_every": 0, "threads": 1}
@@ -201,8 +202,12 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     procs.start("superlink", link, flower_env(root / "home-link"))
     procs.wait_listening("superlink", port)
     for k, f in enumerate(files):
+        pol = root / f"site{k}" / "policy.toml"  # a budget and published sizes: it trains
+        pol.parent.mkdir()
+        pol.write_text(LOOPBACK_POLICY)
+        nc = f"site-id={k} site-data='{f}' privacy-policy='{pol}'"
         node = [str(BIN / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}"]
-        node += ["--port", str(free_port()), "--node-config", f"site-id={k} site-data='{f}'"]
+        node += ["--port", str(free_port()), "--node-config", nc]
         procs.start(f"supernode-{k}", node, flower_env(root / f"home-node{k}"))
     home = root / "home-cli"
     home.mkdir()
