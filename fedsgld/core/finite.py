@@ -38,4 +38,18 @@ def finite_vector(v: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
 
 
-__all__ = ["finite_probs", "finite_vector"]
+def clip_to_norm(v: torch.Tensor, bound: float) -> torch.Tensor:
+    """``v * min(1, bound / ||v||_2)`` in float64, the norm taken there (a finite float32 vector's
+    cannot overflow there). The projection onto the ball of radius ``bound`` moves no two
+    vectors further apart, so a sum of records clipped to C still changes by at most C
+    when one record is added or removed; a sum already within ``bound`` (every sum of at
+    most ``bound / C`` clipped records) is returned unchanged. A site's secure-sum input
+    is clipped to C times the count it publishes, so the sum of all sites stays within the
+    norm the bits are chosen for whatever its true count is: no wrap of the modular sum
+    that a record decides."""
+    v = v.double()
+    norm = float(torch.linalg.vector_norm(v))
+    return v if not norm > bound else v * (bound / norm)
+
+
+__all__ = ["clip_to_norm", "finite_probs", "finite_vector"]

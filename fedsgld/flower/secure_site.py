@@ -29,7 +29,9 @@ site's :class:`~fedsgld.secagg.SiteParty`, which signs its round keys and the su
 it is shown with the site's long-term key, refuses a roster with an unauthenticated entry
 at ``share_keys`` (before any share leaves), and unmasks only a survivor set that t
 survivors signed. At ``masked_input`` it computes the site's clipped, pre-noised sum on
-theta_t (Poisson sample and pre-noise from the policy's sampler) and encodes it with its
+theta_t (Poisson sample and pre-noise from the policy's sampler), norm-clipped to C times
+the count the site publishes (so the sum stays within the signal norm the bits are chosen
+for, whatever its true count: :func:`fedsgld.core.finite.clip_to_norm`), and encodes it with its
 share, drawn from the operating system through the receipt of that charge, then masks it. Between the steps of a round the site's
 :class:`~fedsgld.secagg.SiteParty` (its secrets included) is kept in the node's
 ``context.state``, on the site's machine; it is deleted after ``unmask``, and a new
@@ -61,6 +63,7 @@ from fedsgld.clients.guard import Admission, Training
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
 from fedsgld.clients.site import Site
 from fedsgld.config import Config
+from fedsgld.core.finite import clip_to_norm
 from fedsgld.core.release import Charged
 from fedsgld.flower.guard import request_record
 from fedsgld.flower.handoff import admitted
@@ -342,7 +345,8 @@ def _masked_input(
             clip=params.clip,
             prenoise=t.prenoise,
             randomness=t.randomness,
-        )
+        )  # within C x the count the site publishes, which the plan's signal norm sums
+        total = clip_to_norm(total, params.clip * guard.public_records(r.policy, t.site))
         return receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
 
     if r.secagg.one_shot:  # ``inbox`` is the roster: checked before anything is drawn

@@ -86,10 +86,25 @@ def _train_pate(msg: Message, context: Context) -> Admission:
             f"queries are float32{tuple(req.queries.shape)}, expected float32{want} (the site's records)"
         )
     queries = guard.finite("queries", req.queries)
+    _check_teachers(req.task, policy, int(s.y_train.shape[0]))
     adm = _vote_admission(
         req.task.config, policy, int(req.task.site_id), want[0], int(s.num_classes)
     )
     return replace(adm, request=AtSite(replace(req, queries=queries), s))
+
+
+def _check_teachers(task: PateTask, policy: SitePolicy, exact: int) -> None:
+    """A refusal where ``teachers_per_site`` exceeds the training-record count the site
+    publishes (its policy's ``public_records``; the exact count only where it says
+    "exact"): decided from the request and the policy, never from the records. A site
+    that publishes no count trains the teachers asked; one that draws no record votes
+    with its initial model (:func:`~fedsgld.pate.teachers.train_site_teachers`)."""
+    n, t = policy.published("public_records", exact), task.config.teachers_per_site
+    if n is not None and t > n:
+        raise PolicyRefused(
+            f"pate.teachers_per_site {t} refused: site {task.site_id} publishes {n} training "
+            "records (policy public_records), so at most that many teachers"
+        )
 
 
 def _vote_admission(

@@ -85,13 +85,11 @@ def train_site_teachers(
     Returns the teachers' predicted labels for the queries, shape
     (teachers_per_site, n_queries), and each teacher's accuracy on the site's test split.
     Only the histogram of the predictions (:func:`site_histogram`) should leave the site.
+    Fewer records than teachers is no failure (a failure there would depend on the exact
+    count): a teacher that draws no record votes with its initial model. A deployed site
+    refuses ``teachers_per_site`` above the count it publishes, before any record is read
+    (:mod:`fedsgld.pate.guard`).
     """
-    n_train = int(y_train.shape[0])
-    if n_train < config.teachers_per_site:
-        raise ValueError(
-            f"teachers_per_site ({config.teachers_per_site}) exceeds site {site_id}'s "
-            f"{n_train} training records"
-        )
     shape = tuple(x_train.shape[1:])
     owner = teacher_assignment(
         x_train, y_train, config.teachers_per_site, key=(config.seed, site_id)

@@ -340,3 +340,38 @@ def test_a_policy_file_with_a_bad_dropout_or_colluder_count_names_the_key(tmp_pa
         SitePolicy.from_file(f)
     f.write_text(f"epsilon = 4.0\n{key} = 2\n")
     assert getattr(SitePolicy.from_file(f), key) == 2
+
+
+def test_a_site_publishing_fewer_records_than_it_holds_clips_its_input_to_what_it_publishes(
+    tmp_path, monkeypatch
+):
+    """The bits of a secure sum are chosen for ||sum_k S_k|| <= C sum_k (published N_k). A
+    site that publishes fewer records than it holds could push the sum past that norm, and
+    whether the modular sum then wraps would depend on its records. Its input is clipped to
+    C x its published count (a projection: each record still moves it by at most C), so
+    the sum stays within the norm the plan states; the control: without that clip the
+    sites' sums exceed it."""
+    from fedsgld.flower import secure_site
+
+    seen = []
+    real = secure_site.clip_to_norm
+
+    def spy(v, bound):
+        out = real(v, bound)
+        seen.append((float(v.double().norm()), float(out.double().norm()), bound))
+        return out
+
+    monkeypatch.setattr(secure_site, "clip_to_norm", spy)
+    published = "public_records = 5\nmin_expected_batch = 1\n"
+    nodes = _policy_nodes(tmp_path, {k: "epsilon = 50.0\ninsecure_seeded_noise = true\n"
+                                         + published for k in range(4)})  # fmt: skip
+    wire = Wire()
+    cfg = {**SMALL, "out": str(tmp_path / "run"), "max_dropouts": 0}
+    run_local(cfg, **APPS, node_configs=nodes, fault=wire)
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["privacy"]["steps"] == 3
+    inst = wire.instruction(0, "masked_input", 0).content["plan"]
+    assert inst["signal-norm"] == pytest.approx(inst["clip"] * 4 * 5)  # C x published counts
+    assert len(seen) == 12 and all(b == pytest.approx(inst["clip"] * 5) for *_, b in seen)
+    assert all(after <= b * (1 + 1e-12) for _, after, b in seen)
+    assert any(before > b for before, _, b in seen)  # the control: the clip was needed

@@ -395,3 +395,44 @@ def test_a_sites_own_steps_divide_by_the_count_it_publishes(tmp_path):
         moved[n] = theta - theta0
     assert np.abs(moved[160]).max() > 0
     np.testing.assert_allclose(moved[160], 2 * moved[320], rtol=1e-4, atol=1e-7)
+
+
+def test_pate_teachers_beyond_the_published_count_are_refused_and_never_fail_on_records(
+    tmp_path,
+):
+    """Before, a site holding fewer training records than ``teachers_per_site`` failed
+    ("exceeds site 0's N training records"), after the charge, at D' = D without one
+    record and not at D. Now the count it publishes decides: above it a refusal before
+    any charge; at it D and D' both answer; a site publishing no count answers too (a
+    teacher that draws no record votes with its initial model)."""
+    from flwr.app import Array
+
+    from fedsgld.pate.flower import pate_record as record
+
+    config, _, split = _pate()
+    s, n = split.sites[0], 6
+    task = ConfigRecord({"site-id": 0, "run-key": "attacker"})
+    queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32)[:8])})
+    files = []
+    for name, rows in (("d", n), ("d-prime", n - 1)):
+        f = tmp_path / f"pate-{name}.npz"
+        np.savez(f, x_train=s.x_train.numpy()[:rows], y_train=s.y_train.numpy()[:rows],
+                 x_test=s.x_test.numpy(), y_test=s.y_test.numpy(),
+                 num_classes=np.int64(s.num_classes))  # fmt: skip
+        files.append(str(f))
+
+    def ask(data: str, name: str, teachers: int, **keys):
+        node = Node({"site-id": 0, "site-data": data,
+                     "privacy-policy": _policy(tmp_path, name, **keys)})  # fmt: skip
+        rec = record(replace(config, teachers_per_site=teachers))
+        return node.send("train.pate", pate=rec, task=task, queries=queries)
+
+    pub = {"public_records": n, "allow_non_private": True}
+    reply = ask(files[0], "over", n + 1, **pub)
+    assert "publishes 6 training records" in message(refused(reply, "pate.teachers_per_site"))
+    assert not (tmp_path / "over" / "fedsgld-site-0.json").exists()  # nothing charged
+    for data, name in zip(files, ("d", "dp"), strict=True):  # D and D': both answered
+        counts = answered(ask(data, name, n, **pub)).content["histogram"]["counts"].numpy()
+        assert (counts.sum(axis=1) == n).all()
+    # nothing published: more teachers than records is answered, not an error
+    answered(ask(files[1], "none", n + 3, allow_non_private=True))
