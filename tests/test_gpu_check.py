@@ -25,7 +25,6 @@ def _module():
 
 
 @pytest.mark.slow  # about 30 s of CPU (two tiny demo runs with their result files)
-@pytest.mark.ci
 def test_cpu_dry_run_writes_both_reports(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--cpu-dry-run", "--out", str(tmp_path)],

@@ -35,7 +35,7 @@ from flower_support import flower_env, flwr
 from fedsgld.deploy.loopback import Loopback
 from fedsgld.secagg import identity
 
-pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.ci]  # in CI's slow subset
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 D_IN, K, N_TRAIN, N_TEST = 4, 3, 120, 60
 TARGET_X = 3.14159

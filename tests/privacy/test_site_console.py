@@ -188,7 +188,6 @@ def _serve(console) -> tuple[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_the_console_in_chromium(site):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

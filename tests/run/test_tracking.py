@@ -119,7 +119,6 @@ def test_unknown_tracker_is_refused():
 
 
 @pytest.mark.slow  # Flower's in-process grid (about 30 s on a busy 2-core machine)
-@pytest.mark.ci
 def test_flower_run_is_logged_by_the_server_only(tmp_path):
     out = tmp_path / "runs" / "f"
     res = fedsgld.simulate(config={**SMALL, "rounds": 4}, out_dir=out, progress=False,
@@ -145,7 +144,6 @@ def test_the_site_side_never_imports_the_tracker():
 
 
 @pytest.mark.slow  # two trials and a store (about a minute on a busy 2-core machine)
-@pytest.mark.ci
 def test_a_sweep_logs_each_trial_as_a_child_run(tmp_path):
     from fedsgld.studies.sweep import run_sweep
 
