@@ -1,17 +1,8 @@
-"""The federation builder: what both transports build from one :class:`~fedsgld.config.Config`.
-
-A federation is the dataset split into hospital-style sites (with the validation and
-calibration splits held out of each site's training records), the model built from the
-seed, the parameter view the sites compute gradients in (theta, or phi = [mu, rho] for
-variational methods), the sites (:class:`~fedsgld.clients.site.Site`) and the server
-(:class:`~fedsgld.strategies.LangevinServer`).
-
-The in-process engine builds it whole (:class:`Federation`). The Flower transport builds
-the same pieces apart, from the same functions: each SuperNode its own sites
-(:func:`split_data` or a site's own file, :func:`backbone_features`,
-:func:`seeded_model`, :func:`build_site`), the ServerApp the server
-(:func:`initial_theta`, :func:`make_server`). So a seeded Flower run and the engine see the
-same records, start from the same parameters and apply the same update.
+"""The federation builder: what both transports build from one :class:`~fedsgld.config.Config`:
+the sites' records (validation and calibration splits held out), the seeded model, the
+parameter view, the sites and the server. The engine builds it whole (:class:`Federation`);
+over Flower each SuperNode builds its own sites and the ServerApp the server, from the same
+functions, so a seeded Flower run and the engine see the same records and updates.
 """
 
 from __future__ import annotations
