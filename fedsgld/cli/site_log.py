@@ -8,13 +8,10 @@ ledgers (:mod:`fedsgld.clients.audit_verify`) and exits 1 naming the first bad l
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from datetime import datetime
 from typing import Any
 
-from fedsgld.clients import audit_log
+from fedsgld.cli.commands import _runner
 
 
 def add_log_arguments(sub) -> None:
@@ -36,7 +33,7 @@ def add_log_arguments(sub) -> None:
     )  # fmt: skip
     lp.add_argument("--json", action="store_true", help="one stored JSON line per entry")
     lp.add_argument("--verify", action="store_true", help="check the chain and the ledger")
-    lp.set_defaults(func=run_log)
+    lp.set_defaults(func=_runner("fedsgld.cli.site_log_run:run_log"))
 
 
 def since_key(value: str | None) -> str | None:
@@ -93,29 +90,6 @@ def describe(e: dict[str, Any]) -> str:
     return f"{head}\n        {asked}" if asked else head
 
 
-def run_log(args: argparse.Namespace) -> int:
-    # the policy and the ledger check import torch and scipy: not for `fedsgld -h`
-    from fedsgld.clients.audit_verify import verify
-    from fedsgld.clients.policy import SitePolicy
-
-    policy = SitePolicy.from_file(args.policy)
-    if policy.state_dir is None:
-        print("the policy names no state_dir: the site keeps no audit log", file=sys.stderr)
-        return 1
-    path = audit_log.audit_path(policy.state_dir)
-    if args.verify:
-        n, bad = verify(policy)
-        if bad is not None:
-            print(f"audit log NOT verified ({n} lines): {bad}", file=sys.stderr)
-            return 1
-        print(f"audit log verified: {n} lines, chain intact, agrees with the site's ledger(s)")
-        return 0
-    entries = [e for _, _, e in audit_log.read(path) if e is not None]
-    for e in select(entries, run=args.run, refused=args.refused, since=args.since):
-        print(json.dumps(e, sort_keys=True) if args.json else describe(e))
-    return 0
-
-
 def add_console_arguments(sub) -> None:
     """``fedsgld site console POLICY [--host H] [--port P] [--read-only]``."""
     cp = sub.add_parser(
@@ -129,24 +103,7 @@ def add_console_arguments(sub) -> None:
     cp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     cp.add_argument("--port", type=int, default=8765, help="port (default 8765)")
     cp.add_argument("--read-only", action="store_true", help="show only; never write")
-    cp.set_defaults(func=run_console)
+    cp.set_defaults(func=_runner("fedsgld.cli.site_log_run:run_console"))
 
 
-def run_console(args: argparse.Namespace) -> int:
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port {args.port}: must be in 1..65535")
-    from fedsgld.cli.console import serve  # the web app: only for this command
-
-    serve(args.policy, host=args.host, port=args.port, read_only=args.read_only)
-    return 0
-
-
-__all__ = [
-    "add_console_arguments",
-    "add_log_arguments",
-    "describe",
-    "run_console",
-    "run_log",
-    "select",
-    "since_key",
-]
+__all__ = ["add_console_arguments", "add_log_arguments", "describe", "select", "since_key"]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from fedsgld.config.checks import CENTRES
+from fedsgld.data.datasets import ArrayDataset
 from fedsgld.data.partition import SiteData
 
 __all__ = [
@@ -169,8 +170,6 @@ PUBLIC_SCALES: dict[str, tuple[tuple[float, float], ...]] = {
 def heart_disease_pooled(path=None, seed: int = 0):
     """All 740 records (every centre's train then test records, in site order), raw
     features: the ``load_dataset`` view; a run splits it by centre (partition 'centres')."""
-    from fedsgld.data.datasets import ArrayDataset
-
     if path is not None:
         raise ValueError(
             f"dataset 'heart_disease' ships with fedsgld and reads no files; got "

@@ -35,6 +35,7 @@ from dataclasses import replace
 
 import torch
 
+from fedsgld.data.centres import PUBLIC_SCALES
 from fedsgld.data.partition import SiteData
 
 __all__ = [
@@ -91,8 +92,6 @@ def site_standardize(data: SiteData) -> SiteData:
 def public_scale(dataset: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The public (centre, scale) of ``dataset``'s features: its declared reference values
     (:data:`fedsgld.data.centres.PUBLIC_SCALES`), else 0 and 1 for every feature."""
-    from fedsgld.data.centres import PUBLIC_SCALES
-
     declared = PUBLIC_SCALES.get(dataset)
     if declared is None or len(declared) != dim:
         return torch.zeros(dim, dtype=torch.float64), torch.ones(dim, dtype=torch.float64)

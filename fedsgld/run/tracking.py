@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedsgld.version import __version__
+
 INSTALL = "pip install 'fedsgld[tracking]'"
 STORE_FILE = "mlflow.db"
 ARTIFACTS_DIR = "mlartifacts"
@@ -201,8 +203,6 @@ class MlflowTracker(NoTracking):
             store.client.update_run(self.run_id, status="RUNNING")
             store.client.set_tag(self.run_id, "fedsgld.epoch", str(lc.epoch))
             return
-        from fedsgld import __version__
-
         tags = {
             "fedsgld.run_key": lc.run_key,
             "fedsgld.run_dir": str(Path(lc.out).absolute()),

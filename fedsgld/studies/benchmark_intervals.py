@@ -27,6 +27,7 @@ from fedsgld.calibration.intervals import (
     site_mean_difference,
     site_mean_intervals,
 )
+from fedsgld.calibration.plots import plot_site_grid
 from fedsgld.files import write_json
 
 #: one row's predictions: per seed, {site id: (probs, labels)}
@@ -223,8 +224,6 @@ def write_interval_report(
 ) -> dict[str, Any]:
     """OUT/calibration.json and OUT/calibration.md (``header`` opens the markdown) and
     per-row site reliability grids (first seed); returns the tables."""
-    from fedsgld.calibration.plots import plot_site_grid
-
     ids = sorted(next(iter(predictions.values()))[0])
     names = site_names(dataset, ids)
     save_predictions(out / "predictions.npz", predictions)
