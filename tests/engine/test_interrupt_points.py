@@ -25,13 +25,14 @@ CFG = {
     "dataset": "synthetic",
     "model": "mlp",
     "sites": 2,
-    "rounds": 40,
+    "rounds": 30,
+    "max_records": 400,
     "sample_rate": 0.2,
     "lr": 0.1,
     "temperature": 20.0,
-    "epsilon": 2.0,
+    "epsilon": 1.6,
     "eval_every": 0,
-    "checkpoint_every": 4,
+    "checkpoint_every": 3,
     "swag_samples": 0,
     "seed": 5,
 }
@@ -140,7 +141,8 @@ def test_a_resumed_run_cut_while_writing_its_ledger_counts_one_step_more(
     assert draws.run(out, resume=True) is None
     monkeypatch.setattr(os, "replace", real_replace)
     assert not (out / "ledger.json.tmp").exists()
-    assert len(draws.values) > seen and _ledger_steps(out) == len(draws.values)
+    assert len(draws.values) > seen  # each interrupt leaves at most its charged step undrawn
+    assert len(draws.values) <= _ledger_steps(out) <= len(draws.values) + 2
     res = _finish(draws, out)
     _check(draws, res, base, interrupts=2)
     assert res["privacy"]["epsilon"]["pld"] <= base["privacy"]["epsilon"]["pld"] + 1e-9
