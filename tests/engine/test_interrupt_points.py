@@ -162,6 +162,7 @@ def _sweep(tmp_path, monkeypatch, uninterrupted, *, resumed: bool) -> None:
         elif draws.run(out, resume=False, fail_at=n) is not None:
             continue
         res = _finish(draws, out)
+        print(f"interrupt at write {n} of {total}: {len(draws.values)} drawn", flush=True)
         try:
             _check(draws, res, base, interrupts)
         except AssertionError as err:
