@@ -39,12 +39,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write via a temporary file, fsync it, rename it over ``path``, fsync the directory."""
+    """Write via a temporary file, fsync it, rename it over ``path``, fsync the directory
+    (the temporary file is removed when any of it fails or is interrupted)."""
     tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a failed or interrupted write leaves the old file, and no .tmp
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

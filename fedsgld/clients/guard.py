@@ -29,6 +29,7 @@ may ask, what is checked, what leaves and what it costs: docs/privacy.md.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,15 @@ def charge(adm: Admission, memory: LedgerMemory) -> Charged | None:
     pol, sid = adm.policy, adm.site_id
     what = {"event": adm.event, "round_of": adm.round_of, "evaluation_of": adm.evaluation_of}
     if pol.state_dir is not None:
-        with SiteLedger.open(sid, pol, Path(pol.state_dir) / f"fedsgld-site-{sid}.json") as led:
-            return led.admit(**what)
+        try:
+            with SiteLedger.open(sid, pol, Path(pol.state_dir) / f"fedsgld-site-{sid}.json") as led:
+                return led.admit(**what)
+        except OSError as err:  # a full or read-only disk: no charge kept, so no release
+            why = os.strerror(err.errno) if err.errno else type(err).__name__
+            raise PolicyRefused(
+                f"site {sid} cannot write its ledger in its state directory ({why}); "
+                "request refused, nothing released, the ledger file left as it was"
+            ) from None
     ledger = SiteLedger(sid, pol)  # a simulated node: the state lives for the run
     saved = memory.get(sid)
     if saved is not None:

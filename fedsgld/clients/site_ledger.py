@@ -59,14 +59,18 @@ class SiteLedger:
             delta=policy.delta, epsilon_budget=policy.epsilon, accountant=policy.accountant
         )
         if state_path is not None and state_path.is_file():
-            try:
+            where = f"site {self.site_id}'s ledger file (fedsgld-site-{self.site_id}.json in its "
+            try:  # a truncated or damaged ledger is an error, never an empty one
                 state = json.loads(state_path.read_text())
-            except ValueError as err:  # a truncated ledger is an error, never an empty one
-                raise ValueError(  # no path: the reason may reach the server
-                    f"site {self.site_id}'s ledger file (fedsgld-site-{self.site_id}.json in its "
-                    f"state_dir) does not parse: {err}"
-                ) from None
-            self.load(state)
+                if not isinstance(state, dict):
+                    raise ValueError(f"a JSON {type(state).__name__}, not an object")
+            except ValueError as err:
+                # no path: the reason may reach the server
+                raise ValueError(f"{where}state_dir) does not parse: {err}") from None
+            try:
+                self.load(state)
+            except (KeyError, TypeError, AttributeError) as err:
+                raise ValueError(f"{where}state_dir) is malformed: {err!r}") from None
 
     @classmethod
     @contextmanager

@@ -148,6 +148,17 @@ def _drop_partial(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+def _first_write(ledger: dict[str, Any] | None) -> bool:
+    """``ledger`` is a run's first write, spending nothing, sealed from :data:`GENESIS`."""
+    rec = (ledger or {}).get(RECORD)
+    return (
+        isinstance(rec, dict)
+        and rec.get("sequence") == 1
+        and _steps(ledger or {}) == 0
+        and rec.get("chain") == chain_digest(GENESIS, 1, body_digest(ledger or {}))
+    )
+
+
 def verify(
     out: Path,
     ledger: dict[str, Any] | None,
@@ -164,13 +175,16 @@ def verify(
     checkpoint and must check it against ``head.steps``); an unreadable one is not.
     """
     path = Path(out) / CHAIN
-    if not path.is_file():
+    # a new run cut between its first ledger.json write (0 steps) and the chain's first
+    # line: the chain starts with it below
+    first = not path.is_file() and _first_write(ledger)
+    if not path.is_file() and not first:
         raise ChainError(
             f"{CHAIN} is missing: without it a shorter ledger.json cannot be told from the "
             "real one (a run directory written before fedsgld kept this file cannot be "
             "resumed; start a new run)"
         )
-    links, partial = read(path)
+    links, partial = ([], False) if first else read(path)
     head = links[-1] if links else None
     said = (
         f"{CHAIN} records {head.sequence} writes, the last with {head.steps} steps"

@@ -187,11 +187,19 @@ def restore_ledger(
             "which would under-report the epsilon already spent"
         )
     steps, name, state = max(candidates, key=lambda c: c[0])
-    if name == CHECKPOINT:
-        # ledger.json is written before every step, so it is never behind a healthy
-        # checkpoint: it was lost or replaced. Rounds after the checkpoint may have been
-        # released (up to checkpoint_every of them, the last one possibly unsaved):
-        # count them as spent along the schedule, so the ledger is never below the truth.
+    if name == CHECKPOINT and saved.ledger_file is not None:
+        # ledger.json is intact (the chain vouched for it) and one step behind: a write of
+        # it was cut (ledger.json.tmp left beside it) and the checkpoint taken at the
+        # interrupt holds the step charged for it. No round ran after that checkpoint (any
+        # would have written ledger.json first): count that step, and nothing more.
+        log(
+            f"resume: using the checkpoint's ledger ({steps} steps): it holds the step "
+            f"whose {LEDGER} write was interrupted (counted as spent)"
+        )
+    elif name == CHECKPOINT:
+        # ledger.json is lost. Rounds after the checkpoint may have been released (up to
+        # checkpoint_every of them, the last one possibly unsaved): count them as spent
+        # along the schedule, so the ledger is never below the truth.
         run = config.run
         left = run.rounds - server.t
         pad_rounds = min(run.checkpoint_every or left, left)
@@ -201,7 +209,7 @@ def restore_ledger(
         ]
         state = dict(state, ledger=[list(e) for e in state["ledger"]] + extra)
         log(
-            f"resume: {LEDGER} is missing or behind the checkpoint; using the checkpoint's "
+            f"resume: {LEDGER} is missing; using the checkpoint's "
             f"ledger ({steps} steps) plus {len(extra)} steps that may have run after it "
             "(counted as spent)"
         )
