@@ -44,7 +44,7 @@ from fedsgld.data.standardize import (
 from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep, DpEvent, GaussianRelease
 from fedsgld.run.stops import discard_unreleased, released_nothing
-from fedsgld.secagg import run_round
+from fedsgld.secagg import Mechanism, run_round
 from fedsgld.strategies.secure_sum import round_label
 
 __all__ = ["pooled_standardization", "standardize_sites"]
@@ -70,6 +70,8 @@ def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: f
         max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
         signal_norm=delta_ * sum(server.site_sizes),
     )  # fmt: skip
+    # what every site's keys and masks bind (one release, no sampling, no pre-noise)
+    mechanism = Mechanism(params, sigma, 1.0, 0.0, delta_ * sum(server.site_sizes))
     event = DistributedDiscreteGaussianStep(params, 1.0)
     _fits(server, event, sigma)
     server.charge(event)  # the run's ledger, persisted before any share exists
@@ -89,7 +91,7 @@ def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: f
     def encoder(i, vector, plan):
         return guards[i].contribution(
             vector, plan=plan, params=params, noise_multiplier=sigma, sample_rate=1.0,
-            round_of=(key, 0, 0),
+            prenoise=0.0, round_of=(key, 0, 0),
         )  # fmt: skip
 
     res = run_round(
@@ -103,6 +105,7 @@ def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: f
         workers=1,
         encoder=encoder,
         credentials={i: g.credentials for i, g in enumerate(guards)},
+        mechanism=mechanism,
     )
     return torch.from_numpy(np.asarray(res.total, dtype=np.float64)), event, params
 

@@ -148,32 +148,35 @@ def test_a_resumed_run_cut_while_writing_its_ledger_counts_one_step_more(
     assert res["privacy"]["epsilon"]["pld"] <= base["privacy"]["epsilon"]["pld"] + 1e-9
 
 
-def _sweep(tmp_path, monkeypatch, uninterrupted, *, resumed: bool) -> None:
+def _sweep(tmp_path, uninterrupted, *, resumed: bool) -> None:
     base, total = uninterrupted
     for n in range(1, total + 1):
-        draws = Draws(monkeypatch)
-        out = tmp_path / f"run-{n}"
-        interrupts = 1
-        if resumed:  # a first interrupt, then the n-th write of the resumed run
-            assert draws.run(out, resume=False, fail_at=total // 3) is None
-            if draws.run(out, resume=True, fail_at=n) is not None:
-                continue  # the resumed run has fewer writes than n
-            interrupts = 2
-        elif draws.run(out, resume=False, fail_at=n) is not None:
-            continue
-        res = _finish(draws, out)
-        print(f"interrupt at write {n} of {total}: {len(draws.values)} drawn", flush=True)
-        try:
-            _check(draws, res, base, interrupts)
-        except AssertionError as err:
-            raise AssertionError(f"interrupt at write {n}: {err}") from None
+        with pytest.MonkeyPatch.context() as mp:  # each point's own patches, none stacked
+            _sweep_point(tmp_path / f"run-{n}", Draws(mp), base, total, n, resumed=resumed)
+
+
+def _sweep_point(out, draws: Draws, base: dict, total: int, n: int, *, resumed: bool) -> None:
+    interrupts = 1
+    if resumed:  # a first interrupt, then the n-th write of the resumed run
+        assert draws.run(out, resume=False, fail_at=total // 3) is None
+        if draws.run(out, resume=True, fail_at=n) is not None:
+            return  # the resumed run has fewer writes than n
+        interrupts = 2
+    elif draws.run(out, resume=False, fail_at=n) is not None:
+        return
+    res = _finish(draws, out)
+    print(f"interrupt at write {n} of {total}: {len(draws.values)} drawn", flush=True)
+    try:
+        _check(draws, res, base, interrupts)
+    except AssertionError as err:
+        raise AssertionError(f"interrupt at write {n}: {err}") from None
 
 
 @pytest.mark.slow
-def test_an_interrupt_at_every_write_of_a_run(tmp_path, monkeypatch, uninterrupted):
-    _sweep(tmp_path, monkeypatch, uninterrupted, resumed=False)
+def test_an_interrupt_at_every_write_of_a_run(tmp_path, uninterrupted):
+    _sweep(tmp_path, uninterrupted, resumed=False)
 
 
 @pytest.mark.slow
-def test_an_interrupt_at_every_write_of_a_resumed_run(tmp_path, monkeypatch, uninterrupted):
-    _sweep(tmp_path, monkeypatch, uninterrupted, resumed=True)
+def test_an_interrupt_at_every_write_of_a_resumed_run(tmp_path, uninterrupted):
+    _sweep(tmp_path, uninterrupted, resumed=True)
