@@ -9,6 +9,12 @@ one line in ``<state_dir>/audit/fedsgld-audit.jsonl``, written before the reply 
      "releases": 2, "epsilon_charged": 0.12, "epsilon_total": 1.31, "ledger_releases": 40,
      "prev": H(line n-1), "hash": H(prev, this line without "hash")}
 
+A request that moves the ledger gets its line twice: ``"decision": "charged"`` with the
+totals, written under the log's lock right after the ledger's charge and before any noise
+is drawn, then the outcome (``answered``/``failed``) with ``"charge": seq`` of that line
+and no totals. A site killed while it computes leaves the charged line alone: the log,
+like the ledger, holds every charge, also of a reply that never left.
+
 H is SHA-256 over canonical JSON; the chain starts at :data:`GENESIS`. ``releases``: the
 releases this request charged to the site's ledger; ``epsilon_total`` and
 ``ledger_releases``: the ledger right after the charge. A line holds the request's public
@@ -33,7 +39,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,7 @@ from typing import Any
 AUDIT_DIR = "audit"
 AUDIT_FILE = "fedsgld-audit.jsonl"
 GENESIS = hashlib.sha256(b"fedsgld audit log v1").hexdigest()
-DECISIONS = ("answered", "refused", "failed")
+DECISIONS = ("charged", "answered", "refused", "failed")
 
 
 class AuditUnwritable(OSError):
@@ -143,11 +149,12 @@ def clean(value: Any) -> Any:
     return value
 
 
-def append(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
+def append(path: Path, entry: dict[str, Any], *, held: bool = False) -> dict[str, Any]:
     """Append ``entry`` (``seq``, ``prev`` and ``hash`` filled in) to the log ``path`` and
-    return it; raise :class:`AuditUnwritable` where it cannot be written."""
+    return it; raise :class:`AuditUnwritable` where it cannot be written. ``held``: the
+    caller holds the log's lock (:func:`locked`) already."""
     try:
-        with locked(path):
+        with nullcontext() if held else locked(path):
             seq, prev, ends = _last(path)
             line = {**clean(entry), "seq": seq, "prev": prev}
             line["hash"] = line_hash(line)

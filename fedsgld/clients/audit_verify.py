@@ -41,8 +41,16 @@ def ledgers(policy: SitePolicy) -> dict[int, SiteLedger]:
     return out
 
 
+def _charges(e: dict[str, Any]) -> bool:
+    """Whether line ``e`` holds a charge: a ``charged`` line, or an outcome line of a
+    request whose charge has no line of its own (nothing charged, or a log written before
+    ``charged`` lines existed)."""
+    d = e.get("decision")
+    return d == "charged" or (d in CHARGED and "charge" not in e)
+
+
 def _site_lines(entries: list[dict[str, Any]], sid: int) -> list[dict[str, Any]]:
-    return [e for e in entries if e.get("site") == sid and e.get("decision") in CHARGED]
+    return [e for e in entries if e.get("site") == sid and _charges(e)]
 
 
 def ledger_problem(entries: list[dict[str, Any]], sid: int, led: SiteLedger) -> str | None:

@@ -8,9 +8,13 @@ of the node's policy (a simulated node without one keeps no log). The order is:
    be writable (:meth:`MessageAudit.admitted`), else the request is refused and nothing is
    charged;
 2. the charge runs under the log's lock (:meth:`MessageAudit.charging`), which reads the
-   ledger's releases and epsilon before and after it, so the line's totals are this
-   request's own even with several ClientApp processes;
-3. after the handler and the release: the line (:meth:`MessageAudit.answered`); if it
+   ledger's releases and epsilon before and after it, so the totals are this request's
+   own even with several ClientApp processes, and writes the ``charged`` line with them
+   before the lock is released and before any noise is drawn (a site killed while it
+   computes leaves the charge in the log as in the ledger; a line that cannot be written
+   refuses the request, its charge staying in the ledger: conservative);
+3. after the handler and the release: the outcome's line (:meth:`MessageAudit.answered`,
+   naming the ``charged`` line); if it
    cannot be written the reply is replaced by a refusal (nothing leaves that is not
    logged; the charge stays in the ledger: conservative);
 4. a refusal or an error: its line (:meth:`MessageAudit.refused`), with the reason as it
@@ -153,9 +157,16 @@ class MessageAudit:
             n0, e0 = _totals(pol, sid, audit_log.last_total(self.path, sid))
             yield
             n1, e1 = _totals(pol, sid)
-        self.entry.update(
-            releases=n1 - n0, epsilon_charged=e1 - e0, epsilon_total=e1, ledger_releases=n1
-        )
+            totals = dict(
+                releases=n1 - n0, epsilon_charged=e1 - e0, epsilon_total=e1, ledger_releases=n1
+            )
+            if n1 == n0 and e1 == e0:  # nothing charged: the outcome's line holds the totals
+                self.entry.update(totals)
+                return
+            # the charge's own line, before any noise: a site killed while it computes
+            # leaves it, as it leaves the charge in the ledger
+            line = {"time": audit_log.now(), **self.entry, **totals, "decision": "charged"}
+            self.entry["charge"] = audit_log.append(self.path, line, held=True)["seq"]
 
     def _write(self, decision: str, reason: str | None) -> None:
         if self.path is None or self.written:

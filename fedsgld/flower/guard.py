@@ -88,8 +88,11 @@ def make_site_guard(doors: Mapping[str, Door]) -> Mod:
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise PolicyRefused(f"{kind}: malformed request: {err}") from None
         _logged(audit.admitted, adm)  # no log, no charge: refused here
-        with audit.charging(adm):
-            receipt = guard.charge(adm, _ContextLedgers(context))
+        try:
+            with audit.charging(adm):
+                receipt = guard.charge(adm, _ContextLedgers(context))
+        except AuditUnwritable as err:  # charged, not logged: nothing is drawn or released
+            raise PolicyRefused(f"{err}: the site releases nothing it has not logged") from None
         noise = guard.draw(adm, receipt)
         with handing(msg, Admitted(adm.request, receipt)):
             reply = call_next(msg, context)

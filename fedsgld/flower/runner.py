@@ -27,6 +27,7 @@ nothing that decides it is in any message.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -61,38 +62,42 @@ from fedsgld.strategies.placement import PLACEMENT_SETTINGS
 _log = logging.getLogger("fedsgld")
 
 
+def _query(config: Config) -> Callable[[int], Message]:
+    run = run_record(config)
+    return lambda n: Message(RecordDict({"run": run}), n, QUERY, group_id="discovery")
+
+
+def _entries(r: Message) -> list[tuple[int, SiteEntry]]:
+    out = []
+    for e in json.loads(str(r.content["sites"]["json"])):
+        entry = SiteEntry(
+            site=int(e["site"]),
+            node_id=int(r.metadata.src_node_id),
+            n_train=None if e["n_train"] is None else int(e["n_train"]),  # none published:
+            n_test=None if e["n_test"] is None else int(e["n_test"]),  # "refuses" says so
+            num_classes=int(e["num_classes"]),
+            input_shape=tuple(int(s) for s in e["input_shape"]),
+            label_histogram=None
+            if e.get("label_histogram") is None
+            else [int(v) for v in e["label_histogram"]],
+            placements=None
+            if e.get("placements") is None
+            else tuple(str(p) for p in e["placements"]),
+            refuses=None if e.get("refuses") is None else str(e["refuses"]),
+        )
+        out.append((entry.site, entry))
+    return out
+
+
 def discover_sites(
     grid: Grid, config: Config, *, timeout: float, log: Callable[[str], None], poll: float = 0.2
 ) -> dict[int, SiteEntry]:
     """The DP-SGLD sites: their nodes and public sizes (:func:`discover` with ``query``)."""
-    run = run_record(config)
-
-    def entries(r: Message) -> list[tuple[int, SiteEntry]]:
-        out = []
-        for e in json.loads(str(r.content["sites"]["json"])):
-            entry = SiteEntry(
-                site=int(e["site"]),
-                node_id=int(r.metadata.src_node_id),
-                n_train=None if e["n_train"] is None else int(e["n_train"]),  # none published:
-                n_test=None if e["n_test"] is None else int(e["n_test"]),  # "refuses" says so
-                num_classes=int(e["num_classes"]),
-                input_shape=tuple(int(s) for s in e["input_shape"]),
-                label_histogram=None
-                if e.get("label_histogram") is None
-                else [int(v) for v in e["label_histogram"]],
-                placements=None
-                if e.get("placements") is None
-                else tuple(str(p) for p in e["placements"]),
-                refuses=None if e.get("refuses") is None else str(e["refuses"]),
-            )
-            out.append((entry.site, entry))
-        return out
-
     found = discover(
         grid,
         sites=config.run.sites,
-        message=lambda n: Message(RecordDict({"run": run}), n, QUERY, group_id="discovery"),
-        entries=entries,
+        message=_query(config),
+        entries=_entries,
         timeout=timeout,
         poll=poll,
         log=log,
@@ -117,6 +122,58 @@ def discover_sites(
         )
     )
     return directory
+
+
+def rejoin_sites(
+    grid: Grid,
+    config: Config,
+    strategy: LangevinStrategy,
+    asked: set[int],
+    *,
+    timeout: float,
+    poll: float,
+    log: Callable[[str], None],
+) -> list[dict[str, int]]:
+    """Bind sites that missed the last round to the node that hosts them now.
+
+    A SuperNode that crashed and was started again registers as a new node: the sites
+    that did not answer the last round are looked for among the nodes new to the run
+    (each asked once, with ``query``), and a site is bound to its new node only where
+    everything public about it (sizes, classes, input shape, placements) is what it was
+    discovered with. Nothing is asked while every site answers. Returns one
+    ``{"round", "site", "node"}`` per site that rejoined.
+    """
+    missing = set(strategy.directory) - set(strategy.last_train_sites)
+    if not missing or not strategy.last_train_sites:
+        return []
+    known = {e.node_id for e in strategy.directory.values()} | asked
+    new = sorted(set(grid.get_node_ids()) - known)
+    if not new:
+        return []
+    asked.update(new)
+    ask = _query(config)
+    back: list[dict[str, int]] = []
+    for r in exchange(grid, [ask(n) for n in new], timeout=timeout, poll=poll):
+        node = int(r.metadata.src_node_id)
+        try:
+            if r.has_error():
+                raise ValueError(str(r.error.reason or "")[-300:])
+            pairs = _entries(r)
+        except (KeyError, TypeError, ValueError) as err:
+            log(f"node {node} (new to the run) could not say which sites it hosts: {err}")
+            continue
+        for site, entry in pairs:
+            old = strategy.directory.get(site)
+            if site not in missing or old is None:
+                continue
+            if dataclasses.replace(entry, node_id=old.node_id) != old:
+                log(f"node {node} hosts site {site} with other public sizes; not rejoined")
+                continue
+            strategy.directory[site] = entry
+            missing.discard(site)
+            back.append({"round": strategy.server.t, "site": site, "node": node})
+            log(f"site {site} rejoined at node {node} (was node {old.node_id})")
+    return back
 
 
 class PlacementRefused(ValueError):
@@ -173,8 +230,12 @@ class _Exchanges:
     The Flower transport of a round (:class:`fedsgld.strategies.modes.Transport`): the
     server's round mode asks the sites through it."""
 
-    def __init__(self, grid: Grid, strategy: LangevinStrategy, opts: dict[str, Any], pacer) -> None:
-        self.grid, self.strategy, self.pacer = grid, strategy, pacer
+    def __init__(
+        self, grid: Grid, strategy: LangevinStrategy, opts: dict[str, Any], pacer, config: Config
+    ) -> None:
+        self.grid, self.strategy, self.pacer, self.config = grid, strategy, pacer, config
+        self.rejoined: list[dict[str, int]] = []  # sites bound to a new node after a crash
+        self._asked: set[int] = set()
         self.server = strategy.server
         self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
         self.secure = SecureRounds(
@@ -186,6 +247,10 @@ class _Exchanges:
     def one_round(self) -> RoundPlan | None:
         """One training round; the plan it ran, or None (no round left)."""
         server = self.server
+        self.rejoined += rejoin_sites(
+            self.grid, self.config, self.strategy, self._asked,
+            timeout=self.timeout, poll=self.poll, log=self.strategy.log,
+        )  # fmt: skip
         self.strategy.plan = plan = server.plan()
         if plan is None:
             return None
@@ -263,7 +328,8 @@ def _finish(
         sites=sites,
         config_source="flower run config",
         transport_info=lambda: {
-            "nodes": {str(k): e.node_id for k, e in directory.items()},
+            "nodes": {str(k): e.node_id for k, e in exchanges.strategy.directory.items()},
+            "rejoined": exchanges.rejoined,
             "dropped_replies": all_drops(),
             "evaluation_missing_sites": holder.get("missing"),
             "pooled_metrics_from": holder.get("pooled_from"),
@@ -328,7 +394,8 @@ def serve(
     def all_drops() -> list[dict[str, Any]]:
         return drops_before + [d.to_dict() for d in strategy.drops]
 
-    exchanges = _Exchanges(grid, strategy, opts, ReplyPacer() if polls_are_requests(grid) else None)
+    pacer = ReplyPacer() if polls_are_requests(grid) else None
+    exchanges = _Exchanges(grid, strategy, opts, pacer, config)
     lc.train(
         exchanges.one_round,
         exchanges.evaluate,

@@ -71,32 +71,45 @@ def ran(_ran, tmp_path) -> tuple[Path, str]:
 def test_every_request_has_its_line_and_the_log_agrees_with_the_ledger(ran, capsys):
     state, pol = ran
     lines = _log(state)
+    # a request that charges has two lines: the charge (before any noise) and its outcome
     assert [(e["type"], e["decision"]) for e in lines] == [
-        ("train", "answered"), ("train", "answered"), ("train", "refused"),
-        ("evaluate", "answered"), ("evaluate", "refused"),
+        ("train", "charged"), ("train", "answered"), ("train", "charged"), ("train", "answered"),
+        ("train", "refused"), ("evaluate", "charged"), ("evaluate", "answered"),
+        ("evaluate", "refused"),
     ]  # fmt: skip
-    assert "already answered" in lines[2]["reason"]
-    assert [e.get("releases") for e in lines] == [2, 2, None, 1, None]
+    assert "already answered" in lines[4]["reason"]
+    assert [e.get("releases") for e in lines] == [2, None, 2, None, None, 1, None, None]
+    assert [e.get("charge") for e in lines] == [None, 0, None, 2, None, None, 5, None]
     assert lines[0]["request"]["sample-rate"] == 0.2 and lines[0]["request"]["clip"] == 1.0
-    assert lines[0]["request"]["noise_placement"] == "sites" and lines[3]["request"]["models"] == 1
+    assert lines[0]["request"]["noise_placement"] == "sites" and lines[5]["request"]["models"] == 1
     led = ledger_file(state)["ledger"]
-    assert lines[3]["ledger_releases"] == led["steps"] == 5
-    assert lines[3]["epsilon_total"] > lines[1]["epsilon_total"] > lines[0]["epsilon_total"] > 0
+    assert lines[5]["ledger_releases"] == led["steps"] == 5
+    assert lines[5]["epsilon_total"] > lines[2]["epsilon_total"] > lines[0]["epsilon_total"] > 0
     assert sum(e.get("epsilon_charged", 0) for e in lines) == pytest.approx(
-        lines[3]["epsilon_total"]
+        lines[5]["epsilon_total"]
     )
     text = audit_log.audit_path(state).read_text()
     assert str(state.parent) not in text and "site-data" not in text and "theta" not in text
-    assert verify(SitePolicy.from_file(pol)) == (5, None)
+    assert verify(SitePolicy.from_file(pol)) == (8, None)
     assert cli_main(["site", "log", pol, "--verify"]) == 0
     capsys.readouterr()
     assert cli_main(["site", "log", pol, "--refused", "--json"]) == 0
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert [e["seq"] for e in out] == [2, 4]
+    assert [e["seq"] for e in out] == [4, 7]
     assert cli_main(["site", "log", pol, "--run", "nobody"]) == 0
     assert capsys.readouterr().out == ""
     assert cli_main(["site", "log", pol, "--since", "2999-01-01"]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_site_killed_after_its_charge_leaves_the_charge_in_log_and_ledger(ran):
+    """A site killed while it computes (after the charge, before the reply) leaves the
+    ``charged`` line without its outcome: the log still agrees with the ledger."""
+    state, pol = ran
+    path = audit_log.audit_path(state)
+    _rewrite(path, lambda ls: ls[:6])  # killed after the evaluation's charge
+    assert _log(state)[-1]["decision"] == "charged"
+    assert verify(SitePolicy.from_file(pol)) == (6, None)
 
 
 def _rewrite(path: Path, change) -> None:
@@ -115,7 +128,7 @@ def _rewrite(path: Path, change) -> None:
         ),
         (lambda ls: ls[:1] + ls[2:], "line 2: sequence 2, expected 1"),
         (lambda ls: [ls[1], ls[0], *ls[2:]], "line 1: sequence 1, expected 0"),
-        (lambda ls: ls[:-2], "the log charged 4 releases, its ledger holds 5"),
+        (lambda ls: ls[:-3], "the log charged 4 releases, its ledger holds 5"),
         (lambda ls: ls[:2] + [ls[2][:40]] + ls[3:], "line 3: not a JSON object"),
     ],
     ids=["edited", "removed", "reordered", "cut-short", "truncated-line"],
@@ -133,7 +146,7 @@ def test_a_line_recomputed_after_an_edit_still_disagrees_with_the_ledger(ran):
     entries = _log(state)
     path.write_text("")
     for e in entries:  # a forger drops the evaluation's charge and re-chains every line
-        if e["type"] == "evaluate" and e["decision"] == "answered":
+        if e["type"] == "evaluate" and e["decision"] in ("charged", "answered"):
             continue
         audit_log.append(path, {k: v for k, v in e.items() if k not in ("seq", "prev", "hash")})
     assert "its ledger holds 5" in str(verify(SitePolicy.from_file(pol))[1])
@@ -196,9 +209,10 @@ def test_a_pate_vote_has_its_line_and_verifies(tmp_path):
     task = ConfigRecord({"site-id": 0, "run-key": "pate-run"})
     queries = ArrayRecord({"x": Array(split.x_query.numpy().astype(np.float32))})
     answered(node.send("train.pate", pate=rec, task=task, queries=queries))
-    (line,) = _log(tmp_path / "default")
+    line, outcome = _log(tmp_path / "default")
     assert (line["type"], line["decision"], line["run"], line["releases"]) == (
-        "train.pate", "answered", "pate-run", 1,
+        "train.pate", "charged", "pate-run", 1,
     )  # fmt: skip
+    assert (outcome["decision"], outcome["charge"]) == ("answered", 0)
     assert "x" not in line["request"]  # the queries' array name and values stay out
-    assert verify(SitePolicy.from_file(tmp_path / "default" / "policy.toml")) == (1, None)
+    assert verify(SitePolicy.from_file(tmp_path / "default" / "policy.toml")) == (2, None)

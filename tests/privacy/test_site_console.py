@@ -88,7 +88,7 @@ def test_the_page_shows_the_ledger_and_every_request_and_no_path(site):
     console, client = _client(site)
     html = client.get(f"/?token={console.token}").text
     assert f"{_ledger_epsilon(site):.6g}" in html
-    assert len(re.findall(r"<tr class='entry", html)) == 4
+    assert len(re.findall(r"<tr class='entry", html)) == 7  # 3 requests charged: 2 lines each
     assert "already answered round 1" in html
     assert str(site.parent) not in html and "fedsgld-site-" not in html and ".npz" not in html
     assert client.get("/plot.png").headers["content-type"] == "image/png"  # the cookie serves
