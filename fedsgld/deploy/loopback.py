@@ -148,9 +148,12 @@ class Processes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.procs: dict[str, subprocess.Popen] = {}
+        self.done: list[subprocess.Popen] = []  # restarted processes' old leaders
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        """Start ``args`` as ``name`` (its log ``root/name.log``, appended to on a restart)."""
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         p = subprocess.Popen(
             args,
             env=env,
@@ -161,7 +164,37 @@ class Processes:
         )
         log.close()  # the child holds its own copy
         self.procs[name] = p
+        self.commands[name] = (list(args), dict(env))
         return p
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start ``name`` again with its command and environment (after it was killed).
+        The old group is killed first: nothing of it outlives the restart."""
+        old = self.procs[name]
+        self._signal_group(old.pid, signal.SIGKILL)
+        old.wait(timeout=15)
+        self.done.append(old)
+        return self.start(name, *self.commands[name])
+
+    def signal(self, name: str, sig: int) -> None:
+        """Send ``sig`` to ``name``'s process group: the process and every child it started."""
+        self._signal_group(self.procs[name].pid, sig)
+
+    def group_pids(self, name: str, contains: str = "") -> list[int]:
+        """PIDs of ``name``'s process group whose command line contains ``contains``."""
+        group, found = self.procs[name].pid, []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(d.name)) != group:
+                    continue
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ProcessLookupError):
+                continue
+            if contains in cmd:
+                found.append(int(d.name))
+        return found
 
     def wait_listening(self, name: str, port: int, timeout: float = 120.0) -> None:
         wait_port(port, timeout, proc=self.procs[name], log=self.root / f"{name}.log")
@@ -178,6 +211,7 @@ class Processes:
 
     def stop(self) -> None:
         for p in self.procs.values():
+            self._signal_group(p.pid, signal.SIGCONT)  # a stopped group cannot take SIGTERM
             self._signal_group(p.pid, signal.SIGTERM)
         for p in self.procs.values():
             try:
@@ -252,21 +286,51 @@ class Loopback:
     def run(self, run_config: dict[str, Any], *, timeout: float = 600.0) -> dict[str, Any]:
         """``flwr run . loop --stream`` with ``run_config`` (which names ``out``); its
         results.json. The stream's log is kept in ``root/flwr-run.log``."""
-        out = Path(run_config["out"])
+        return self.submit(run_config, name="flwr-run").result(timeout)
+
+    def submit(self, run_config: dict[str, Any], *, name: str = "flwr-run") -> Submitted:
+        """Start ``flwr run . loop --stream`` with ``run_config`` and return at once (its
+        output in ``root/<name>.log``): several runs may use the deployment at one time."""
         app = self.root / "app"  # the bundle's files only: the same bytes as `flwr run .`
-        shutil.rmtree(app, ignore_errors=True)
-        stage_app(ROOT, app)
-        res = flwr(
-            ["run", str(app), "loop", "--stream", "--run-config", run_config_arg(run_config)],
-            flower_env(self.root / "home-cli"),
-            timeout=timeout,
+        if not (app / "pyproject.toml").is_file():
+            shutil.rmtree(app, ignore_errors=True)
+            stage_app(ROOT, app)
+        args = ["run", str(app), "loop", "--stream", "--run-config", run_config_arg(run_config)]
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(
+            [str(BIN / "flwr"), *args],
+            env=flower_env(self.root / "home-cli"),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-        log = res.stdout + res.stderr
-        (self.root / "flwr-run.log").write_text(log)
-        if res.returncode != 0 or not (out / "results.json").is_file():
+        log.close()
+        return Submitted(p, self.root / f"{name}.log", Path(run_config["out"]))
+
+
+class Submitted:
+    """One ``flwr run --stream`` started by :meth:`Loopback.submit`."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path, out: Path) -> None:
+        self.proc, self.log, self.out = proc, log, out
+
+    def wait(self, timeout: float = 600.0) -> int:
+        """Its exit status (killed after ``timeout`` s: a TimeoutError)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+            raise TimeoutError(f"flwr run still running after {timeout:g} s") from None
+
+    def result(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Its results.json; a RuntimeError with the stream's end where there is none."""
+        code = self.wait(timeout)
+        if code != 0 or not (self.out / "results.json").is_file():
             # `flwr run --stream` can exit 0 for a failed run: the result file is the proof
-            raise RuntimeError(f"flwr run failed (exit {res.returncode}):\n{log[-3000:]}")
-        return json.loads((out / "results.json").read_text())
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"flwr run failed (exit {code}):\n{tail}")
+        return json.loads((self.out / "results.json").read_text())
 
 
 def approved_policy(path: Path, text: str) -> Path:
