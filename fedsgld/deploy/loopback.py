@@ -14,6 +14,7 @@ groups, by the PIDs it started: never by a name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -141,6 +142,34 @@ def flwr(
     )
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> list[int]:
+    """The PIDs of every living process below ``root`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:  # the field after the command's closing parenthesis: state, then ppid
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 class Processes:
     """Long-running Flower processes, each the leader of its own process group; logs in
     ``root``. :meth:`stop` ends exactly the groups it started (SIGTERM, then SIGKILL)."""
@@ -180,21 +209,11 @@ class Processes:
         """Send ``sig`` to ``name``'s process group: the process and every child it started."""
         self._signal_group(self.procs[name].pid, sig)
 
-    def group_pids(self, name: str, contains: str = "") -> list[int]:
-        """PIDs of ``name``'s process group whose command line contains ``contains``."""
-        group, found = self.procs[name].pid, []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                if os.getpgid(int(d.name)) != group:
-                    continue
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, ProcessLookupError):
-                continue
-            if contains in cmd:
-                found.append(int(d.name))
-        return found
+    def descendants(self, name: str, contains: str = "") -> list[int]:
+        """PIDs of every process ``name`` started, directly or not, whose command line
+        contains ``contains`` (Flower's SuperLink starts its SuperExec in a session of its
+        own, so its ServerApps are not in the SuperLink's process group)."""
+        return [pid for pid in descendants(self.procs[name].pid) if contains in _cmdline(pid)]
 
     def wait_listening(self, name: str, port: int, timeout: float = 120.0) -> None:
         wait_port(port, timeout, proc=self.procs[name], log=self.root / f"{name}.log")
@@ -210,6 +229,8 @@ class Processes:
             pass
 
     def stop(self) -> None:
+        # everything they started, also in sessions of its own (the SuperLink's SuperExec)
+        started = [pid for p in self.procs.values() for pid in descendants(p.pid)]
         for p in self.procs.values():
             self._signal_group(p.pid, signal.SIGCONT)  # a stopped group cannot take SIGTERM
             self._signal_group(p.pid, signal.SIGTERM)
@@ -220,6 +241,9 @@ class Processes:
                 p.kill()
                 p.wait(timeout=5)
             self._signal_group(p.pid, signal.SIGKILL)  # children that outlived their leader
+        for pid in started:  # by PID, the ones we saw: none outlives the deployment
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 class Loopback:

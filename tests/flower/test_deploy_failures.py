@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from flower_support import BIN, ROOT, SMALL, flower_env, flwr, free_port, run_config_arg
 from flwr.app import Error, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
 
 from fedsgld.apps import APPS
 from fedsgld.config import load_config
@@ -222,3 +224,60 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
     res = _deploy_run([".", "loop", "--run-config", good], env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "completed" in res.stderr and (root / "ok" / "results.json").is_file()
+
+
+# -- a site's node restarted: the site rejoins ------------------------------------------------
+
+
+def _restarting_grid(tmp_path, *, other_sizes: bool = False):
+    """A LocalGrid whose node of site 1 "crashes" while it answers round 3 (its reply is lost)
+    and comes back as a new node (a new id, its node config, fresh state), as a SuperNode
+    started again registers anew. ``other_sizes``: the new node's query reply publishes
+    other sizes for site 1."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from fedsgld.flower.local_grid import SUPERLINK_NODE_ID, LocalGrid, _app
+
+    run = {**SMALL, "out": str(tmp_path / "out"), "min_sites": 2, "round-timeout": 0.5}
+    ncs = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    grid: LocalGrid
+
+    def fault(ins: Message, reply: Message):
+        if ins.metadata.message_type == "query" and other_sizes and ins.metadata.dst_node_id == 7:
+            entries = json.loads(str(reply.content["sites"]["json"]))
+            entries[0]["n_train"] += 1
+            reply.content["sites"] = ConfigRecord({"json": json.dumps(entries)})
+        if ins.metadata.message_type != "train" or _round(ins) != 3:
+            return reply
+        old = grid.contexts.get(ins.metadata.dst_node_id)
+        if old is None or old.node_config["partition-id"] != 1:
+            return reply
+        del grid.contexts[ins.metadata.dst_node_id]  # the crash: its reply never leaves
+        grid.contexts[7] = Context(
+            run_id=old.run_id, node_id=7, node_config=dict(old.node_config),
+            state=RecordDict(), run_config=dict(old.run_config),
+        )  # fmt: skip
+        return None
+
+    grid = LocalGrid(_app(APPS["client_app"], ClientApp), ncs, run_config=run, fault=fault)
+    ctx = Context(run_id=grid.run.run_id, node_id=SUPERLINK_NODE_ID, node_config={},
+                  state=RecordDict(), run_config=dict(run))  # fmt: skip
+    _app(APPS["server_app"], ServerApp)(grid, ctx)
+    return json.loads((tmp_path / "out" / "results.json").read_text())
+
+
+def test_a_site_whose_node_restarts_rejoins_at_the_next_round(tmp_path):
+    r = _restarting_grid(tmp_path)
+    assert r["flower"]["rejoined"] == [{"round": 4, "site": 1, "node": 7}]
+    assert r["round_contributors"] == [
+        {"rounds": [0, 2], "sites": [0, 1, 2]},
+        {"rounds": [3, 3], "sites": [0, 2]},
+        {"rounds": [4, 11], "sites": [0, 1, 2]},
+    ]
+    assert r["flower"]["nodes"]["1"] == 7
+
+
+def test_a_new_node_that_publishes_other_sizes_does_not_take_the_site(tmp_path):
+    r = _restarting_grid(tmp_path, other_sizes=True)
+    assert r["flower"]["rejoined"] == []
+    assert r["round_contributors"][-1] == {"rounds": [3, 11], "sites": [0, 2]}
