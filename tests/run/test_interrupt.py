@@ -25,7 +25,7 @@ import fedsgld
 
 CONFIG = {
     "dataset": "synthetic",
-    "model": "mlp",
+    "model": "cnn",  # tens of ms a round: a loaded machine's poll cannot miss the run
     "sites": 2,
     "rounds": 60,
     "sample_rate": 0.2,
