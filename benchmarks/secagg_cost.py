@@ -89,6 +89,7 @@ from pathlib import Path
 import numpy as np
 from _report import add_report_option, report_to  # benchmarks/_report.py
 
+from fedsgld.deploy.loopback import descendants
 from fedsgld.privacy import PrivacyAccountant
 from fedsgld.privacy.distributed import choose_ddg, ddg_epsilon
 from fedsgld.secagg import encode, run_round
@@ -186,28 +187,6 @@ def _pss_mib(pid: int) -> float:
         return 0.0  # gone, or not Linux
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:  # not Linux: no peak is measured
-        names = []
-    for name in names:
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 class PeakMemory:
     """The peak, over one-second samples, of the summed PSS of this process's descendants
     (the deployment's SuperLink, SuperNodes, fork servers, tasks and ServerApp)."""
@@ -221,7 +200,7 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._stop.wait(1.0):
-            total = sum(_pss_mib(p) for p in _descendants(os.getpid()))
+            total = sum(_pss_mib(p) for p in descendants(os.getpid()))
             self.peak_mib = max(self.peak_mib, total)
 
     def __enter__(self) -> PeakMemory:

@@ -154,7 +154,11 @@ def _cmdline(pid: int) -> str:
 def descendants(root: int) -> list[int]:
     """The PIDs of every living process below ``root`` (children, their children, ...)."""
     children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
+    try:
+        procs = list(Path("/proc").iterdir())
+    except OSError:  # not Linux: none found
+        procs = []
+    for d in procs:
         if not d.name.isdigit():
             continue
         try:  # the field after the command's closing parenthesis: state, then ppid
