@@ -38,6 +38,13 @@ CONFIG = {
 }
 
 
+def _default_sigint() -> None:
+    """In the child before it runs: Ctrl-C as from a user's shell. A parent that ignores
+    SIGINT (a pytest-xdist worker does) would pass that on, and Python, started with
+    SIGINT ignored, never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def started():
     """The processes a test starts; each still running at teardown (a failed test) is
@@ -57,7 +64,7 @@ def _start(tmp_path: Path, out: Path, started: list[subprocess.Popen]) -> subpro
     cmd = [sys.executable, "-m", "fedsgld", "simulate", str(cfg), "--out", str(out)]
     proc = subprocess.Popen(
         [*cmd, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env,
+        env=env, preexec_fn=_default_sigint,
     )  # fmt: skip
     started.append(proc)
     return proc
@@ -116,7 +123,9 @@ def test_interrupted_while_loading_leaves_no_directory(tmp_path, started):
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "FLWR_TELEMETRY_ENABLED": "0"}
     leader, follower = pty.openpty()  # stderr a terminal, as for a user
     cmd = [sys.executable, "-m", "fedsgld", "simulate", str(cfg), "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=follower, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=follower, env=env, preexec_fn=_default_sigint
+    )
     started.append(proc)
     os.close(follower)
     seen = b""
