@@ -41,17 +41,17 @@ readme-numbers: demo
 # tests of several seconds or more. No test is left out. A test that hangs fails after
 # TEST_TIMEOUT seconds (pytest-timeout), and its fixtures still stop what it started.
 # pytest exits 5 when it selects no test: never for the first pass (the fast suite is
-# there); the second accepts it, with a note, should no test be marked slow. The slow
-# pass runs on SLOW_WORKERS pytest-xdist workers (each test whole on one worker; a worker
-# takes the next test when it is free): the deployments spend much of their time waiting
-# on round timeouts and polls, so two share two cores well.
+# there); the second accepts it, with a note, should no test be marked slow. Both passes
+# run on TEST_WORKERS pytest-xdist workers (each test whole on one worker; a free worker
+# takes the next test): every test's processes, ports and directories are its own.
 # `make test-all` runs every test in one pass.
 TEST_TIMEOUT ?= 1200
-SLOW_WORKERS ?= 2
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -m "not slow" -q --durations=15 --timeout=$(TEST_TIMEOUT)
+	$(BIN)/python -m pytest -m "not slow" -q --durations=15 --timeout=$(TEST_TIMEOUT) \
+	  -n $(TEST_WORKERS) --dist worksteal
 	$(BIN)/python -m pytest -m slow -q --durations=50 --timeout=$(TEST_TIMEOUT) \
-	  -n $(SLOW_WORKERS) --dist worksteal \
+	  -n $(TEST_WORKERS) --dist worksteal \
 	  || { s=$$?; test $$s -eq 5 || exit $$s; echo "make test: no test is marked slow"; }
 
 test-all: setup

@@ -163,7 +163,16 @@ class _InterruptedNet(nn.Module):
         return self.linear(x.flatten(1))
 
 
-def test_interrupted_in_round_one_removes_the_run_directory(tmp_path):
+@pytest.fixture
+def ctrl_c():
+    """Python's own SIGINT handler in this process, as a user's has (a pytest-xdist worker
+    ignores SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupted_in_round_one_removes_the_run_directory(tmp_path, ctrl_c):
     """SIGINT inside round 1, after the run directory and its 0-step ledger were written
     and before anything was released: no directory is left."""
     out = tmp_path / "run"
