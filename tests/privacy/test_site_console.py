@@ -203,7 +203,9 @@ def test_the_console_in_chromium(site):
         browser.get(f"{url}/?token={console.token}")
         spent = browser.find_element(By.CSS_SELECTOR, "td.spent").text
         assert float(spent) == pytest.approx(_ledger_epsilon(site), rel=1e-5)
-        assert len(browser.find_elements(By.CSS_SELECTOR, "tr.entry")) == 7  # 3 charged: 2 lines each
+        assert (
+            len(browser.find_elements(By.CSS_SELECTOR, "tr.entry")) == 7
+        )  # 3 charged: 2 lines each
         reasons = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "tr.refused td.reason")]
         assert any("already answered round 1" in r for r in reasons)
         assert str(site.parent) not in browser.page_source
