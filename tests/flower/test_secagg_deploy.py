@@ -6,9 +6,10 @@ Every SuperNode reads only its own ``.npz`` and its own privacy-policy file (its
 list, so every roster is authenticated); its ledger file (``fedsgld-site-K.json``) lives next
 to that file. The first run (3 sites) checks the result file's blocks, that every site's
 ledger holds exactly one distributed discrete Gaussian charge per round, and that the
-run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites) gives one site a
-policy that assumes more dropouts than the plan: it refuses every round, which is a
-dropout within the plan, so the run completes without it and names the refusal. The
+run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites, warm sites on the
+stock SuperNodes) gives one site a policy that assumes more dropouts than the plan: it
+refuses every round, which is a dropout within the plan, so the run completes without it
+and names the refusal. The
 third (3 sites, ``max_dropouts = 0``, on the fast path) runs the default one-shot rounds:
 every round after the first is one exchange, and every ledger holds its rounds.
 """
@@ -57,10 +58,13 @@ def _reference(sites: int, **over) -> tuple[float, list]:
     return ddg_epsilon(rounds, cfg.privacy.delta)[0], json.loads(json.dumps(entries))
 
 
-def _deploy(root: Path, policies: list[str], *, fast: bool = False, **over) -> dict:
+def _deploy(
+    root: Path, policies: list[str], *, fast: bool = False, warm: bool = False, **over
+) -> dict:
     """``policies[k]``: site k's policy file text, to which its long-term key (written by
     ``identity.generate`` in its own directory, mode 0600) and the consortium's key list
-    are added. ``fast``: on the fast path; ``over``: run settings. The run's results.json."""
+    are added. ``fast``: on the fast path; ``warm``: stock SuperNodes with warm sites;
+    ``over``: run settings. The run's results.json."""
     files = export_sites(_engine_config(len(policies), **over), root / "data")
     public = {k: identity.generate(root / f"site{k}" / "site.key") for k in range(len(policies))}
     peers = "".join(f'{k} = "{h}"\n' for k, h in public.items())
@@ -69,7 +73,7 @@ def _deploy(root: Path, policies: list[str], *, fast: bool = False, **over) -> d
         (root / f"site{k}" / "peers.toml").write_text(peers)
         keys = 'signing_key = "site.key"\npeers = "peers.toml"\n'  # next to the policy
         keys += 'public_records = "exact"\npublic_test_records = "exact"\n'  # one machine
-        if fast:  # the fast path runs only a bundle the site's policy approves
+        if fast or warm:  # a warm site runs only a bundle the site's policy approves
             approved_policy(root / f"site{k}" / "policy.toml", text + keys)
         else:
             (root / f"site{k}" / "policy.toml").write_text(text + keys)
@@ -77,7 +81,7 @@ def _deploy(root: Path, policies: list[str], *, fast: bool = False, **over) -> d
             f"site-id={k} site-data='{data}' privacy-policy='{root / f'site{k}' / 'policy.toml'}'"
         )
     with Loopback(root / "flwr") as lo:
-        lo.start(nodes, fast=fast)
+        lo.start(nodes, fast=fast, warm=warm)
         run = {**RUN, "sites": len(policies), "out": str(root / "out"), **over}
         return lo.run(run, timeout=1200.0)
 
@@ -138,7 +142,7 @@ def test_a_site_whose_policy_assumes_more_dropouts_refuses_and_the_round_complet
     ref, entries = _reference(4)
     policies = [f"epsilon = {20.0 + k}\nmax_dropouts = 1\n" for k in range(3)]
     policies.append("epsilon = 30.0\nmax_dropouts = 2\n")  # more than the plan's 1
-    r = _deploy(tmp_path, policies)
+    r = _deploy(tmp_path, policies, warm=True)  # warm sites: a third of the cold time
     _check_run(r, 4, ref, pipelined=0)  # site 3 never advertises: each round asks again
     dropped = r["flower"]["dropped_replies"]
     assert {d["site"] for d in dropped} == {3}
