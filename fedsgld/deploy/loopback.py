@@ -181,7 +181,6 @@ class Processes:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.procs: dict[str, subprocess.Popen] = {}
-        self.done: list[subprocess.Popen] = []  # restarted processes' old leaders
         self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -206,7 +205,6 @@ class Processes:
         old = self.procs[name]
         self._signal_group(old.pid, signal.SIGKILL)
         old.wait(timeout=15)
-        self.done.append(old)
         return self.start(name, *self.commands[name])
 
     def signal(self, name: str, sig: int) -> None:
