@@ -25,7 +25,7 @@ from fedsgld.core.noise import Randomness, os_seed
 from fedsgld.data import SiteData, describe_sites, load_dataset, make_sites
 from fedsgld.data.centres import centre_sites
 from fedsgld.data.datasets import ArrayDataset, subsample
-from fedsgld.data.standardize import site_standardize
+from fedsgld.data.standardize import released_standardize, site_standardize
 from fedsgld.models import build_model
 from fedsgld.models.backbone import cached_features
 from fedsgld.secagg.identity import ephemeral_credentials
@@ -243,8 +243,12 @@ def standardize_at_sites(config: Config, site_data: list[Any], *, log: Log) -> l
     """``standardize = "site"``: every site's records standardised by its own training
     records' mean and std (:func:`fedsgld.data.standardize.site_standardize`, at the site,
     nothing released); the other settings leave the records as they are (``pooled`` is a
-    release the run makes once its ledger exists: :mod:`fedsgld.run.standardization`)."""
-    if config.privacy.standardize != "site":
+    release the run makes once its ledger exists: :mod:`fedsgld.run.standardization`; a
+    Flower run's sites apply the statistics its server released, ``standardize_stats``)."""
+    p = config.privacy
+    if p.standardize == "pooled" and p.standardize_stats:
+        return [released_standardize(d, p.standardize_stats) for d in site_data]
+    if p.standardize != "site":
         return site_data
     log("standardize = 'site': each site's features by its own training mean and std")
     return [site_standardize(d) for d in site_data]

@@ -9,7 +9,9 @@ refused. The handlers behind it:
 
 ``query``: the sites this node hosts and the sizes their policies publish. ``train``: a site's clipped,
 pre-noised gradient sum for the round (never its realised batch size). ``evaluate``:
-the site's calibration report and statistics of one model on its test split. See
+the site's calibration report and statistics of one model on its test split.
+``query.standardize``: its moment sums for the pooled standardisation
+(:mod:`fedsgld.flower.site_standardize`). See
 :mod:`fedsgld.flower.sites`. ``train.secagg``: one step of a secure-aggregation round
 (:mod:`fedsgld.flower.secure_site`). ``query.pate`` / ``train.pate`` / ``evaluate.pate``: PATE
 teachers at the site, their vote histogram, the student's evaluation
@@ -29,12 +31,14 @@ from fedsgld.flower.guard import DOORS, Door, make_site_guard
 from fedsgld.flower.protocol import SECAGG
 from fedsgld.flower.secure_site import handle_secagg, secagg_door
 from fedsgld.flower.site_evaluation import handle_evaluate
+from fedsgld.flower.site_standardize import handle_standardize
 from fedsgld.flower.sites import handle_query, handle_train
 from fedsgld.models.backbone import offline
 
 offline()  # a site's model building never reaches the network, whatever the server names
 
 SECURE = SECAGG.split(".")[1]  # train.secagg: one step of a secure-aggregation round
+STANDARDIZE = "standardize"  # query.standardize: the pooled standardisation's one release
 PATE = "pate"  # the action of PATE's message types: query.pate, train.pate, evaluate.pate
 
 
@@ -79,6 +83,10 @@ def _register(app: ClientApp) -> ClientApp:
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         return handle_evaluate(msg, context)
+
+    @app.query(STANDARDIZE)
+    def standardize(msg: Message, context: Context) -> Message:
+        return handle_standardize(msg, context)
 
     @app.train(SECURE)
     def secure_step(msg: Message, context: Context) -> Message:

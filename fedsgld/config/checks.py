@@ -8,6 +8,7 @@ below are the valid choices of the string settings. Standard library only.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 import typing
@@ -155,3 +156,40 @@ def unknown_settings_message(unknown: list[str], valid: typing.Iterable[str]) ->
         parts.append(f"{k!r} (did you mean {near[0]!r}?)" if near else repr(k))
     noun = "setting" if len(unknown) == 1 else "settings"
     return f"unknown {noun} {', '.join(parts)}; `fedsgld config` lists every setting"
+
+
+#: The largest |mean|, std and 1 / std that ``standardize_stats`` may carry.
+MAX_STAT = 1e12
+
+
+def encode_stats(mean: list[float], std: list[float]) -> str:
+    """The pooled (mean, std) as ``standardize_stats`` carries them (JSON; every float64
+    exactly, as Python's ``repr``)."""
+    return json.dumps({"mean": [float(v) for v in mean], "std": [float(v) for v in std]})
+
+
+def decode_stats(text: str) -> tuple[list[float], list[float]]:
+    """``standardize_stats`` as (mean, std), each a list of finite floats of one length,
+    |mean| <= 1e12 and 1e-12 <= std <= 1e12; else ``ValueError`` naming the setting."""
+    try:
+        obj = json.loads(text)
+        mean, std = obj["mean"], obj["std"]
+        ok = isinstance(mean, list) and isinstance(std, list) and 0 < len(mean) == len(std)
+        ok = ok and set(obj) == {"mean", "std"}
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if ok:
+        ok = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in (*mean, *std)
+        )
+    if ok:
+        ok = all(abs(m) <= MAX_STAT for m in mean) and all(
+            1.0 / MAX_STAT <= s <= MAX_STAT for s in std
+        )
+    if not ok:
+        raise ValueError(
+            'standardize_stats must be the JSON {"mean": [...], "std": [...]} of one length, '
+            f"finite, |mean| <= {MAX_STAT:g}, std in [{1 / MAX_STAT:g}, {MAX_STAT:g}]"
+        )
+    return [float(v) for v in mean], [float(v) for v in std]

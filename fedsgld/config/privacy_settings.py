@@ -25,11 +25,21 @@ from fedsgld.config.checks import (
     _choice,
     _int,
     _num,
+    decode_stats,
     setting,
 )
 
 if TYPE_CHECKING:
     from fedsgld.privacy.schedules import CyclicalSchedule, StepSchedule
+
+
+def _check_stats(standardize: str, text: str) -> None:
+    """``standardize_stats`` is only ever the pooled statistics, in their one format."""
+    if standardize != "pooled":
+        raise ValueError(
+            f"standardize_stats is set only with standardize = 'pooled', got {standardize!r}"
+        )
+    decode_stats(text)
 
 
 def _schedules():
@@ -170,6 +180,11 @@ class PrivacySettings:
         "pooled standardisation: each feature (x - c) / s (c, s: the dataset's public centre "
         "and scale, else 0 and 1) is clipped to [-standardize_clip, standardize_clip], > 0",
     )
+    standardize_stats: str = setting(
+        "",
+        "set by a Flower run's server, never by a user: the pooled mean and std it released "
+        "(JSON), which its sites apply to their records; empty otherwise",
+    )
 
     def __post_init__(self) -> None:
         _choice("method", self.method, METHODS)
@@ -218,6 +233,8 @@ class PrivacySettings:
         _num("standardize_noise_multiplier", self.standardize_noise_multiplier, 0.0,
              MAX_NOISE_MULTIPLIER, lo_open=True)  # fmt: skip
         _num("standardize_clip", self.standardize_clip, 0.0, MAX_CLIP, lo_open=True)
+        if self.standardize_stats:
+            _check_stats(self.standardize, self.standardize_stats)
         if self.noise_placement == "server" and self.local_steps != 1:
             raise ValueError(
                 f"local_steps must be 1 with noise_placement = 'server' (one step per round), "

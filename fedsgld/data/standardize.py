@@ -35,6 +35,7 @@ from dataclasses import replace
 
 import torch
 
+from fedsgld.config.checks import decode_stats
 from fedsgld.data.centres import PUBLIC_SCALES
 from fedsgld.data.partition import SiteData
 
@@ -42,6 +43,7 @@ __all__ = [
     "apply_standardization",
     "exact_pooled_statistics",
     "raw_moment_sum",
+    "released_standardize",
     "moment_sum",
     "pooled_statistics",
     "public_scale",
@@ -86,6 +88,24 @@ def site_standardize(data: SiteData) -> SiteData:
         data,
         x_train=apply_standardization(data.x_train, mean, std),
         x_test=apply_standardization(data.x_test, mean, std),
+    )
+
+
+def released_standardize(data: SiteData, text: str) -> SiteData:
+    """``data`` with its train and test records standardised by the pooled (mean, std) a
+    Flower run's server released (``standardize_stats``, :func:`fedsgld.config.checks.
+    decode_stats`); ``ValueError`` where their length is not the records' feature count."""
+    mean, std = decode_stats(text)
+    _tabular(data.x_train, "standardize = 'pooled'")
+    d = int(data.x_train.shape[1])
+    if len(mean) != d:
+        raise ValueError(f"standardize_stats holds {len(mean)} features; the site's records {d}")
+    m = torch.tensor(mean, dtype=torch.float64)
+    sd = torch.tensor(std, dtype=torch.float64)
+    return replace(
+        data,
+        x_train=apply_standardization(data.x_train, m, sd),
+        x_test=apply_standardization(data.x_test, m, sd),
     )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -39,19 +39,24 @@ from fedsgld.clients import guard
 from fedsgld.clients.audit_log import AuditUnwritable
 from fedsgld.clients.guard import Admission, Evaluating
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.config.checks import MAX_CLIP, MAX_NOISE_MULTIPLIER
+from fedsgld.data.standardize import public_scale, sensitivity
 from fedsgld.flower import release
 from fedsgld.flower.audit import MessageAudit
 from fedsgld.flower.handoff import Admitted, handing
 from fedsgld.flower.protocol import (
     EVALUATE,
     QUERY,
+    STANDARDIZE,
     TRAIN,
     config_from_record,
     decode_evaluate,
+    decode_standardize,
     decode_train,
 )
 from fedsgld.flower.redact import redacted
 from fedsgld.flower.site_runtime import site_runtime
+from fedsgld.privacy.events import GaussianRelease
 
 Handler = Callable[[Message, Context], Message]
 Mod = Callable[[Message, Context, Handler], Message]
@@ -217,12 +222,99 @@ def _evaluate(msg: Message, context: Context) -> Admission:
     return replace(adm, request=Evaluating(site, group, vectors, config))
 
 
-DOORS: dict[str, Door] = {QUERY: _query, TRAIN: _train, EVALUATE: _evaluate}
+@dataclass(frozen=True)
+class Standardizing:
+    """A ``query.standardize`` request as the guard admitted it: the hosted ``site``, what
+    it computes (``exact``: its exact sums of x and x^2, a non-private run; else its sum of
+    clipped (u, u^2), :func:`fedsgld.data.standardize.moment_sum`, with the run's public
+    centre and scale and clip ``clip``)."""
+
+    site: Any
+    exact: bool
+    centre: Any = None
+    scale: Any = None
+    clip: float = 0.0
+
+
+def _standardize(msg: Message, context: Context) -> Admission:
+    """The pooled standardisation's one release of a site (:mod:`fedsgld.flower.standardize`):
+    a Gaussian mechanism on the site's clipped moment sums, noise multiplier
+    ``standardize_noise_multiplier`` at sensitivity sqrt(2 d), charged to the site's ledger
+    as one release of a run key and epoch (a second is a replay), noised here at the
+    ``sites`` placement; a non-private run's exact sums only where the policy allows them."""
+    req = decode_standardize(msg.content)  # the one decoding of the message
+    config = req.config
+    p, run = config.privacy, config.run
+    runtime = site_runtime(context, config)
+    policy, site = runtime.policy, runtime.site(req.site_id, required=True)
+    sid = site.site_id
+    key = guard.run_key({"run-key": req.run_key})
+    epoch = guard.whole_number({"epoch": req.epoch}, "epoch")
+    if p.standardize != "pooled" or p.standardize_stats:
+        raise PolicyRefused(
+            "a query.standardize request needs standardize = 'pooled' and no released "
+            "statistics yet (standardize_stats empty)"
+        )
+    if site.x_train.ndim != 2:
+        raise PolicyRefused("standardize = 'pooled' needs tabular records; this site's are not")
+    guard.public_records(policy, site)  # the server divides by the published counts
+    if run.randomness == "seeded" and not policy.insecure_seeded_noise:
+        raise PolicyRefused(
+            "the site refuses shared-seed randomness: it draws its noise from its own "
+            "operating system (set randomness = 'os', or a policy with insecure_seeded_noise = true)"
+        )
+    round_of = (f"{key}|standardize", epoch, 0)
+    if not p.private:
+        if not policy.allow_non_private:
+            raise PolicyRefused(
+                "the site refuses a non-private request (exact sums of its records for the "
+                "pooled standardisation); its policy would need allow_non_private = true"
+            )
+        return Admission(policy, sid, round_of=round_of, request=Standardizing(site, True))
+    if p.placement == "secure":
+        raise PolicyRefused(
+            "standardize = 'pooled' over Flower releases at the server or sites placement; its "
+            "secure sum runs in the in-process engine (fedsgld simulate)"
+        )
+    guard.check_placement(policy, sid, p.placement)
+    sigma = guard.number(
+        "standardize_noise_multiplier", p.standardize_noise_multiplier,
+        lo=max(policy.min_noise_multiplier, 0.0), hi=MAX_NOISE_MULTIPLIER, lo_open=True,
+        limit=f"must be in [policy min_noise_multiplier {policy.min_noise_multiplier:g}, "
+        f"{MAX_NOISE_MULTIPLIER:g}] and > 0",
+    )  # fmt: skip
+    clip = guard.number("standardize_clip", p.standardize_clip, lo=0.0, hi=MAX_CLIP,
+                        lo_open=True, limit=f"must be in (0, {MAX_CLIP:g}]")  # fmt: skip
+    d = int(site.x_train.shape[1])
+    delta = sensitivity(d)
+    at_site = p.placement == "sites"
+    centre, scale = public_scale(run.dataset, d)
+    return Admission(
+        policy,
+        sid,
+        # the noise the site adds, or (server placement, deployed) the noise it is promised
+        event=GaussianRelease(sigma, delta) if at_site or not policy.simulated else None,
+        round_of=round_of,
+        noise_shape=(2 * d,) if at_site else None,
+        noise_std=sigma * delta,
+        run_secure=run.secure,
+        release=release.moments,
+        request=Standardizing(site, False, centre, scale, clip),
+    )
+
+
+DOORS: dict[str, Door] = {
+    QUERY: _query,
+    TRAIN: _train,
+    EVALUATE: _evaluate,
+    STANDARDIZE: _standardize,
+}
 
 __all__ = [
     "DOORS",
     "Door",
     "LEDGER_STATE",
+    "Standardizing",
     "checked_array",
     "evaluation_admission",
     "make_site_guard",

@@ -77,6 +77,7 @@ QUERY = "query"
 TRAIN = "train"
 EVALUATE = "evaluate"
 SECAGG = "train.secagg"
+STANDARDIZE = "query.standardize"
 SECAGG_PREFIX = "secagg/"  # a step's protocol message inside the plan record
 
 # Flower-only run-config keys and their defaults.
@@ -110,6 +111,8 @@ DATA_KEYS = (
     "hidden",
     "seed",
     "chunk_size",
+    "standardize",
+    "standardize_stats",
 )
 
 
@@ -431,6 +434,46 @@ def decode_secure(content: RecordDict) -> SecureStep:
         signal_norm=norm,
         message=unflatten(rec, SECAGG_PREFIX),
     )
+
+
+# -- the query.standardize message: one codec --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandardizeRequest:
+    """A ``query.standardize`` message as decoded (:func:`decode_standardize`): the site it
+    asks (``site_id`` as sent), the run key, the run's epoch (a resumed run's release is a
+    new one) and the run's config, whose ``standardize_*`` settings and placement say what
+    the site computes and how it is noised."""
+
+    site_id: Any
+    run_key: Any
+    epoch: Any
+    config: Config
+
+
+def encode_standardize(*, site_id: int, run_key: str, epoch: int, run: ConfigRecord) -> RecordDict:
+    """The content of a ``query.standardize`` message (:func:`decode_standardize`)."""
+    rec = ConfigRecord({"site-id": site_id, "run-key": run_key, "epoch": epoch})
+    return RecordDict({"standardize": rec, "run": run})
+
+
+def decode_standardize(content: RecordDict) -> StandardizeRequest:
+    """The :class:`StandardizeRequest` a ``query.standardize`` message carries; ``ValueError``
+    for a malformed one (a missing record, a field no site reads, a run config that does not
+    parse)."""
+    for name in ("standardize", "run"):
+        if not isinstance(content.get(name), ConfigRecord):
+            raise ValueError(f"request has no ConfigRecord {name!r}")
+    rec = dict(content["standardize"].items())
+    extra = sorted(set(rec) - {"site-id", "run-key", "epoch"})
+    if extra:
+        raise ValueError(f"fields no site reads: {extra}")
+    config = config_from_record(content["run"])
+    return StandardizeRequest(rec.get("site-id"), rec.get("run-key"), rec.get("epoch"), config)
+
+
+MOMENTS_DTYPE = "<f8"  # a site's moment sums on the wire: float64 little-endian, (2 d,)
 
 
 def data_fingerprint(config: Config, node_config: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from fedsgld.calibration.pooling import report_from_stats
 from fedsgld.clients.policy import SitePolicy
 from fedsgld.clients.release import noisy_stats
+from fedsgld.flower.protocol import MOMENTS_DTYPE
 
 PUBLIC_SITE_KEYS = ("site", "n_train", "n_test", "num_classes", "input_shape")
 
@@ -85,3 +86,16 @@ def evaluation(
 
 def _json(content: RecordDict, name: str) -> dict[str, Any]:
     return json.loads(str(content[name]["json"]))
+
+
+def moments(msg: Message, reply: Message, noise: np.ndarray | None) -> Message:
+    """A site's moment sums for the pooled standardisation: as computed, or (noise at the
+    site) with the noise the guard drew after the charge added, float64."""
+    rec = reply.content["moments"]
+    if noise is None:
+        return reply
+    exact = np.frombuffer(rec["moments"], MOMENTS_DTYPE)
+    if exact.shape != noise.shape:
+        raise ValueError(f"moments {exact.shape} and their noise {noise.shape} differ")
+    out = {**dict(rec.items()), "moments": (exact + noise).astype(MOMENTS_DTYPE).tobytes()}
+    return Message(RecordDict({"moments": ConfigRecord(out)}), reply_to=msg)

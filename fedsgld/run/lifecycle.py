@@ -94,6 +94,11 @@ class RunLifecycle:
         tag: str | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
+        if config.privacy.standardize_stats:
+            raise ValueError(
+                "standardize_stats is what a Flower run's server sends its sites after the "
+                "pooled standardisation's release; a run's config leaves it empty"
+            )
         self.t_start = time.perf_counter()
         self.transport = transport
         self.log = log

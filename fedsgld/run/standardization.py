@@ -47,12 +47,20 @@ from fedsgld.run.stops import discard_unreleased, released_nothing
 from fedsgld.secagg import Mechanism, run_round
 from fedsgld.strategies.secure_sum import round_label
 
-__all__ = ["pooled_standardization", "standardize_sites"]
+__all__ = [
+    "ReleaseRefused",
+    "check_fits",
+    "pooled_standardization",
+    "release_placement",
+    "standardize_sites",
+]
 
 Log = Callable[[str], None]
 
 
-def _placement(config: Config) -> str:
+def release_placement(config: Config) -> str:
+    """Where the pooled release is noised: "exact" (a non-private run), "secure", "sites" or
+    "server"."""
     p = config.privacy
     if not p.private:
         return "exact"
@@ -73,7 +81,7 @@ def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: f
     # what every site's keys and masks bind (one release, no sampling, no pre-noise)
     mechanism = Mechanism(params, sigma, 1.0, 0.0, delta_ * sum(server.site_sizes))
     event = DistributedDiscreteGaussianStep(params, 1.0)
-    _fits(server, event, sigma)
+    check_fits(server, event, sigma)
     server.charge(event)  # the run's ledger, persisted before any share exists
     key = f"{server.run_key}|standardize"
     guards = [
@@ -114,7 +122,8 @@ class ReleaseRefused(ValueError):
     """The pooled standardisation's release alone does not fit in the budget."""
 
 
-def _fits(server, event: DpEvent, sigma: float) -> None:
+def check_fits(server, event: DpEvent, sigma: float) -> None:
+    """:class:`ReleaseRefused` where the release alone would take the run past its budget."""
     acc = server.accountant
     if acc is not None and not acc.fits(event):
         raise ReleaseRefused(
@@ -129,13 +138,13 @@ def _release(fed, server, config: Config, sums: list[torch.Tensor]) -> tuple[tor
     p = config.privacy
     sigma, dim = p.standardize_noise_multiplier, int(sums[0].shape[0])
     delta_ = sensitivity(dim // 2)
-    where = _placement(config)
+    where = release_placement(config)
     info: dict[str, Any] = {"placement": where, "noise_multiplier": sigma, "sensitivity": delta_}
     if where == "secure":
         total, event, params = _secure_total(fed, server, sums, sigma, delta_)
         info.update(event=type(event).__name__, mechanism=params.describe())
         return total, info
-    _fits(server, GaussianRelease(sigma), sigma)
+    check_fits(server, GaussianRelease(sigma), sigma)
     charged = server.charge(GaussianRelease(sigma))
     info["event"] = "GaussianRelease"
     std = sigma * delta_
@@ -187,7 +196,7 @@ def pooled_standardization(lc, fed, server, *, log: Log) -> dict[str, Any] | Non
                 f"{tuple(x0.shape)}; set standardize = 'none' for images"
             )
         n = sum(s.num_train for s in fed.sites)
-        if _placement(config) == "exact":  # a non-private run: the exact pooled statistics
+        if release_placement(config) == "exact":  # a non-private run: the exact pooled statistics
             total = torch.stack([raw_moment_sum(s.x_train) for s in fed.sites]).sum(0)
             mean, std = exact_pooled_statistics(total, n)
             info = {"placement": "exact"}

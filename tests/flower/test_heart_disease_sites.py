@@ -66,10 +66,32 @@ def test_a_deployed_site_standardises_by_its_own_file(tmp_path):
     assert not torch.equal(raw.x_train, shard.x_train)  # control: standardised, not raw
 
 
-def test_the_private_pooled_standardisation_is_refused_over_flower():
+def test_the_pooled_standardisation_over_flower_is_refused_only_as_a_secure_sum():
     with pytest.raises(ValueError, match="standardize = 'pooled'.*in-process engine"):
-        _refuse_engine_only_settings(load_config(CONFIG))
+        _refuse_engine_only_settings(
+            load_config(CONFIG, {"noise_placement": "sites", "secure_aggregation": True})
+        )
+    _refuse_engine_only_settings(load_config(CONFIG))  # the server placement: over Flower
     _refuse_engine_only_settings(load_config(CONFIG, {"standardize": "site"}))
+
+
+def test_flower_and_the_engine_agree_on_the_centres_with_the_pooled_release():
+    """A seeded Flower run with the private pooled standardisation (server placement) draws
+    the release's noise from the server's seeded stream as the engine does: the same
+    statistics, the same run (tests/privacy/test_site_standardize.py: the sites' side)."""
+    import fedsgld
+
+    kw = dict(config=str(CONFIG), method="dpsgd", rounds=3, progress=False)
+    engine_run = fedsgld.simulate(**kw)
+    flower_run = fedsgld.simulate(**kw, transport="flower")
+    e = engine_run.results["privacy"]["standardization"]
+    f = flower_run.results["privacy"]["standardization"]
+    assert e["placement"] == f["placement"] == "server"
+    assert f["mean"] == e["mean"] and f["std"] == e["std"]
+    assert flower_run.metrics["accuracy"] == engine_run.metrics["accuracy"]
+    assert flower_run.metrics == pytest.approx(engine_run.metrics, rel=1e-6)
+    for k, m in engine_run.site_metrics.items():
+        assert flower_run.site_metrics[k]["accuracy"] == m["accuracy"]
 
 
 def test_flower_and_the_engine_agree_on_the_centres_with_site_standardisation():
