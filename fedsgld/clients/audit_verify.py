@@ -41,6 +41,9 @@ def ledgers(policy: SitePolicy) -> dict[int, SiteLedger]:
     return out
 
 
+STANDARDIZE = "query.standardize"  # the message type of the pooled standardisation's release
+
+
 def _charges(e: dict[str, Any]) -> bool:
     """Whether line ``e`` holds a charge: a ``charged`` line, or an outcome line of a
     request whose charge has no line of its own (nothing charged, or a log written before
@@ -78,7 +81,11 @@ def ledger_problem(entries: list[dict[str, Any]], sid: int, led: SiteLedger) -> 
                 f"{held}, epsilon {eps:.6g}"
             )
     for run, (_epoch, rnd) in led.answered.items():
-        if not any(e.get("run") == run and e.get("round") == rnd for e in lines):
+        base, sep, what = run.rpartition("|")
+        if sep and what == "standardize":  # the pooled standardisation's release of run base
+            if not any(e.get("run") == base and e.get("type") == STANDARDIZE for e in lines):
+                return f"site {sid}: its ledger answered the standardisation of run {base}, the log has no line"
+        elif not any(e.get("run") == run and e.get("round") == rnd for e in lines):
             return f"site {sid}: its ledger answered round {rnd} of run {run}, the log has no line"
     for run, n in led.evaluations.items():
         got_n = sum(

@@ -1,6 +1,6 @@
 """What the ServerApp and the ClientApp say to each other, and the Flower run config.
 
-Three message types, one (node, site) pair per message (a SuperNode may host several sites):
+The message types, one (node, site) pair per message (a SuperNode may host several sites):
 
 ``query``     server -> node: ``run`` (ConfigRecord: the flat run config, seed resolved).
               reply: ``sites`` (ConfigRecord, key ``json``: a JSON list with one entry per
@@ -32,6 +32,12 @@ Three message types, one (node, site) pair per message (a SuperNode may host sev
               ``secagg-one-shot``, ``signal-norm``; and the step's
               protocol message, flattened under ``secagg/``: :mod:`fedsgld.secagg.wire`).
               reply: ``secagg`` (ConfigRecord: the site's protocol message, flattened).
+``query.standardize``  server -> node, once per site before round 1
+              (``standardize = "pooled"``): ``standardize`` (ConfigRecord: site-id, run-key, epoch) and
+              ``run``. reply: ``moments`` (ConfigRecord: ``moments``, the site's sums of the
+              clipped (u, u^2), float64 little-endian (2 d,), noised by the site at the
+              ``sites`` placement; ``site-id``). Every later message's run config carries
+              the pooled statistics the server formed (``standardize_stats``).
 ``evaluate``  server -> node, one model per message: ``thetas`` (ArrayRecord ``{"0":
               theta_0, ...}``: one vector, or the posterior samples one model averages),
               ``eval`` (ConfigRecord: site-id, run-key, groups = JSON ``{"posterior": [0,

@@ -26,6 +26,9 @@ from flwr.app import ConfigRecord, Message
 from test_site_guard import Node, answered, policy_file, refused
 
 from fedsgld import engine
+from fedsgld.clients.audit_log import audit_path
+from fedsgld.clients.audit_verify import verify
+from fedsgld.clients.policy import SitePolicy
 from fedsgld.config import Config
 from fedsgld.config.checks import decode_stats, encode_stats
 from fedsgld.data.standardize import moment_sum, public_scale, sensitivity
@@ -152,6 +155,15 @@ def test_a_replayed_release_is_refused_and_a_resumed_epoch_is_charged_anew(tmp_p
     refused(ask(n, epoch=0), "refusing the replayed request")
     moments(ask(n, epoch=1))  # a resumed run (new epoch): a new release, charged again
     assert ledger(d)["ledger"]["ledger"] == [[1.0, 4.0, 2]]
+    # the site's audit log holds each request, its charge and its outcome, and agrees
+    policy = SitePolicy.from_file(d / "policy.toml")
+    assert verify(policy) == (5, None)
+    lines = [json.loads(x) for x in audit_path(policy.state_dir).read_text().splitlines()]
+    kinds = [(e["type"], e["decision"]) for e in lines]
+    assert kinds == [(STANDARDIZE, "charged"), (STANDARDIZE, "answered"),
+                     (STANDARDIZE, "refused"), (STANDARDIZE, "charged"),
+                     (STANDARDIZE, "answered")], kinds  # fmt: skip
+    assert lines[0]["request"]["standardize_noise_multiplier"] == 4.0
 
 
 def test_a_malformed_request_or_statistics_of_another_shape_are_refused(tmp_path):
