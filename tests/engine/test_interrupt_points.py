@@ -17,6 +17,7 @@ import os
 import pytest
 
 from fedsgld import engine
+from fedsgld.calibration import plots
 from fedsgld.config import load_config
 from fedsgld.core import release
 from fedsgld.run.resume import ResumeError
@@ -37,6 +38,14 @@ CFG = {
     "seed": 5,
 }
 QUIET = {"progress": False, "log": lambda s: None}
+
+
+def _no_png(fig, path, **kw):
+    """The figure closed without rendering it (its PNG is not a write point)."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
 
 
 class Draws:
@@ -70,6 +79,9 @@ class Draws:
         monkeypatch.setattr(release.Charged, "noise", noise)
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(os, "replace", replace)
+        # the result PNGs are written in place (no fsync, no rename: not write points) and
+        # rendering them is most of each run's time; the sweeps start a run ~170 times
+        monkeypatch.setattr(plots, "_save", _no_png)
 
     def run(self, out, *, resume: bool, fail_at: int = 0) -> dict | None:
         """One start of the run; None when it was interrupted."""
