@@ -4,7 +4,9 @@ per site, ``flwr run`` (docs/secure_aggregation.md).
 Every SuperNode reads only its own ``.npz`` and its own privacy-policy file (its own
 ``epsilon``, ``max_dropouts = 1``, its long-term signing key and the consortium's key
 list, so every roster is authenticated); its ledger file (``fedsgld-site-K.json``) lives next
-to that file. The first run (3 sites) checks the result file's blocks, that every site's
+to that file. The first run (3 sites, warm sites on the stock SuperNodes: a fresh ClientApp
+interpreter per message is tested by test_flower_deploy.py and test_site_guard_deploy.py)
+checks the result file's blocks, that every site's
 ledger holds exactly one distributed discrete Gaussian charge per round, and that the
 run's epsilon is ``ddg_epsilon`` of its rounds. The second (4 sites, warm sites on the
 stock SuperNodes) gives one site a policy that assumes more dropouts than the plan: it
@@ -131,7 +133,8 @@ def test_secure_aggregation_deployed_each_site_charges_its_own_ledger(tmp_path):
     epsilons = [20.0, 25.0, 30.0]
     ref, entries = _reference(3)
     assert ref < min(epsilons)  # every site's budget holds the run
-    r = _deploy(tmp_path, [f"epsilon = {e}\nmax_dropouts = 1\n" for e in epsilons])
+    policies = [f"epsilon = {e}\nmax_dropouts = 1\n" for e in epsilons]
+    r = _deploy(tmp_path, policies, warm=True)  # Flower's cold ClientApps: test_flower_deploy
     print(f"round wall time: {r['round_wall_time_s']}; cost: {r['flower']['secure_aggregation']}")
     _check_run(r, 3, ref, pipelined=ROUNDS - 1)  # every site answers every step
     assert r["flower"]["dropped_replies"] == []
