@@ -30,6 +30,16 @@ from fedsgld.deploy.loopback import (  # noqa: F401 - the tests import them from
 )
 
 # A small, fast federation (synthetic data, an MLP): the engine's test settings.
+# a short deployed run's posterior sampling and waits (the loopback deployment tests)
+DEPLOYED = {
+    "burn_in": 1,
+    "thin": 1,
+    "max_samples": 2,
+    "poll-interval": 0.1,
+    "wait-for-sites": 120.0,
+    "round-timeout": 120.0,
+}
+
 SMALL: dict = {
     "dataset": "synthetic",
     "model": "mlp",

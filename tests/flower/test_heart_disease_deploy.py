@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from flower_support import DEPLOYED
 
 from fedsgld.clients.audit_verify import verify
 from fedsgld.clients.policy import SitePolicy
@@ -30,12 +31,7 @@ RUN = {
     "local_steps": 1,
     "rounds": ROUNDS,
     "randomness": "os",
-    "burn_in": 1,
-    "thin": 1,
-    "max_samples": 2,
-    "poll-interval": 0.1,
-    "wait-for-sites": 120.0,
-    "round-timeout": 120.0,
+    **DEPLOYED,
 }
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from flower_support import BIN, SMALL, flower_env, flwr, free_port, run_config_arg
+from flower_support import BIN, DEPLOYED, SMALL, flower_env, flwr, free_port, run_config_arg
 
 from fedsgld.config import load_config
 from fedsgld.deploy.export_sites import export_sites
@@ -26,12 +26,7 @@ RUN = {
     "rounds": 2,
     "eval_every": 0,
     "checkpoint_every": 0,
-    "burn_in": 1,
-    "thin": 1,
-    "max_samples": 2,
-    "poll-interval": 0.1,
-    "wait-for-sites": 120.0,
-    "round-timeout": 120.0,
+    **DEPLOYED,
     "threads": 1,
 }
 
