@@ -107,20 +107,33 @@ def _cell(x: dict | None, metric: str) -> str:
     return f"{m['diff']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}] {verdict}"
 
 
+PAIRS = (
+    ("dpsgd+recal", "dpsgd"),
+    ("dpsgld+recal", "dpsgld"),
+    ("dpsgd+avg", "dpsgd"),
+    ("dpsgld+bma", "dpsgld"),
+    ("dpsgld", "dpsgd"),
+)
+
+
 def summary(out: Path) -> str:
-    """One table of the pooled verdicts per cell (A - B, 95 % paired interval)."""
+    """One table of the pooled verdicts per cell (A - B, 95 % paired interval), and how
+    many cells each comparison resolves better or worse on ``dce`` and on NLL."""
     rows = []
-    tally = {"better": 0, "worse": 0, "not resolved": 0}
-    for (dataset, eps), _ in SELECTED.items():
+    tally: dict[str, dict[str, dict[str, int]]] = {}
+    for dataset, eps in SELECTED:
         f = out / cell_name(dataset, eps) / "calibration.json"
         if not f.is_file():
             rows.append(f"| {NAMES[dataset]} | {eps:g} | (not run) | | | | |")
             continue
         comps = json.loads(f.read_text())["comparisons"]
-        for a, b in (("dpsgd+recal", "dpsgd"), ("dpsgld+recal", "dpsgld"), ("dpsgld", "dpsgd")):
+        for a, b in PAIRS:
             x = _cmp(comps, a, b)
-            if x is not None and a.endswith("+recal"):
-                tally[x["dce"]["verdict"]] += 1
+            if x is None:
+                continue
+            for metric in ("dce", "nll"):
+                t = tally.setdefault(f"{a} − {b}", {}).setdefault(metric, {})
+                t[x[metric]["verdict"]] = t.get(x[metric]["verdict"], 0) + 1
             cells = " | ".join(_cell(x, m) for m in ("accuracy", "nll", "ece", "dce"))
             rows.append(f"| {NAMES[dataset]} | {eps:g} | {a} − {b} | {cells} |")
     head = [
@@ -130,18 +143,23 @@ def summary(out: Path) -> str:
         "`python benchmarks/calibration_cells.py` (each cell: `fedsgld benchmark` at the points "
         "the earlier table selected, 3 seeds; every cell's metrics, intervals and per-site "
         "tables are in its own calibration.md). Pooled test set; A − B with its 95 % paired "
-        "bootstrap interval over test records and seeds; **better** / **worse** only where the "
-        "interval excludes zero.",
+        "bootstrap interval over test records and seeds; **better** / **worse** (for A) only "
+        "where the interval excludes zero.",
         "",
         "| dataset | epsilon | comparison | accuracy | NLL | ECE | dce |",
         "|---|---|---|---|---|---|---|",
     ]
-    foot = [
-        "",
-        f"Private recalibration against its last iterate, `dce` (the debiased calibration "
-        f"error), over the cells above: better in {tally['better']}, worse in "
-        f"{tally['worse']}, not resolved in {tally['not resolved']}.",
-    ]
+    foot = ["", "Over the cells above:", "", "| comparison | dce | NLL |", "|---|---|---|"]
+    for name, t in tally.items():
+        foot.append(
+            f"| {name} | "
+            + " | ".join(
+                f"better {t[m].get('better', 0)}, worse {t[m].get('worse', 0)}, "
+                f"not resolved {t[m].get('not resolved', 0)}"
+                for m in ("dce", "nll")
+            )
+            + " |"
+        )
     return "\n".join(head + rows + foot) + "\n"
 
 

@@ -61,3 +61,23 @@ def test_report_option_is_taken_from_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "n = 3" in run.stdout and "n = 3" in out.read_text()
     assert f"--n 3 --report {out}" in out.read_text()
+
+
+def test_every_calibration_cell_is_a_valid_benchmark_at_the_tables_point(tmp_path):
+    """benchmarks/calibration_cells.py: each cell's config loads as a benchmark, at its
+    epsilon, with the point the earlier table selected for each method."""
+    import calibration_cells as cells
+
+    from fedsgld.studies.benchmark import load_benchmark
+
+    assert len(cells.SELECTED) == 8
+    for (dataset, eps), points in cells.SELECTED.items():
+        path = tmp_path / f"{cells.cell_name(dataset, eps)}.toml"
+        path.write_text(cells.cell_toml(dataset, eps))
+        config, bench = load_benchmark(path)
+        assert config.privacy.epsilon == eps and bench["methods"] == ["dpsgd", "dpsgld"]
+        assert bench["overrides"] == points
+        assert config.run.recal_fraction > 0 and config.run.swag_samples == 0
+    # the summary of a directory without runs says so, cell by cell
+    text = cells.summary(tmp_path / "none")
+    assert text.count("(not run)") == 8
