@@ -11,6 +11,8 @@ intervals and verdicts; this writes one summary of the verdicts per cell:
     python benchmarks/calibration_cells.py --out runs/calibration_cells --jobs 2
     python benchmarks/calibration_cells.py --out runs/calibration_cells --summary-only \
         --summary benchmarks/results/calibration_cells.md
+    # the table's +swag rows (SWAG, 20 samples), in runs of their own
+    python benchmarks/calibration_cells.py --out runs/calibration_cells_swag --swag 20 --jobs 2
 
 The cells MNIST-5k and breast cancer at epsilon 1 ran before as
 simulations/calibration_mnist5k_eps1.toml and calibration_breast_cancer_eps1.toml; MNIST-5k
@@ -58,13 +60,14 @@ def _value(v) -> str:
     return json.dumps(v)
 
 
-def cell_toml(dataset: str, eps: float) -> str:
-    """The benchmark config of one (dataset, epsilon) cell."""
+def cell_toml(dataset: str, eps: float, *, swag: int = 0) -> str:
+    """The benchmark config of one (dataset, epsilon) cell (``swag``: SWAG samples, the
+    table's ``+swag`` rows; 0: none)."""
     base_file, over = BASE[dataset]
     with (ROOT / "simulations" / base_file).open("rb") as fh:
         base = tomllib.load(fh)
     base.pop("benchmark", None)
-    flat = {**base, **over, "epsilon": eps, "swag_samples": 0}
+    flat = {**base, **over, "epsilon": eps, "swag_samples": swag}
     lines = [f"# {NAMES[dataset]} at epsilon {eps:g}: benchmarks/calibration_cells.py"]
     lines += [f"{k} = {_value(v)}" for k, v in flat.items()]
     lines += ["", "[benchmark]", 'methods = ["dpsgd", "dpsgld"]', "seeds = [0, 1, 2]",
@@ -79,13 +82,13 @@ def cell_name(dataset: str, eps: float) -> str:
     return f"{dataset}_eps{eps:g}"
 
 
-def run_cell(out: Path, dataset: str, eps: float) -> tuple[str, int]:
+def run_cell(out: Path, dataset: str, eps: float, swag: int = 0) -> tuple[str, int]:
     d = out / cell_name(dataset, eps)
     if (d / "calibration.json").is_file():
         return d.name, 0  # done before
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / f"{d.name}.toml"
-    cfg.write_text(cell_toml(dataset, eps))
+    cfg.write_text(cell_toml(dataset, eps, swag=swag))
     cmd = [sys.executable, "-m", "fedsgld", "benchmark", str(cfg), "--out", str(d), "--no-progress"]
     with (out / f"{d.name}.log").open("w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
@@ -113,6 +116,8 @@ PAIRS = (
     ("dpsgd+avg", "dpsgd"),
     ("dpsgld+bma", "dpsgld"),
     ("dpsgld", "dpsgd"),
+    ("dpsgd+swag", "dpsgd"),
+    ("dpsgld+swag", "dpsgld"),
 )
 
 
@@ -170,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="cell names (dataset_epsX)")
     ap.add_argument("--summary-only", action="store_true", help="write the summary, run nothing")
     ap.add_argument(
+        "--swag", type=int, default=0, help="SWAG samples per run (the table's +swag rows; 0: none)"
+    )
+    ap.add_argument(
         "--summary", type=Path, default=None, help="summary file (default: OUT/summary.md)"
     )
     args = ap.parse_args(argv)
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.summary_only:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for name, rc in pool.map(lambda k: run_cell(args.out, *k), cells):
+            for name, rc in pool.map(lambda k: run_cell(args.out, *k, args.swag), cells):
                 print(
                     f"{name}: {'done' if rc == 0 else f'failed ({rc}), see its .log'}", flush=True
                 )
