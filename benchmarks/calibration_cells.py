@@ -5,14 +5,12 @@ breast cancer at epsilon 0.5, 1 and 4, DP-SGD and DP-SGLD, 3 seeds) chose each c
 point on validation NLL and kept no test predictions. This reruns every (dataset,
 epsilon) at the points the table selected, with the recalibration of its goal cells, as
 ``fedsgld benchmark`` runs (each keeps ``predictions.npz``): DP-SGD and DP-SGLD, their
-``+recal`` and ``+avg`` / ``+bma`` rows, 3 seeds. Each run's calibration.md holds the
+``+recal``, ``+avg`` / ``+bma`` and ``+swag`` (20 samples, as the table) rows, 3 seeds. Each run's calibration.md holds the
 intervals and verdicts; this writes one summary of the verdicts per cell:
 
     python benchmarks/calibration_cells.py --out runs/calibration_cells --jobs 2
     python benchmarks/calibration_cells.py --out runs/calibration_cells --summary-only \
         --summary benchmarks/results/calibration_cells.md
-    # the table's +swag rows (SWAG, 20 samples), in runs of their own
-    python benchmarks/calibration_cells.py --out runs/calibration_cells_swag --swag 20 --jobs 2
 
 The cells MNIST-5k and breast cancer at epsilon 1 ran before as
 simulations/calibration_mnist5k_eps1.toml and calibration_breast_cancer_eps1.toml; MNIST-5k
@@ -60,7 +58,7 @@ def _value(v) -> str:
     return json.dumps(v)
 
 
-def cell_toml(dataset: str, eps: float, *, swag: int = 0) -> str:
+def cell_toml(dataset: str, eps: float, *, swag: int = 20) -> str:
     """The benchmark config of one (dataset, epsilon) cell (``swag``: SWAG samples, the
     table's ``+swag`` rows; 0: none)."""
     base_file, over = BASE[dataset]
@@ -82,7 +80,7 @@ def cell_name(dataset: str, eps: float) -> str:
     return f"{dataset}_eps{eps:g}"
 
 
-def run_cell(out: Path, dataset: str, eps: float, swag: int = 0) -> tuple[str, int]:
+def run_cell(out: Path, dataset: str, eps: float, swag: int = 20) -> tuple[str, int]:
     d = out / cell_name(dataset, eps)
     if (d / "calibration.json").is_file():
         return d.name, 0  # done before
@@ -175,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="cell names (dataset_epsX)")
     ap.add_argument("--summary-only", action="store_true", help="write the summary, run nothing")
     ap.add_argument(
-        "--swag", type=int, default=0, help="SWAG samples per run (the table's +swag rows; 0: none)"
+        "--swag",
+        type=int,
+        default=20,
+        help="SWAG samples per run (the table's +swag rows; 0: none)",
     )
     ap.add_argument(
         "--summary", type=Path, default=None, help="summary file (default: OUT/summary.md)"

@@ -77,7 +77,7 @@ def test_every_calibration_cell_is_a_valid_benchmark_at_the_tables_point(tmp_pat
         config, bench = load_benchmark(path)
         assert config.privacy.epsilon == eps and bench["methods"] == ["dpsgd", "dpsgld"]
         assert bench["overrides"] == points
-        assert config.run.recal_fraction > 0 and config.run.swag_samples == 0
+        assert config.run.recal_fraction > 0 and config.run.swag_samples == 20
     # the summary of a directory without runs says so, cell by cell
     text = cells.summary(tmp_path / "none")
     assert text.count("(not run)") == 8
