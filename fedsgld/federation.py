@@ -246,12 +246,21 @@ def standardize_at_sites(config: Config, site_data: list[Any], *, log: Log) -> l
     release the run makes once its ledger exists: :mod:`fedsgld.run.standardization`; a
     Flower run's sites apply the statistics its server released, ``standardize_stats``)."""
     p = config.privacy
-    if p.standardize == "pooled" and p.standardize_stats:
-        return [released_standardize(d, p.standardize_stats) for d in site_data]
+    if p.standardize == "pooled":
+        return with_released_statistics(config, site_data)
     if p.standardize != "site":
         return site_data
     log("standardize = 'site': each site's features by its own training mean and std")
     return [site_standardize(d) for d in site_data]
+
+
+def with_released_statistics(config: Config, site_data: list[Any]) -> list[Any]:
+    """``site_data`` standardised by the pooled statistics a Flower run's server released
+    (``standardize_stats``); as they are before the release (or without ``pooled``)."""
+    stats = config.privacy.standardize_stats
+    if config.privacy.standardize != "pooled" or not stats:
+        return site_data
+    return [released_standardize(d, stats) for d in site_data]
 
 
 def user_split(config: Config, site_data: list[SiteData], *, seed: int, log: Log) -> DataSplit:
@@ -447,6 +456,7 @@ __all__ = [
     "site_device",
     "split_data",
     "standardize_at_sites",
+    "with_released_statistics",
     "user_split",
     "variational_view",
 ]

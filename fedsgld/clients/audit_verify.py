@@ -23,7 +23,7 @@ from typing import Any
 
 from fedsgld.clients import audit_log
 from fedsgld.clients.policy import SitePolicy
-from fedsgld.clients.site_ledger import SiteLedger
+from fedsgld.clients.site_ledger import STANDARDIZE_SUFFIX, SiteLedger
 
 _LEDGER = re.compile(r"fedsgld-site-(\d+)\.json")
 CHARGED = ("answered", "failed")  # a failed reply was charged (conservative) and logged
@@ -41,7 +41,9 @@ def ledgers(policy: SitePolicy) -> dict[int, SiteLedger]:
     return out
 
 
-STANDARDIZE = "query.standardize"  # the message type of the pooled standardisation's release
+# the message type of the pooled standardisation's release (fedsgld.flower.protocol's
+# STANDARDIZE: this layer sits below the transport)
+STANDARDIZE = "query.standardize"
 
 
 def _charges(e: dict[str, Any]) -> bool:
@@ -81,8 +83,8 @@ def ledger_problem(entries: list[dict[str, Any]], sid: int, led: SiteLedger) -> 
                 f"{held}, epsilon {eps:.6g}"
             )
     for run, (_epoch, rnd) in led.answered.items():
-        base, sep, what = run.rpartition("|")
-        if sep and what == "standardize":  # the pooled standardisation's release of run base
+        if run.endswith(STANDARDIZE_SUFFIX):  # the pooled standardisation's release
+            base = run.removesuffix(STANDARDIZE_SUFFIX)
             if not any(e.get("run") == base and e.get("type") == STANDARDIZE for e in lines):
                 return f"site {sid}: its ledger answered the standardisation of run {base}, the log has no line"
         elif not any(e.get("run") == run and e.get("round") == rnd for e in lines):

@@ -212,6 +212,16 @@ def finite(name: str, a: np.ndarray) -> np.ndarray:
     return a
 
 
+def check_seeded(policy: SitePolicy, seeded: bool) -> None:
+    """A refusal of a seeded run unless the policy allows shared-seed randomness."""
+    if seeded and not policy.insecure_seeded_noise:
+        raise PolicyRefused(
+            "the site refuses shared-seed randomness: it draws its noise and samples from its "
+            "own operating system (set randomness = 'os'; a seeded run is for simulations, or "
+            "a policy with insecure_seeded_noise = true)"
+        )
+
+
 def check_training(
     policy: SitePolicy,
     *,
@@ -228,12 +238,7 @@ def check_training(
     no clipping (a non-private method). ``records``: the site's training records; every
     step must expect at least the policy's ``min_expected_batch`` of them (q * records)."""
     pol = policy
-    if seeded and not pol.insecure_seeded_noise:
-        raise PolicyRefused(
-            "the site refuses shared-seed randomness: it draws its noise and samples from its "
-            "own operating system (set randomness = 'os'; a seeded run is for simulations, or "
-            "a policy with insecure_seeded_noise = true)"
-        )
+    check_seeded(pol, seeded)
     if len(steps) > pol.max_local_steps:
         raise PolicyRefused(
             f"request asks for {len(steps)} local steps; policy max_local_steps is "
@@ -384,6 +389,7 @@ __all__ = [
     "Training",
     "charge",
     "check_placement",
+    "check_seeded",
     "check_training",
     "draw",
     "evaluation_admission",

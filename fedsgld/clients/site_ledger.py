@@ -174,4 +174,12 @@ class SiteLedger:
             raise PolicyRefused(str(err)) from None
 
 
-__all__ = ["STATE_VERSION", "SiteLedger"]
+def standardization_key(run_key: str) -> str:
+    """The ``answered`` key of run ``run_key``'s pooled-standardisation release (numbered by
+    epoch: one per start of the run)."""
+    return run_key + STANDARDIZE_SUFFIX
+
+
+STANDARDIZE_SUFFIX = "|standardize"
+
+__all__ = ["STANDARDIZE_SUFFIX", "STATE_VERSION", "SiteLedger", "standardization_key"]

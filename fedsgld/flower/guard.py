@@ -39,6 +39,7 @@ from fedsgld.clients import guard
 from fedsgld.clients.audit_log import AuditUnwritable
 from fedsgld.clients.guard import Admission, Evaluating
 from fedsgld.clients.policy import PolicyRefused, SitePolicy
+from fedsgld.clients.site_ledger import standardization_key
 from fedsgld.config.checks import MAX_CLIP, MAX_NOISE_MULTIPLIER
 from fedsgld.data.standardize import public_scale, sensitivity
 from fedsgld.flower import release
@@ -244,10 +245,9 @@ def _standardize(msg: Message, context: Context) -> Admission:
     ``sites`` placement; a non-private run's exact sums only where the policy allows them."""
     req = decode_standardize(msg.content)  # the one decoding of the message
     config = req.config
-    p, run = config.privacy, config.run
+    p = config.privacy
     runtime = site_runtime(context, config)
     policy, site = runtime.policy, runtime.site(req.site_id, required=True)
-    sid = site.site_id
     key = guard.run_key({"run-key": req.run_key})
     epoch = guard.whole_number({"epoch": req.epoch}, "epoch")
     if p.standardize != "pooled" or p.standardize_stats:
@@ -258,28 +258,32 @@ def _standardize(msg: Message, context: Context) -> Admission:
     if site.x_train.ndim != 2:
         raise PolicyRefused("standardize = 'pooled' needs tabular records; this site's are not")
     guard.public_records(policy, site)  # the server divides by the published counts
-    if run.randomness == "seeded" and not policy.insecure_seeded_noise:
+    guard.check_seeded(policy, config.run.randomness == "seeded")
+    round_of = (standardization_key(key), epoch, 0)
+    if p.private:
+        return _private_release(policy, site, config, round_of)
+    if not policy.allow_non_private:
         raise PolicyRefused(
-            "the site refuses shared-seed randomness: it draws its noise from its own "
-            "operating system (set randomness = 'os', or a policy with insecure_seeded_noise = true)"
+            "the site refuses a non-private request (exact sums of its records for the "
+            "pooled standardisation); its policy would need allow_non_private = true"
         )
-    round_of = (f"{key}|standardize", epoch, 0)
-    if not p.private:
-        if not policy.allow_non_private:
-            raise PolicyRefused(
-                "the site refuses a non-private request (exact sums of its records for the "
-                "pooled standardisation); its policy would need allow_non_private = true"
-            )
-        return Admission(policy, sid, round_of=round_of, request=Standardizing(site, True))
+    return Admission(policy, site.site_id, round_of=round_of, request=Standardizing(site, True))
+
+
+def _private_release(
+    policy: SitePolicy, site: Any, config: Any, round_of: tuple[str, int, int]
+) -> Admission:
+    """The checked, charged and (at ``sites``) noised release of a private run."""
+    p = config.privacy
     if p.placement == "secure":
         raise PolicyRefused(
             "standardize = 'pooled' over Flower releases at the server or sites placement; its "
             "secure sum runs in the in-process engine (fedsgld simulate)"
         )
-    guard.check_placement(policy, sid, p.placement)
+    guard.check_placement(policy, site.site_id, p.placement)
     sigma = guard.number(
         "standardize_noise_multiplier", p.standardize_noise_multiplier,
-        lo=max(policy.min_noise_multiplier, 0.0), hi=MAX_NOISE_MULTIPLIER, lo_open=True,
+        lo=policy.min_noise_multiplier, hi=MAX_NOISE_MULTIPLIER, lo_open=True,
         limit=f"must be in [policy min_noise_multiplier {policy.min_noise_multiplier:g}, "
         f"{MAX_NOISE_MULTIPLIER:g}] and > 0",
     )  # fmt: skip
@@ -288,16 +292,16 @@ def _standardize(msg: Message, context: Context) -> Admission:
     d = int(site.x_train.shape[1])
     delta = sensitivity(d)
     at_site = p.placement == "sites"
-    centre, scale = public_scale(run.dataset, d)
+    centre, scale = public_scale(config.run.dataset, d)
     return Admission(
         policy,
-        sid,
+        site.site_id,
         # the noise the site adds, or (server placement, deployed) the noise it is promised
         event=GaussianRelease(sigma, delta) if at_site or not policy.simulated else None,
         round_of=round_of,
         noise_shape=(2 * d,) if at_site else None,
         noise_std=sigma * delta,
-        run_secure=run.secure,
+        run_secure=config.run.secure,
         release=release.moments,
         request=Standardizing(site, False, centre, scale, clip),
     )

@@ -113,9 +113,7 @@ def _release(lc, grid: Grid, strategy: LangevinStrategy, config: Config,
         )
     d = int(shape[0])
     p = config.privacy
-    where = release_placement(config)
-    if where == "secure":
-        raise ValueError(SECURE_REFUSAL)
+    where = release_placement(config)  # never "secure": serve refuses it (SECURE_REFUSAL)
     sigma, clip, delta = p.standardize_noise_multiplier, p.standardize_clip, sensitivity(d)
     info: dict[str, Any] = {"placement": where, "transport": "flower"}
     charged = None
@@ -144,7 +142,8 @@ def _release(lc, grid: Grid, strategy: LangevinStrategy, config: Config,
         mean, std = exact_pooled_statistics(total, n)
     else:
         if where == "server":
-            key = (streams.SERVER_STREAM, streams.STANDARDIZE_STREAM, lc.epoch, 0)
+            # the engine's key; the seeded stream holds the epoch (lc.server_randomness)
+            key = (streams.SERVER_STREAM, streams.STANDARDIZE_STREAM, 0, 0)
             total = charged.add_noise(total, server.noise, std=sigma * delta, key=key)
         centre, scale = public_scale(config.run.dataset, d)
         mean, std = pooled_statistics(total, n, centre, scale, clip)

@@ -35,8 +35,7 @@ from flwr.app import Context, Message
 
 from fedsgld.config import Config
 from fedsgld.data.partition import SiteData
-from fedsgld.data.standardize import released_standardize
-from fedsgld.federation import build_site, seeded_model, site_device
+from fedsgld.federation import build_site, seeded_model, site_device, with_released_statistics
 from fedsgld.flower.hosted import HostedSites, hosted_site_ids, site_info
 from fedsgld.models.imported import is_import_path
 
@@ -110,10 +109,7 @@ def hosted_user_sites(config: Config, node_config: dict[str, Any], key: str) -> 
     if len(data) != config.run.sites:
         raise ValueError(f"sites: {config.run.sites} in the run, {len(data)} given")
     ids = hosted_site_ids(config.run.sites, node_config)
-    p = config.privacy
-    if p.standardize == "pooled" and p.standardize_stats:  # the statistics the server released
-        data = [released_standardize(d, p.standardize_stats) if k in ids else d
-                for k, d in enumerate(data)]  # fmt: skip
+    data = with_released_statistics(config, data)  # the pooled statistics, once released
     first = data[ids[0]]
     model = seeded_model(
         config,

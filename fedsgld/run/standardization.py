@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from fedsgld.clients.secure_site import SecureSumSite
+from fedsgld.clients.site_ledger import standardization_key
 from fedsgld.config import Config
 from fedsgld.core import streams
 from fedsgld.data.standardize import (
@@ -83,7 +84,7 @@ def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: f
     event = DistributedDiscreteGaussianStep(params, 1.0)
     check_fits(server, event, sigma)
     server.charge(event)  # the run's ledger, persisted before any share exists
-    key = f"{server.run_key}|standardize"
+    key = standardization_key(server.run_key)
     guards = [
         SecureSumSite(
             g.site_id,

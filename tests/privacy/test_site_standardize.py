@@ -35,6 +35,7 @@ from fedsgld.data.standardize import moment_sum, public_scale, sensitivity
 from fedsgld.deploy.export_sites import export_sites
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.protocol import STANDARDIZE, encode_standardize, run_record
+from fedsgld.flower.site_runtime import hosted_sites
 
 HEART = {
     "dataset": "heart_disease",
@@ -179,6 +180,23 @@ def test_a_malformed_request_or_statistics_of_another_shape_are_refused(tmp_path
     stats = Config.from_flat({**SITES.flat(), "standardize_stats": encode_stats([0.0], [1.0])})
     refused(n.send("train", plan=plan(stats, size=14)), "standardize_stats holds 1 features")
     assert ledger(d) is None
+
+
+def test_statistics_at_their_bounds_give_finite_features_and_an_answered_round(tmp_path):
+    """The server chooses the statistics: at the extremes the guard accepts (|mean| 1e12,
+    std 1e-12) every standardised feature is at most about 1e24, finite in float32, so no
+    record's value decides an error or a refusal: the round is answered, its sum finite."""
+    from test_site_guard import plan
+
+    n, d = node(tmp_path, placements=["server"])
+    stats = encode_stats([1e12] * 13, [1e-12] * 13)
+    cfg = Config.from_flat({**HEART, "noise_placement": "server", "standardize_stats": stats})
+    size = hosted_sites(n.context, cfg).sites[0].fm.size
+    reply = answered(n.send("train", plan=plan(cfg, size=size)))
+    total = np.frombuffer(reply.content["sum"]["sum"], "<f4")
+    assert total.shape == (size,) and np.isfinite(total).all()
+    assert torch.isfinite(hosted_sites(n.context, cfg).sites[0].x_train).all()
+    assert ledger(d)["answered"] == {"attacker": [0, 0]}
 
 
 def test_a_run_config_never_sets_the_released_statistics(tmp_path):
