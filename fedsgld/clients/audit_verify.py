@@ -46,6 +46,14 @@ def ledgers(policy: SitePolicy) -> dict[int, SiteLedger]:
 STANDARDIZE = "query.standardize"
 
 
+def _standardizes(e: dict[str, Any]) -> bool:
+    """Whether line ``e`` is a release of the pooled standardisation: a ``query.standardize``
+    answer, or the secure round of kind ``standardize`` (its ``masked_input`` charges)."""
+    request = e.get("request")
+    kind = request.get("secagg-kind") if isinstance(request, dict) else None
+    return e.get("type") == STANDARDIZE or kind == "standardize"
+
+
 def _charges(e: dict[str, Any]) -> bool:
     """Whether line ``e`` holds a charge: a ``charged`` line, or an outcome line of a
     request whose charge has no line of its own (nothing charged, or a log written before
@@ -85,7 +93,7 @@ def ledger_problem(entries: list[dict[str, Any]], sid: int, led: SiteLedger) -> 
     for run, (_epoch, rnd) in led.answered.items():
         if run.endswith(STANDARDIZE_SUFFIX):  # the pooled standardisation's release
             base = run.removesuffix(STANDARDIZE_SUFFIX)
-            if not any(e.get("run") == base and e.get("type") == STANDARDIZE for e in lines):
+            if not any(e.get("run") == base and _standardizes(e) for e in lines):
                 return f"site {sid}: its ledger answered the standardisation of run {base}, the log has no line"
         elif not any(e.get("run") == run and e.get("round") == rnd for e in lines):
             return f"site {sid}: its ledger answered round {rnd} of run {run}, the log has no line"

@@ -51,7 +51,7 @@ SETTINGS = frozenset(
      "local-steps", "first-step", "groups", "step", "noise_placement", "method", "model",
      "backbone", "sample_rate", "local_steps", "noise_multiplier", "randomness", "secure",
      "epsilon", "delta", "teacher_model", "student_model", "queries", "sigma_votes",
-     "teachers_per_site", "dataset", "secagg-step", "standardize",
+     "teachers_per_site", "dataset", "secagg-step", "secagg-kind", "standardize",
      "standardize_noise_multiplier", "standardize_clip"}
 )  # fmt: skip
 _PLAIN = re.compile(r"[A-Za-z0-9_.:+-]{0,64}")

@@ -237,30 +237,58 @@ class Standardizing:
     clip: float = 0.0
 
 
-def _standardize(msg: Message, context: Context) -> Admission:
-    """The pooled standardisation's one release of a site (:mod:`fedsgld.flower.standardize`):
-    a Gaussian mechanism on the site's clipped moment sums, noise multiplier
-    ``standardize_noise_multiplier`` at sensitivity sqrt(2 d), charged to the site's ledger
-    as one release of a run key and epoch (a second is a replay), noised here at the
-    ``sites`` placement; a non-private run's exact sums only where the policy allows them."""
-    req = decode_standardize(msg.content)  # the one decoding of the message
-    config = req.config
+def check_pooled_request(policy: SitePolicy, site: Any, config: Any) -> None:
+    """The checks of every request for the pooled standardisation's release, whichever
+    message carries it (``query.standardize``, or a standardisation round of
+    ``train.secagg`` at the ``secure`` placement): pooled, no statistics released yet,
+    tabular records, a published count, no seeded noise without the policy's leave."""
     p = config.privacy
-    runtime = site_runtime(context, config)
-    policy, site = runtime.policy, runtime.site(req.site_id, required=True)
-    key = guard.run_key({"run-key": req.run_key})
-    epoch = guard.whole_number({"epoch": req.epoch}, "epoch")
     if p.standardize != "pooled" or p.standardize_stats:
         raise PolicyRefused(
-            "a query.standardize request needs standardize = 'pooled' and no released "
+            "a pooled standardisation request needs standardize = 'pooled' and no released "
             "statistics yet (standardize_stats empty)"
         )
     if site.x_train.ndim != 2:
         raise PolicyRefused("standardize = 'pooled' needs tabular records; this site's are not")
     guard.public_records(policy, site)  # the server divides by the published counts
     guard.check_seeded(policy, config.run.randomness == "seeded")
+
+
+def private_standardizing(
+    policy: SitePolicy, site: Any, config: Any
+) -> tuple[Standardizing, float]:
+    """What a private release computes (the clipped moment sums) and its noise multiplier,
+    ``standardize_noise_multiplier`` and ``standardize_clip`` checked against the policy."""
+    p = config.privacy
+    sigma = guard.number(
+        "standardize_noise_multiplier", p.standardize_noise_multiplier,
+        lo=policy.min_noise_multiplier, hi=MAX_NOISE_MULTIPLIER, lo_open=True,
+        limit=f"must be in [policy min_noise_multiplier {policy.min_noise_multiplier:g}, "
+        f"{MAX_NOISE_MULTIPLIER:g}] and > 0",
+    )  # fmt: skip
+    clip = guard.number("standardize_clip", p.standardize_clip, lo=0.0, hi=MAX_CLIP,
+                        lo_open=True, limit=f"must be in (0, {MAX_CLIP:g}]")  # fmt: skip
+    centre, scale = public_scale(config.run.dataset, int(site.x_train.shape[1]))
+    return Standardizing(site, False, centre, scale, clip), sigma
+
+
+def _standardize(msg: Message, context: Context) -> Admission:
+    """The pooled standardisation's one release of a site (:mod:`fedsgld.flower.standardize`):
+    a Gaussian mechanism on the site's clipped moment sums, noise multiplier
+    ``standardize_noise_multiplier`` at sensitivity sqrt(2 d), charged to the site's ledger
+    as one release of a run key and epoch (a second is a replay), noised here at the
+    ``sites`` placement; a non-private run's exact sums only where the policy allows them.
+    (At the ``secure`` placement the release is a secure round instead:
+    :mod:`fedsgld.flower.secure_site`.)"""
+    req = decode_standardize(msg.content)  # the one decoding of the message
+    config = req.config
+    runtime = site_runtime(context, config)
+    policy, site = runtime.policy, runtime.site(req.site_id, required=True)
+    key = guard.run_key({"run-key": req.run_key})
+    epoch = guard.whole_number({"epoch": req.epoch}, "epoch")
+    check_pooled_request(policy, site, config)
     round_of = (standardization_key(key), epoch, 0)
-    if p.private:
+    if config.privacy.private:
         return _private_release(policy, site, config, round_of)
     if not policy.allow_non_private:
         raise PolicyRefused(
@@ -277,33 +305,24 @@ def _private_release(
     p = config.privacy
     if p.placement == "secure":
         raise PolicyRefused(
-            "standardize = 'pooled' over Flower releases at the server or sites placement; its "
-            "secure sum runs in the in-process engine (fedsgld simulate)"
+            "standardize = 'pooled' at the secure placement releases through a secure "
+            "round (train.secagg), never as a query.standardize answer"
         )
     guard.check_placement(policy, site.site_id, p.placement)
-    sigma = guard.number(
-        "standardize_noise_multiplier", p.standardize_noise_multiplier,
-        lo=policy.min_noise_multiplier, hi=MAX_NOISE_MULTIPLIER, lo_open=True,
-        limit=f"must be in [policy min_noise_multiplier {policy.min_noise_multiplier:g}, "
-        f"{MAX_NOISE_MULTIPLIER:g}] and > 0",
-    )  # fmt: skip
-    clip = guard.number("standardize_clip", p.standardize_clip, lo=0.0, hi=MAX_CLIP,
-                        lo_open=True, limit=f"must be in (0, {MAX_CLIP:g}]")  # fmt: skip
-    d = int(site.x_train.shape[1])
-    delta = sensitivity(d)
+    request, sigma = private_standardizing(policy, site, config)
+    delta = sensitivity(int(site.x_train.shape[1]))
     at_site = p.placement == "sites"
-    centre, scale = public_scale(config.run.dataset, d)
     return Admission(
         policy,
         site.site_id,
         # the noise the site adds, or (server placement, deployed) the noise it is promised
         event=GaussianRelease(sigma, delta) if at_site or not policy.simulated else None,
         round_of=round_of,
-        noise_shape=(2 * d,) if at_site else None,
+        noise_shape=(2 * int(site.x_train.shape[1]),) if at_site else None,
         noise_std=sigma * delta,
         run_secure=config.run.secure,
         release=release.moments,
-        request=Standardizing(site, False, centre, scale, clip),
+        request=request,
     )
 
 
@@ -319,8 +338,10 @@ __all__ = [
     "Door",
     "LEDGER_STATE",
     "Standardizing",
+    "check_pooled_request",
     "checked_array",
     "evaluation_admission",
     "make_site_guard",
+    "private_standardizing",
     "request_record",
 ]

@@ -29,12 +29,15 @@ The message types, one (node, site) pair per message (a SuperNode may host sever
               ``masked_input`` step, plus the round's public secure-aggregation plan:
               ``secagg-step``, ``secagg-sites``, ``secagg-length``, ``secagg-bits``,
               ``secagg-dropouts``, ``secagg-colluders``, ``secagg-neighbours``,
-              ``secagg-one-shot``, ``signal-norm``; and the step's
+              ``secagg-one-shot``, ``signal-norm``, ``secagg-kind``; and the step's
               protocol message, flattened under ``secagg/``: :mod:`fedsgld.secagg.wire`).
               reply: ``secagg`` (ConfigRecord: the site's protocol message, flattened).
+              ``secagg-kind = "standardize"``: the pooled standardisation's one secure
+              round at the ``secure`` placement (round 0 of the run's standardisation
+              key, q = 1, sigma and clip sqrt(2 d) from the run config, no theta).
 ``query.standardize``  server -> node, once per site before round 1
-              (``standardize = "pooled"``): ``standardize`` (ConfigRecord: site-id, run-key, epoch) and
-              ``run``. reply: ``moments`` (ConfigRecord: ``moments``, the site's sums of the
+              (``standardize = "pooled"``, ``server`` or ``sites`` placement):
+              ``standardize`` (ConfigRecord: site-id, run-key, epoch) and ``run``. reply: ``moments`` (ConfigRecord: ``moments``, the site's sums of the
               clipped (u, u^2), float64 little-endian (2 d,), noised by the site at the
               ``sites`` placement; ``site-id``). Every later message's run config carries
               the pooled statistics the server formed (``standardize_stats``).
@@ -71,6 +74,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedsgld.clients.site_ledger import standardization_key
 from fedsgld.config import Config
 from fedsgld.core.plan import VECTOR_DTYPE, TrainPlan, unpack_vector  # noqa: F401 - re-exported
 from fedsgld.flower.secure_requests import bound_plan
@@ -347,7 +351,10 @@ def decode_evaluate(content: RecordDict) -> EvaluateRequest:
 
 SECAGG_FIELDS = ("signal-norm", "secagg-step", "secagg-sites", "secagg-length", "secagg-bits",
                  "secagg-dropouts", "secagg-colluders", "secagg-neighbours",
-                 "secagg-one-shot")  # fmt: skip
+                 "secagg-one-shot", "secagg-kind")  # fmt: skip
+# what a secure round sums: a training round's clipped gradient sums, or (once, before round
+# 1, ``standardize = "pooled"``) the sites' clipped moment sums of the pooled standardisation
+SECAGG_KINDS = ("train", "standardize")
 
 
 @dataclass(frozen=True)
@@ -363,12 +370,26 @@ class SecureStep:
     secagg: SecAggPlan
     signal_norm: float | None
     message: dict[str, Any]
+    kind: str = "train"  # or "standardize": :data:`SECAGG_KINDS`
+
+    @property
+    def round_of(self) -> tuple[str, int, int]:
+        """(key, epoch, round): what the site's ledger numbers the round by; the pooled
+        standardisation's is the run's standardisation key (one release per epoch)."""
+        if self.kind == "standardize":
+            return (standardization_key(self.plan.run_key), self.plan.epoch, 0)
+        return self.plan.round_of
 
 
 def secagg_label(run_key: str, epoch: int, rnd: int) -> bytes:
     """The round label of a Flower secure-aggregation round: a resumed run (new epoch)
     never repeats one."""
     return round_label(f"{run_key}/{epoch}", rnd)
+
+
+def standardize_label(run_key: str, epoch: int) -> bytes:
+    """The label of the pooled standardisation's secure round: never a training round's."""
+    return secagg_label(standardization_key(run_key), epoch, 0)
 
 
 def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
@@ -385,9 +406,12 @@ def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
     }
 
 
-def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
+def secagg_plan(
+    rec: Any, *, run_key: str, epoch: int, rnd: int, label: bytes | None = None
+) -> SecAggPlan:
     """The round's :class:`SecAggPlan` from a ``train.secagg`` plan record (``ValueError``,
-    ``TypeError`` or ``KeyError`` for a malformed one)."""
+    ``TypeError`` or ``KeyError`` for a malformed one); its label ``label``, else training
+    round ``rnd``'s."""
     sites = rec["secagg-sites"]
     names = ("secagg-length", "secagg-bits", "secagg-dropouts", "secagg-colluders",
              "secagg-neighbours")  # fmt: skip
@@ -403,7 +427,7 @@ def secagg_plan(rec: Any, *, run_key: str, epoch: int, rnd: int) -> SecAggPlan:
     if not isinstance(one_shot, bool):
         raise TypeError("secagg-one-shot must be true or false")
     return SecAggPlan(
-        round_label=secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
+        round_label=label or secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
         bits=bits, max_dropouts=dropouts, max_colluders=colluders, neighbours=neighbours,
         one_shot=one_shot,
     )  # fmt: skip
@@ -414,6 +438,7 @@ def encode_secure(step: SecureStep) -> RecordDict:
     p = step.plan
     rec = _train_fields(p)
     rec |= {"signal-norm": step.signal_norm, **secagg_fields(step.secagg, step.step)}
+    rec["secagg-kind"] = step.kind
     if step.signal_norm is None:
         del rec["signal-norm"]
     if p.theta is not None:
@@ -431,7 +456,15 @@ def decode_secure(content: RecordDict) -> SecureStep:
     step = rec.get("secagg-step")
     if step not in SECAGG_STEPS:
         raise ValueError(f"secagg-step {step!r} refused: must be one of {', '.join(SECAGG_STEPS)}")
-    sp = secagg_plan(rec, run_key=plan.run_key, epoch=plan.epoch, rnd=plan.round)
+    kind = rec.get("secagg-kind", "train")
+    if kind not in SECAGG_KINDS:
+        raise ValueError(f"secagg-kind {kind!r} refused: must be one of {', '.join(SECAGG_KINDS)}")
+    label = None
+    if kind == "standardize":  # one round, no parameters: its own label
+        if plan.round != 0 or plan.theta is not None:
+            raise ValueError("a standardisation round is round 0 and carries no theta")
+        label = standardize_label(plan.run_key, plan.epoch)
+    sp = secagg_plan(rec, run_key=plan.run_key, epoch=plan.epoch, rnd=plan.round, label=label)
     norm = _real(dict(rec.items()), "signal-norm", optional=True)
     return SecureStep(
         plan=plan,
@@ -439,6 +472,7 @@ def decode_secure(content: RecordDict) -> SecureStep:
         secagg=bound_plan(sp, plan, norm),  # the mechanism the request's numbers make
         signal_norm=norm,
         message=unflatten(rec, SECAGG_PREFIX),
+        kind=kind,
     )
 
 

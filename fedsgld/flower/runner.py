@@ -53,7 +53,7 @@ from fedsgld.flower.exchange import (
 )
 from fedsgld.flower.protocol import run_record, split_run_config
 from fedsgld.flower.secure_rounds import SecureRounds
-from fedsgld.flower.standardize import SECURE_REFUSAL, release_over_flower
+from fedsgld.flower.standardize import release_over_flower
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry, TooFewSites
 from fedsgld.privacy.distributed import DDGParameters
 from fedsgld.run.evaluation import Evaluations, RunResult
@@ -151,8 +151,6 @@ def _refuse_engine_only_settings(config: Config) -> None:
             "recal_fraction > 0: private recalibration runs in the in-process engine "
             "(fedsgld simulate) only; set recal_fraction = 0 for a Flower run"
         )
-    if config.privacy.standardize == "pooled" and config.privacy.secure_aggregation:
-        raise ValueError(SECURE_REFUSAL)
     if config.run.validation_fraction > 0:
         raise ValueError(
             "validation_fraction > 0: validation splits (for fedsgld sweep) exist in the "

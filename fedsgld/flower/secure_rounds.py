@@ -42,6 +42,11 @@ so round t + 1 is its ``masked_input`` exchange alone: one exchange a round, as 
 round. With no dropouts planned a missing site aborts the round in the full protocol too,
 so its shares, self-masks and consistency check would protect nothing.
 
+**The pooled standardisation's round** (:meth:`SecureRounds.standardize_sum`, from
+:mod:`fedsgld.flower.standardize`): the same steps, of kind ``standardize``, for the
+sites' 2 d clipped moment sums (round 0 of the run's standardisation key, q = 1, no theta,
+never pipelined); the caller has charged the run's ledger with its mechanism first.
+
 A site that does not answer a step before ``round-timeout``, answers with an error (its
 guard refused), or answers out of shape is a dropout from that step on, recorded in the
 run's dropped replies. More dropouts than the plan's ``max_dropouts`` abort the round
@@ -54,6 +59,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,14 +73,36 @@ from fedsgld.flower.protocol import (
     encode_secure,
     pack_vector,
     secagg_label,
+    standardize_label,
 )
 from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.secure_requests import next_plan
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.privacy.distributed import DDGParameters
-from fedsgld.secagg import SecAggPlan, ServerParty, decode, message_bytes
+from fedsgld.secagg import Mechanism, SecAggPlan, ServerParty, decode, message_bytes
 
 Send = Callable[[list[Message]], list[Message]]
+
+
+@dataclass(frozen=True)
+class _Round:
+    """What one secure round sums and how it is asked for: its ``kind`` (``"train"``, or
+    ``"standardize"``: the pooled standardisation's moment sums,
+    :mod:`fedsgld.flower.standardize`), the public numbers of its instruction (``plan``),
+    theta_t for ``masked_input`` (None: the sites sum no parameters), the bound on the
+    sum's norm the bits are chosen for, the length of the decoded sum, and whether the
+    next round's keys may be asked for with it (pipelining)."""
+
+    kind: str
+    plan: RoundPlan
+    theta: bytes | None
+    signal_norm: float
+    length: int
+    ahead: bool
+
+    def extra(self) -> dict[str, Any]:
+        """What ``masked_input`` carries besides the protocol message."""
+        return {} if self.theta is None else {"theta": self.theta}
 
 
 def _every_site(messages: list[dict[str, Any]], sp: SecAggPlan) -> bool:
@@ -96,18 +124,19 @@ class SecureRounds:
         self.ahead: tuple[ServerParty, Any] | None = None
 
     def _message(
-        self, plan: RoundPlan, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
+        self, r: _Round, sp: SecAggPlan, step: str, site: int, body: dict[str, Any],
         theta: bytes | None,
     ) -> RecordDict:  # fmt: skip
-        server, strategy = self.server, self.strategy
-        train = TrainPlan.of(plan, run_key=strategy.run_key, epoch=strategy.epoch,
+        strategy = self.strategy
+        train = TrainPlan.of(r.plan, run_key=strategy.run_key, epoch=strategy.epoch,
                              config=config_from_record(strategy.run), theta=theta, site_id=site)  # fmt: skip
-        norm = server.mode.signal_norm
-        return encode_secure(SecureStep(train, step, sp, signal_norm=norm, message=body))
+        return encode_secure(
+            SecureStep(train, step, sp, signal_norm=r.signal_norm, message=body, kind=r.kind)
+        )
 
     def _step(
         self,
-        plan: RoundPlan,
+        r: _Round,
         sp: SecAggPlan,
         step: str,
         sites: list[int],
@@ -120,11 +149,11 @@ class SecureRounds:
         """Send ``step`` to ``sites``; the well-formed protocol messages that came back (the
         strategy's reply matching: a rejected or missing reply is a logged dropout).
         ``ahead``: an unmask request that asks for the next round's keys as well."""
-        strategy = self.strategy
+        strategy, plan = self.strategy, r.plan
         sent = []
         for v in sites:
             body = payload(v)
-            content = self._message(plan, sp, step, v, body, (extra or {}).get("theta"))
+            content = self._message(r, sp, step, v, body, (extra or {}).get("theta"))
             entry = strategy.directory[v]
             sent.append((Message(content, entry.node_id, SECAGG,
                                  group_id=f"secagg-{plan.round}-{step}"), entry))  # fmt: skip
@@ -145,70 +174,96 @@ class SecureRounds:
     def secure_sum(self, plan: RoundPlan, params: DDGParameters) -> torch.Tensor:
         """The decoded secure sum of round ``plan`` (its ledger charged already, for the
         round's distributed discrete Gaussian ``params``)."""
-        server, strategy, p = self.server, self.strategy, self.server.privacy
+        server, strategy = self.server, self.strategy
+        r = _Round("train", plan, pack_vector(server.theta), server.mode.signal_norm,
+                   int(server.theta.shape[0]), self.pipeline and plan.round + 1 < server.rounds)  # fmt: skip
+        label = secagg_label(strategy.run_key, strategy.epoch, plan.round)
+        total, survivors = self._round(r, label, params, server.mode.mechanism(plan, params))
+        strategy.last_train_sites = survivors
+        return total
+
+    def standardize_sum(
+        self, mechanism: Mechanism, *, length: int
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The pooled standardisation's secure round (:mod:`fedsgld.flower.standardize`):
+        the decoded sum of the sites' ``length`` clipped moment sums, with its
+        distributed discrete Gaussian noise, and the sites it sums (the survivors). Its
+        ``mechanism`` (sigma, clip sqrt(2 d), q = 1, no pre-noise) is charged to the run's
+        ledger already; never pipelined, no theta."""
+        m = mechanism
+        plan = RoundPlan(round=0, step_size=0.0, sigma=m.noise_multiplier, sample_rate=1.0,
+                         clip=m.params.clip, prenoise=0.0)  # fmt: skip
+        r = _Round("standardize", plan, None, m.signal_norm, length, ahead=False)
+        label = standardize_label(self.strategy.run_key, self.strategy.epoch)
+        return self._round(r, label, m.params, m)
+
+    def _round(
+        self, r: _Round, label: bytes, params: DDGParameters, mechanism: Mechanism
+    ) -> tuple[torch.Tensor, list[int]]:
+        """One secure round of ``r``: its decoded sum and its survivors."""
+        p = self.server.privacy
         sp = SecAggPlan(
-            round_label=secagg_label(strategy.run_key, strategy.epoch, plan.round),
-            sites=tuple(strategy.directory), length=params.dim, bits=params.bits,
-            max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
+            round_label=label, sites=tuple(self.strategy.directory), length=params.dim,
+            bits=params.bits, max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
             neighbours=p.secagg_neighbours, one_shot=p.one_shot_rounds,
-            mechanism=server.mode.mechanism(plan, params),  # what every signature binds
+            mechanism=mechanism,  # what every signature binds
         )  # fmt: skip
-        cost: dict[str, Any] = {"round": plan.round, "seconds": {}, "server_sent": 0,
+        cost: dict[str, Any] = {"round": r.plan.round, "seconds": {}, "server_sent": 0,
                                 "server_received": 0}  # fmt: skip
+        if r.kind != "train":
+            cost["kind"] = r.kind
         t0 = time.perf_counter()
         if sp.one_shot:
-            return self._one_shot(plan, sp, params, cost, t0)
+            return self._one_shot(r, sp, params, cost, t0)
         early = self._early(sp)
         if early is None:
-            party, roster = self._advertise(plan, sp, cost)
-            got = self._step(plan, sp, "share_keys", sorted(roster["keys"]), lambda v: roster,
+            party, roster = self._advertise(r, sp, cost)
+            got = self._step(r, sp, "share_keys", sorted(roster["keys"]), lambda v: roster,
                              cost)  # fmt: skip
         else:  # keys and shares came with the last round's consistency and unmask
             party, got = early
             cost["seconds"].update(advertise_keys=0.0, share_keys=0.0)
             cost["pipelined"] = True
         inbox = party.route_shares(got)
-        theta = {"theta": pack_vector(server.theta)}
-        got = self._step(plan, sp, "masked_input", sorted(inbox), inbox.__getitem__, cost, theta)
+        got = self._step(r, sp, "masked_input", sorted(inbox), inbox.__getitem__, cost, r.extra())
         announcement = party.collect_masked(got)
         survivors = list(announcement["survivors"])
-        ahead = self.pipeline and plan.round + 1 < server.rounds
-        ask = {**announcement, "next_round": plan.round + 1} if ahead else announcement
-        got = self._step(plan, sp, "consistency", survivors, lambda v: ask, cost, ahead=ahead)
-        keys = [m.pop("next") for m in got] if ahead else []
+        rnd = r.plan.round
+        ask = {**announcement, "next_round": rnd + 1} if r.ahead else announcement
+        got = self._step(r, sp, "consistency", survivors, lambda v: ask, cost, ahead=r.ahead)
+        keys = [m.pop("next") for m in got] if r.ahead else []
         signed = party.collect_signatures(got)
-        nxt = self._next_party(sp, plan.round + 1, keys)
+        nxt = self._next_party(sp, rnd + 1, keys)
         ask = {**signed, "next_keys": nxt[1]["keys"]} if nxt else signed
-        got = self._step(plan, sp, "unmask", sorted(signed["signatures"]), lambda v: ask, cost,
+        got = self._step(r, sp, "unmask", sorted(signed["signatures"]), lambda v: ask, cost,
                          ahead=nxt is not None)  # fmt: skip
         if nxt is not None:  # round t + 1's shares, relayed at its masked_input
             self.ahead = (nxt[0], [m.pop("next_shares") for m in got])
-        return self._finish(sp, params, party.finish(got), survivors, cost, t0)
+        return self._finish(r, sp, params, party.finish(got), survivors, cost, t0)
 
     def _advertise(
-        self, plan: RoundPlan, sp: SecAggPlan, cost: dict[str, Any]
+        self, r: _Round, sp: SecAggPlan, cost: dict[str, Any]
     ) -> tuple[ServerParty, dict[str, Any]]:
         """A fresh server party of ``sp`` and the roster of the keys its sites advertise."""
         party = ServerParty(sp)
-        got = self._step(plan, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
+        got = self._step(r, sp, "advertise_keys", list(sp.sites), lambda v: {}, cost)
         return party, party.collect_keys(got)
 
     def _finish(
-        self, sp: SecAggPlan, params: DDGParameters, modular: Any, survivors: list[int],
-        cost: dict[str, Any], t0: float,
-    ) -> torch.Tensor:  # fmt: skip
-        """The round's decoded sum, its cost recorded."""
-        total = decode(modular, params, sp.round_label, int(self.server.theta.shape[0]))
+        self, r: _Round, sp: SecAggPlan, params: DDGParameters, modular: Any,
+        survivors: list[int], cost: dict[str, Any], t0: float,
+    ) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
+        """The round's decoded sum and survivors, its cost recorded."""
+        total = decode(modular, params, sp.round_label, r.length)
         cost["seconds"]["round"] = time.perf_counter() - t0
         cost["survivors"] = survivors
         self.costs.append(cost)
-        self.strategy.last_train_sites = survivors
-        return torch.from_numpy(total)
+        return torch.from_numpy(total), survivors
 
     def _one_shot(
-        self, plan: RoundPlan, sp: SecAggPlan, params: DDGParameters, cost: dict[str, Any],
+        self, r: _Round, sp: SecAggPlan, params: DDGParameters, cost: dict[str, Any],
         t0: float,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
         """A one-shot round (no dropouts planned: :attr:`SecAggPlan.one_shot`): the roster
         comes with the request for the masked inputs, and every site's reply is the whole
         round. Pipelined, that request also asks for each site's keys of round t + 1 (its
@@ -219,16 +274,15 @@ class SecureRounds:
             cost["seconds"]["advertise_keys"] = 0.0
             cost["pipelined"] = True
         else:
-            party, roster = self._advertise(plan, sp, cost)
-        ahead = self.pipeline and plan.round + 1 < self.server.rounds
-        ask = {"keys": roster["keys"], **({"next_round": plan.round + 1} if ahead else {})}
-        theta = {"theta": pack_vector(self.server.theta)}
-        got = self._step(plan, sp, "masked_input", list(sp.sites), lambda v: ask, cost, theta,
-                         ahead=ahead)  # fmt: skip
-        keys = [m.pop("next") for m in got] if ahead else []
+            party, roster = self._advertise(r, sp, cost)
+        rnd = r.plan.round
+        ask = {"keys": roster["keys"], **({"next_round": rnd + 1} if r.ahead else {})}
+        got = self._step(r, sp, "masked_input", list(sp.sites), lambda v: ask, cost, r.extra(),
+                         ahead=r.ahead)  # fmt: skip
+        keys = [m.pop("next") for m in got] if r.ahead else []
         modular = party.collect_one_shot(got)
-        self.ahead = self._next_party(sp, plan.round + 1, keys)  # every site's, or None
-        return self._finish(sp, params, modular, list(sp.sites), cost, t0)
+        self.ahead = self._next_party(sp, rnd + 1, keys)  # every site's, or None
+        return self._finish(r, sp, params, modular, list(sp.sites), cost, t0)
 
     def _next_party(
         self, sp: SecAggPlan, rnd: int, keys: list[dict[str, Any]]

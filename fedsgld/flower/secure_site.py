@@ -41,6 +41,18 @@ round t's ``consistency`` (its keys advertised) and kept beside round t's; at ro
 ``share_keys`` on the roster the request carries. The ledger refuses a second
 ``masked_input`` for a round (replay numbering), so no round draws two shares.
 
+A round of kind ``standardize`` (:attr:`fedsgld.flower.protocol.SecureStep.kind`: the
+pooled standardisation's one release at the ``secure`` placement, before round 1) passes
+the same door, with the request checked at EVERY step (the site signs keys for no other
+release): no next round, the checks of every pooled request
+(:func:`fedsgld.flower.guard.check_pooled_request`), ``standardize_noise_multiplier`` and
+``standardize_clip`` against the policy, and sigma, clip, q and pre-noise exactly the run
+config's (sigma, sqrt(2 d), 1, 0), the length the padded 2 d. At ``masked_input`` the
+site builds the mechanism for its 2 d sums, the guard charges it (numbered by the run's
+standardisation key and epoch: no replay), and the handler encodes the site's clipped
+moment sums (:func:`fedsgld.data.standardize.moment_sum`, clipped to sqrt(2 d) times its
+published count) with its share.
+
 In a one-shot round (:attr:`fedsgld.secagg.SecAggPlan.one_shot`: no dropouts planned) the
 ``masked_input`` request carries the roster: the door checks every entry against the key
 list and that it holds every site of the round BEFORE the charge, the party checks its
@@ -65,7 +77,13 @@ from fedsgld.clients.site import Site
 from fedsgld.config import Config
 from fedsgld.core.finite import clip_to_norm
 from fedsgld.core.release import Charged
-from fedsgld.flower.guard import request_record
+from fedsgld.data.standardize import moment_sum, sensitivity
+from fedsgld.flower.guard import (
+    Standardizing,
+    check_pooled_request,
+    private_standardizing,
+    request_record,
+)
 from fedsgld.flower.handoff import admitted
 from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
 from fedsgld.flower.secure_requests import next_plan, step_message
@@ -98,6 +116,8 @@ class _Request:
     site: Site
     training: Training | None = None  # masked_input: the training request, as admitted
     runtime: SiteRuntime | None = None  # the node's sites (those of its layer path check)
+    # masked_input of a standardisation round: what the site sums, as admitted
+    standardizing: Standardizing | None = None
 
     @property
     def config(self) -> Config:
@@ -105,7 +125,21 @@ class _Request:
 
     @property
     def round_of(self) -> tuple[str, int, int]:
-        return self.secure.plan.round_of
+        return self.secure.round_of
+
+    @property
+    def standardize(self) -> bool:
+        """A round of the pooled standardisation (its moment sums), not a training round."""
+        return self.secure.kind == "standardize"
+
+    def dimension(self) -> int:
+        """The length of what the site sums: its model's parameters, or 2 d moment sums of
+        its d features (a refusal where its records are not tabular)."""
+        if not self.standardize:
+            return self.site.fm.size
+        if self.site.x_train.ndim != 2:
+            raise PolicyRefused("standardize = 'pooled' needs tabular records; this site's are not")
+        return 2 * int(self.site.x_train.shape[1])
 
     @property
     def step(self) -> str:
@@ -173,6 +207,8 @@ def _ahead(
     checked against the site's key list before any share leaves: ``next_shares``)."""
     site = r.site.site_id
     later = STATE_NEXT.format(site)
+    if r.standardize:  # one round: nothing of a next one is made or kept
+        return out
     if r.step == ("masked_input" if r.secagg.one_shot else "consistency"):
         if "next_round" in r.secure.message:  # the next round's party, its keys advertised
             party = SiteParty(site, _next_plan(r), creds)
@@ -213,7 +249,7 @@ def site_mechanism(
         params = choose_ddg(
             noise_multiplier=sigma,
             clip=clip,
-            dim=r.site.fm.size,
+            dim=r.dimension(),
             sites=sum(v in creds.peers for v in r.secagg.sites),
             max_dropouts=r.secagg.max_dropouts,
             max_colluders=r.secagg.max_colluders,
@@ -248,9 +284,9 @@ def _check_plan(r: _Request, creds: Credentials) -> None:
         (site.site_id in sp.sites, f"site {site.site_id} is not one of the round's sites"),
         (len(sp.sites) == r.config.run.sites,
          f"the round has {len(sp.sites)} sites, the run config {r.config.run.sites}"),
-        (sp.length == padded_dimension(site.fm.size),
-         f"secagg-length {sp.length} is not this model's padded dimension "
-         f"{padded_dimension(site.fm.size)}"),
+        (sp.length == padded_dimension(r.dimension()),
+         f"secagg-length {sp.length} is not the padded dimension {padded_dimension(r.dimension())} "
+         f"of {'the moment sums' if r.standardize else 'this model'}"),
         (sp.max_dropouts >= pol.max_dropouts,
          f"the round plans for {sp.max_dropouts} dropouts; policy max_dropouts is {pol.max_dropouts}"),
         (sp.max_colluders >= pol.max_colluders,
@@ -278,6 +314,8 @@ def _admission(r: _Request, context: Context) -> Admission:
     if isinstance(nxt, bool) or nxt != r.round_of[2] + 1:
         raise PolicyRefused(f"secure aggregation: the {r.step} step of round {r.round_of[2]} "
                             f"may ask for the keys of round {r.round_of[2] + 1} only, not {nxt!r}")  # fmt: skip
+    if r.standardize:  # at every step: the site signs keys only for the config's release
+        r = replace(r, standardizing=_standardize_request(r))
     if r.step != "masked_input":
         return Admission(r.policy, request=r)  # public keys, ciphertexts, shares: no charge
     if r.secagg.one_shot:  # the roster comes with it: authenticated and complete before
@@ -288,6 +326,31 @@ def _admission(r: _Request, context: Context) -> Admission:
         if sorted(keys) != list(r.secagg.sites):
             raise PolicyRefused(f"secure aggregation: a one-shot round's roster must hold every "
                                 f"site of the round, got {sorted(keys)}")  # fmt: skip
+    if r.policy.epsilon is None:
+        raise PolicyRefused(
+            f"site {r.site.site_id} adds its noise share (secure aggregation) but has no budget "
+            "of its own: give it a privacy-policy file with epsilon"
+        )
+    sums = _standardizing if r.standardize else _training
+    params, q, request = sums(r, creds)
+    kept = context.state.get(STATE.format(r.site.site_id))  # its party: the keys it signed
+    if isinstance(kept, ConfigRecord) and kept.get("context") != r.secagg.context:
+        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed its keys of round "
+                            f"{r.round_of[2]} for another plan (sites, kind, sigma, clip, q, "
+                            "pre-noise, bits, dimension or share variance); refused before "
+                            "any charge")  # fmt: skip
+    return Admission(
+        r.policy,
+        r.site.site_id,
+        event=DistributedDiscreteGaussianStep(params, q),
+        round_of=r.round_of,
+        request=request,
+    )
+
+
+def _training(r: _Request, creds: Credentials) -> tuple[DDGParameters, float, _Request]:
+    """A training round's masked_input: the training request checked as everywhere, the
+    round's mechanism as the site builds it."""
     plan, pol, run = r.secure.plan, r.policy, r.config.run
     (steps, clip) = guard.check_training(
         pol,
@@ -300,30 +363,46 @@ def _admission(r: _Request, context: Context) -> Admission:
     ((q, sigma),) = steps
     if clip is None or sigma <= 0.0:
         raise PolicyRefused("secure aggregation releases private sums only: clip and sigma > 0")
-    if pol.epsilon is None:
-        raise PolicyRefused(
-            f"site {r.site.site_id} adds its noise share (secure aggregation) but has no budget "
-            "of its own: give it a privacy-policy file with epsilon"
-        )
     theta = guard.finite("theta", plan.theta_vector(r.site.fm.size))
     params = site_mechanism(r, creds, clip=clip, sigma=sigma, sample_rate=q)
-    kept = context.state.get(STATE.format(r.site.site_id))  # its party: the keys it signed
-    if isinstance(kept, ConfigRecord) and kept.get("context") != r.secagg.context:
-        raise PolicyRefused(f"secure aggregation: site {r.site.site_id} signed its keys of round "
-                            f"{r.round_of[2]} for another plan (sites, kind, sigma, clip, q, "
-                            "pre-noise, bits, dimension or share variance); refused before "
-                            "any charge")  # fmt: skip
     sampler = pol.randomness(
         seeded=run.randomness == "seeded", seed=run.seed, epoch=plan.epoch, run_secure=run.secure
     )
     training = Training(plan, r.site, theta, q, clip, plan.prenoise, sampler)
-    return Admission(
-        pol,
-        r.site.site_id,
-        event=DistributedDiscreteGaussianStep(params, q),
-        round_of=r.round_of,
-        request=replace(r, training=training),
+    return params, q, replace(r, training=training)
+
+
+def _standardize_request(r: _Request) -> Standardizing:
+    """A step of the pooled standardisation's round, checked at every step (the site signs
+    keys for no other release): no next round, the checks of every pooled request
+    (:func:`fedsgld.flower.guard.check_pooled_request`), sigma and clip against the policy,
+    and the request's numbers exactly the run config's: sigma
+    ``standardize_noise_multiplier``, clip sqrt(2 d) (one record's (u, u^2) bound), q = 1,
+    no pre-noise. What the site will sum."""
+    plan, pol, config = r.secure.plan, r.policy, r.config
+    if {"next_round", "next_keys"} & set(r.secure.message):
+        raise PolicyRefused("secure aggregation: the standardisation round has no next round")
+    if not config.privacy.private:
+        raise PolicyRefused("secure aggregation releases private sums only")
+    check_pooled_request(pol, r.site, config)
+    request, sigma = private_standardizing(pol, r.site, config)
+    numbers = {"sigma": (plan.sigma, sigma), "clip": (plan.clip, sensitivity(r.dimension() // 2)),
+               "sample-rate": (plan.sample_rate, 1.0), "prenoise": (plan.prenoise, 0.0)}  # fmt: skip
+    for name, (got, want) in numbers.items():
+        if got != want:
+            raise PolicyRefused(f"the standardisation round's {name} is {got!r}; the run config "
+                                f"makes it {want!r}")  # fmt: skip
+    return request
+
+
+def _standardizing(r: _Request, creds: Credentials) -> tuple[DDGParameters, float, _Request]:
+    """The standardisation round's masked_input (its request checked at every step): the
+    mechanism as the site builds it for its 2 d moment sums."""
+    s = r.standardizing
+    params = site_mechanism(
+        r, creds, clip=sensitivity(r.dimension() // 2), sigma=r.secure.plan.sigma, sample_rate=1.0
     )
+    return params, 1.0, replace(r, standardizing=s)
 
 
 def _masked_input(
@@ -331,27 +410,36 @@ def _masked_input(
 ) -> dict[str, Any]:
     """The site's clipped sum of the round, encoded with its share drawn through the
     receipt of its guard's charge, then masked."""
-    t = r.training
-    if receipt is None or t is None:
+    if receipt is None or (r.training is None and r.standardizing is None):
         raise RuntimeError("masked_input without the guard's charge: no share is drawn")
-    event = receipt.event  # the mechanism the guard built, checked and charged
-    params = event.params
+    params = receipt.event.params  # the mechanism the guard built, checked and charged
 
     def encoded():
-        total = t.site.clipped_sum(
-            torch.from_numpy(t.theta),
-            round=t.plan.round,
-            sample_rate=event.sample_rate,
-            clip=params.clip,
-            prenoise=t.prenoise,
-            randomness=t.randomness,
-        )  # within C x the count the site publishes, which the plan's signal norm sums
-        total = clip_to_norm(total, params.clip * guard.public_records(r.policy, t.site))
+        # within C x the count the site publishes, which the plan's signal norm sums
+        total = clip_to_norm(
+            _site_sum(r, receipt.event), params.clip * guard.public_records(r.policy, r.site)
+        )
         return receipt.draw(encode, total.double().numpy(), params, r.secagg.round_label)
 
     if r.secagg.one_shot:  # ``inbox`` is the roster: checked before anything is drawn
         return party.one_shot_input(inbox, encoded)
     return party.masked_input(inbox, encoded())
+
+
+def _site_sum(r: _Request, event: DistributedDiscreteGaussianStep) -> torch.Tensor:
+    """What the site sums: its clipped moment sums (a standardisation round), or its
+    clipped, pre-noised gradient sum on theta_t."""
+    s, t = r.standardizing, r.training
+    if s is not None:
+        return moment_sum(s.site.x_train, s.centre, s.scale, s.clip)
+    return t.site.clipped_sum(
+        torch.from_numpy(t.theta),
+        round=t.plan.round,
+        sample_rate=event.sample_rate,
+        clip=event.params.clip,
+        prenoise=t.prenoise,
+        randomness=t.randomness,
+    )
 
 
 def _play(

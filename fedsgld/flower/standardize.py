@@ -15,8 +15,15 @@ non-private requests). The state is kept in the checkpoint: a resumed run reuses
 releases nothing again; a run cut before that checkpoint releases anew in its new epoch
 (fresh noise, charged again: a site refuses the same run key and epoch twice).
 
-At the ``secure`` placement the release is a secure sum; over Flower that is refused with
-one line (the in-process engine runs it: :mod:`fedsgld.run.standardization`).
+At the ``secure`` placement the release is one secure-aggregation round instead of
+``query.standardize`` messages (:meth:`fedsgld.flower.secure_rounds.SecureRounds.standardize_sum`,
+``train.secagg`` messages of kind ``standardize``): the server derives the round's
+distributed discrete Gaussian from the public numbers (sigma, clip sqrt(2 d), q = 1, no
+pre-noise, the bound sqrt(2 d) x the published counts on the sum), charges the run's
+ledger with it, and each site's guard builds the same mechanism itself, checks it against
+its policy and charges its own ledger before it draws its share
+(:mod:`fedsgld.flower.secure_site`). The server learns only the noisy sum of the
+survivors' moment sums, and divides by the survivors' published counts.
 """
 
 from __future__ import annotations
@@ -40,19 +47,19 @@ from fedsgld.data.standardize import (
 )
 from fedsgld.flower.exchange import exchange
 from fedsgld.flower.protocol import MOMENTS_DTYPE, STANDARDIZE, encode_standardize, run_record
+from fedsgld.flower.secure_rounds import SecureRounds
 from fedsgld.flower.strategy import LangevinStrategy
-from fedsgld.privacy.events import GaussianRelease
-from fedsgld.run.standardization import ReleaseRefused, check_fits, release_placement
+from fedsgld.privacy.events import DistributedDiscreteGaussianStep, GaussianRelease
+from fedsgld.run.standardization import (
+    ReleaseRefused,
+    check_fits,
+    release_mechanism,
+    release_placement,
+)
 from fedsgld.run.stops import discard_unreleased, released_nothing
+from fedsgld.secagg import Mechanism, RoundAborted
 
 Log = Callable[[str], None]
-
-SECURE_REFUSAL = (
-    "standardize = 'pooled' with secure_aggregation = true: over Flower the pooled "
-    "standardisation releases at the server or sites placement; its secure sum runs in the "
-    "in-process engine (fedsgld simulate). Set noise_placement = 'sites' without secure "
-    "aggregation, or standardize = 'site'"
-)
 
 
 class StandardizationFailed(RuntimeError):
@@ -102,9 +109,80 @@ def _ask(lc, grid: Grid, strategy: LangevinStrategy, config: Config, length: int
     return got, sorted(failed, key=lambda f: f["site"])
 
 
+def _charge(lc, server, event, sigma: float):
+    """The run's ledger charged with ``event``, persisted before any site is asked (a new
+    run whose one release does not fit leaves no run files)."""
+    try:
+        check_fits(server, event, sigma)
+    except ReleaseRefused:
+        if released_nothing(server):
+            discard_unreleased(lc.out, created=lc.created)
+        raise
+    return server.charge(event)
+
+
+def _secure(strategy: LangevinStrategy, mechanism: Mechanism, length: int, send,
+            log: Log) -> tuple[list[int], list[dict[str, Any]], torch.Tensor]:  # fmt: skip
+    """The secure round: the sites it sums (the survivors), those it does not, and the
+    noisy total of the survivors' moment sums."""
+    try:
+        total, survivors = SecureRounds(strategy, send, pipeline=False).standardize_sum(
+            mechanism, length=length
+        )
+    except RoundAborted as err:  # charged already: a resumed run releases anew
+        raise StandardizationFailed(f"the pooled standardisation's secure round: {err}") from None
+    log(f"standardize: the secure round summed sites {survivors}")
+    failed = [{"site": k, "reason": "dropped out of the secure round"}
+              for k in strategy.directory if k not in survivors]  # fmt: skip
+    return survivors, failed, total
+
+
+def _secure_release(lc, grid: Grid, strategy: LangevinStrategy, config: Config, d: int,
+                    *, timeout: float, poll: float, log: Log):  # fmt: skip
+    """The release at the ``secure`` placement: (sites summed, sites not, noisy total, what
+    to record of it)."""
+    p, directory = config.privacy, strategy.directory
+    sigma = p.standardize_noise_multiplier
+    mechanism = release_mechanism(
+        p, sigma=sigma, dim=2 * d, sites=len(directory),
+        records=sum(int(e.n_train) for e in directory.values()),  # the published counts
+    )  # fmt: skip
+    _charge(lc, strategy.server, DistributedDiscreteGaussianStep(mechanism.params, 1.0), sigma)
+
+    def send(msgs: list[Message]) -> list[Message]:
+        return exchange(grid, msgs, timeout=timeout, poll=poll)
+
+    sites, failed, total = _secure(strategy, mechanism, 2 * d, send, log)
+    info = {"event": "DistributedDiscreteGaussianStep", "mechanism": mechanism.params.describe()}
+    return sites, failed, total, info
+
+
+def _plain_release(lc, grid: Grid, strategy: LangevinStrategy, config: Config, d: int,
+                   *, timeout: float, poll: float):  # fmt: skip
+    """The release at ``server`` or ``sites`` (or a non-private run's exact sums):
+    (sites that answered, sites that did not, their total, noised at ``server``, what to
+    record of it)."""
+    server, p = strategy.server, config.privacy
+    where, sigma = release_placement(config), p.standardize_noise_multiplier
+    charged = None
+    info: dict[str, Any] = {}
+    if where != "exact":
+        charged = _charge(lc, server, GaussianRelease(sigma), sigma)
+        info["event"] = "GaussianRelease"
+    got, failed = _ask(lc, grid, strategy, config, 2 * d, timeout=timeout, poll=poll)
+    if not got:
+        return [], failed, None, info
+    total = torch.stack([got[k] for k in sorted(got)]).sum(0)
+    if where == "server":
+        # the engine's key; the seeded stream holds the epoch (lc.server_randomness)
+        key = (streams.SERVER_STREAM, streams.STANDARDIZE_STREAM, 0, 0)
+        total = charged.add_noise(total, server.noise, std=sigma * sensitivity(d), key=key)
+    return sorted(got), failed, total, info
+
+
 def _release(lc, grid: Grid, strategy: LangevinStrategy, config: Config,
              *, timeout: float, poll: float, log: Log) -> dict[str, Any]:  # fmt: skip
-    server, directory = strategy.server, strategy.directory
+    directory = strategy.directory
     shape = next(iter(directory.values())).input_shape
     if len(shape) != 1:
         raise ValueError(
@@ -113,42 +191,34 @@ def _release(lc, grid: Grid, strategy: LangevinStrategy, config: Config,
         )
     d = int(shape[0])
     p = config.privacy
-    where = release_placement(config)  # never "secure": serve refuses it (SECURE_REFUSAL)
-    sigma, clip, delta = p.standardize_noise_multiplier, p.standardize_clip, sensitivity(d)
+    where = release_placement(config)
     info: dict[str, Any] = {"placement": where, "transport": "flower"}
-    charged = None
     if where != "exact":
-        event = GaussianRelease(sigma)
-        try:
-            check_fits(server, event, sigma)
-        except ReleaseRefused:  # a new run that released nothing leaves no run files
-            if released_nothing(server):
-                discard_unreleased(lc.out, created=lc.created)
-            raise
-        charged = server.charge(event)  # the run's ledger, persisted before any site is asked
-        info.update(noise_multiplier=sigma, sensitivity=delta, event="GaussianRelease")
-    got, failed = _ask(lc, grid, strategy, config, 2 * d, timeout=timeout, poll=poll)
+        info.update(noise_multiplier=p.standardize_noise_multiplier, sensitivity=sensitivity(d))
+    if where == "secure":
+        sites, failed, total, more = _secure_release(lc, grid, strategy, config, d,
+                                                     timeout=timeout, poll=poll, log=log)  # fmt: skip
+    else:
+        sites, failed, total, more = _plain_release(lc, grid, strategy, config, d,
+                                                    timeout=timeout, poll=poll)  # fmt: skip
+    info.update(more)
     for f in failed:
         log(f"standardize: site {f['site']} did not answer: {f['reason']}")
-    if len(got) < strategy.min_sites:
+    if len(sites) < strategy.min_sites or total is None:
         lines = "; ".join(f"site {f['site']}: {f['reason']}" for f in failed)
         raise StandardizationFailed(
-            f"the pooled standardisation: {len(got)} of {len(directory)} sites answered "
+            f"the pooled standardisation: {len(sites)} of {len(directory)} sites answered "
             f"(min_sites {strategy.min_sites}); {lines}"
         )
-    n = sum(int(directory[k].n_train) for k in got)  # the counts the sites publish
-    total = torch.stack([got[k] for k in sorted(got)]).sum(0)
+    n = sum(int(directory[k].n_train) for k in sites)  # the counts the sites publish
     if where == "exact":
         mean, std = exact_pooled_statistics(total, n)
     else:
-        if where == "server":
-            # the engine's key; the seeded stream holds the epoch (lc.server_randomness)
-            key = (streams.SERVER_STREAM, streams.STANDARDIZE_STREAM, 0, 0)
-            total = charged.add_noise(total, server.noise, std=sigma * delta, key=key)
+        clip = p.standardize_clip
         centre, scale = public_scale(config.run.dataset, d)
         mean, std = pooled_statistics(total, n, centre, scale, clip)
         info.update(clip=clip, public_centre=centre.tolist(), public_scale=scale.tolist())
-    return {**info, "records": n, "sites": sorted(got), "refused": failed,
+    return {**info, "records": n, "sites": sites, "refused": failed,
             "mean": mean.tolist(), "std": std.tolist()}  # fmt: skip
 
 
@@ -171,4 +241,4 @@ def release_over_flower(lc, grid: Grid, strategy: LangevinStrategy, config: Conf
     return state
 
 
-__all__ = ["SECURE_REFUSAL", "StandardizationFailed", "release_over_flower"]
+__all__ = ["StandardizationFailed", "release_over_flower"]

@@ -42,7 +42,6 @@ from fedsgld.data.standardize import (
     raw_moment_sum,
     sensitivity,
 )
-from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.privacy.events import DistributedDiscreteGaussianStep, DpEvent, GaussianRelease
 from fedsgld.run.stops import discard_unreleased, released_nothing
 from fedsgld.secagg import Mechanism, run_round
@@ -52,6 +51,7 @@ __all__ = [
     "ReleaseRefused",
     "check_fits",
     "pooled_standardization",
+    "release_mechanism",
     "release_placement",
     "standardize_sites",
 ]
@@ -70,17 +70,27 @@ def release_placement(config: Config) -> str:
     return p.noise_placement
 
 
+def release_mechanism(privacy, *, sigma: float, dim: int, sites: int, records: int) -> Mechanism:
+    """The secure release's mechanism from its public numbers, as every party derives it:
+    noise multiplier ``sigma`` at the honest shares, clip sqrt(2 d) (one record's (u, u^2)),
+    q = 1, no pre-noise, ``dim`` = 2 d sums, the bound sqrt(2 d) x ``records`` (the
+    published counts) on the sum that the bits are chosen for, the run's dropouts and
+    colluders. Every site's keys and masks bind it."""
+    delta_ = sensitivity(dim // 2)
+    return Mechanism.derive(
+        noise_multiplier=sigma, clip=delta_, sample_rate=1.0, prenoise=0.0,
+        signal_norm=delta_ * records, dim=dim, sites=sites,
+        max_dropouts=privacy.max_dropouts, max_colluders=privacy.max_colluders,
+    )  # fmt: skip
+
+
 def _secure_total(fed, server, sums: list[torch.Tensor], sigma: float, delta_: float):
     """sum_k V_k + distributed discrete Gaussian noise, through the sites' guards (each
     charges its own ledger) and the masking protocol; the round's event and parameters."""
     p = server.privacy
-    params = choose_ddg(
-        noise_multiplier=sigma, clip=delta_, dim=int(sums[0].shape[0]), sites=len(sums),
-        max_dropouts=p.max_dropouts, max_colluders=p.max_colluders,
-        signal_norm=delta_ * sum(server.site_sizes),
-    )  # fmt: skip
-    # what every site's keys and masks bind (one release, no sampling, no pre-noise)
-    mechanism = Mechanism(params, sigma, 1.0, 0.0, delta_ * sum(server.site_sizes))
+    mechanism = release_mechanism(p, sigma=sigma, dim=int(sums[0].shape[0]), sites=len(sums),
+                                  records=sum(server.site_sizes))  # fmt: skip
+    params = mechanism.params
     event = DistributedDiscreteGaussianStep(params, 1.0)
     check_fits(server, event, sigma)
     server.charge(event)  # the run's ledger, persisted before any share exists

@@ -16,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedsgld.deploy import loopback
@@ -28,6 +29,8 @@ from fedsgld.deploy.loopback import (  # noqa: F401 - the tests import them from
     run_config_arg,
     wait_port,
 )
+from fedsgld.secagg.crypto import mask, modulus_mask
+from fedsgld.secagg.shamir import combine
 
 # A small, fast federation (synthetic data, an MLP): the engine's test settings.
 # a short deployed run's posterior sampling and waits (the loopback deployment tests)
@@ -109,3 +112,13 @@ def flower_tmp(tmp_path_factory):  # imported by the test modules that need it
     procs = Processes(root)
     yield root, procs
     procs.stop()
+
+
+def unmasked_input(sp, masked: dict, unmask: dict, v: int):
+    """Site ``v``'s masked input minus its self mask, as a server rebuilds that mask from
+    the unmasking shares it received (``masked``, ``unmask``: every site's replies by
+    site id): uniform modulo 2^bits for one site, the small noisy sum for all of them."""
+    y = np.frombuffer(masked[v]["y"], dtype="<u4").astype(np.uint64)
+    seed = combine({sp.point(u): m["self_mask_shares"][v] for u, m in unmask.items()},
+                   sp.threshold)  # fmt: skip
+    return (y - mask(seed, sp.length, sp.bits)) & modulus_mask(sp.bits)

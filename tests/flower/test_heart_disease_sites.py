@@ -66,13 +66,14 @@ def test_a_deployed_site_standardises_by_its_own_file(tmp_path):
     assert not torch.equal(raw.x_train, shard.x_train)  # control: standardised, not raw
 
 
-def test_the_pooled_standardisation_over_flower_is_refused_only_as_a_secure_sum():
-    with pytest.raises(ValueError, match="standardize = 'pooled'.*in-process engine"):
-        _refuse_engine_only_settings(
-            load_config(CONFIG, {"noise_placement": "sites", "secure_aggregation": True})
-        )
-    _refuse_engine_only_settings(load_config(CONFIG))  # the server placement: over Flower
-    _refuse_engine_only_settings(load_config(CONFIG, {"standardize": "site"}))
+def test_the_pooled_standardisation_runs_over_flower_at_every_placement():
+    """Over Flower at ``server``, ``sites`` and ``secure`` (a secure round:
+    tests/flower/test_secagg_standardize.py); only the engine's held-out splits are refused."""
+    for over in ({}, {"noise_placement": "sites"},
+                 {"noise_placement": "sites", "secure_aggregation": True}, {"standardize": "site"}):  # fmt: skip
+        _refuse_engine_only_settings(load_config(CONFIG, over))
+    with pytest.raises(ValueError, match="recal_fraction > 0"):
+        _refuse_engine_only_settings(load_config(CONFIG, {"recal_fraction": 0.2}))
 
 
 def test_flower_and_the_engine_agree_on_the_centres_with_the_pooled_release():

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from flower_support import unmasked_input
 from flwr.app import ConfigRecord, Message, RecordDict
 from scipy import stats
 
@@ -21,8 +22,7 @@ from fedsgld.flower.protocol import SECAGG, secagg_plan
 from fedsgld.flower.secure_site import STATE
 from fedsgld.privacy.distributed import ddg_epsilon
 from fedsgld.secagg import RoundAborted, identity
-from fedsgld.secagg.crypto import mask, modulus_mask
-from fedsgld.secagg.shamir import combine
+from fedsgld.secagg.crypto import modulus_mask
 from fedsgld.secagg.wire import flatten, unflatten
 
 SMALL = {
@@ -161,10 +161,7 @@ def test_the_server_cannot_unmask_one_site_from_everything_it_receives(tmp_path)
     assert sorted(masked) == [0, 1, 2, 3]
 
     def residual(v: int) -> np.ndarray:
-        y = np.frombuffer(masked[v]["y"], dtype="<u4").astype(np.uint64)
-        seed = combine({sp.point(u): m["self_mask_shares"][v] for u, m in unmask.items()},
-                       sp.threshold)  # fmt: skip
-        return (y - mask(seed, sp.length, sp.bits)) & modulus_mask(sp.bits)
+        return unmasked_input(sp, masked, unmask, v)
 
     one = residual(0).astype(np.float64) / 2**sp.bits
     assert stats.kstest(one, "uniform").pvalue > 1e-6

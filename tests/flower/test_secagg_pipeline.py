@@ -129,6 +129,7 @@ def test_a_roster_for_the_next_round_needs_its_keys_advertised():
     from fedsgld.flower.secure_site import _ahead
 
     r = SimpleNamespace(step="unmask", site=SimpleNamespace(site_id=1), round_of=("k", 0, 0),
+                        standardize=False,
                         secure=SimpleNamespace(message={}),
                         secagg=SimpleNamespace(one_shot=False))  # fmt: skip
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})

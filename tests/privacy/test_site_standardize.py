@@ -4,7 +4,8 @@ A site answers ``query.standardize`` (the pooled standardisation's one release) 
 through its guard: as a server that runs its own ServerApp would ask it, the site charges
 its ledger before it answers, noises its moment sums at the ``sites`` placement with
 exactly the charged scale, refuses a replay, a placement or noise its policy does not
-accept, a secure placement (over Flower the release is not a secure sum), seeded noise and
+accept, a secure placement (there the release is a secure round: test_secagg_standardize.py
+in tests/flower), seeded noise and
 a non-private request without leave, each with its ledger untouched. A whole run over the
 real ServerApp and ClientApp (:class:`~fedsgld.flower.local_grid.LocalGrid`): the release is
 charged once to the run's ledger before round 1, every later message carries the released
@@ -136,7 +137,7 @@ def test_at_the_server_placement_the_site_answers_its_exact_sums_and_is_charged(
                                              "policy min_noise_multiplier 5"]),
         ({"placements": ["server"]}, {}, ["refuses placement 'sites'"]),
         ({}, {"secure_aggregation": True, "max_dropouts": 0},
-         ["its secure sum runs in the in-process engine"]),
+         ["releases through a secure round (train.secagg)"]),
         ({}, {"randomness": "seeded"}, ["refuses shared-seed randomness"]),
         ({}, {"method": "sgd"}, ["non-private request", "allow_non_private"]),
         ({}, {"standardize": "site"}, ["needs standardize = 'pooled'"]),
@@ -279,8 +280,3 @@ def test_a_resumed_flower_run_reuses_its_release(tmp_path):
     led = json.loads((tmp_path / "run" / "ledger.json").read_text())["ledger"]
     released = [c for _, sigma, c in led if sigma == 4.0]
     assert released == [1]  # one release; the resumed epoch asked for none
-
-
-def test_a_secure_flower_run_with_pooled_standardisation_is_refused_in_one_line(tmp_path):
-    with pytest.raises(ValueError, match="its secure sum runs in the in-process engine"):
-        _run(tmp_path, "secure", noise_placement="sites", secure_aggregation=True)
