@@ -1,7 +1,10 @@
 """Fed-Heart-Disease (four real centres) over seeds: pooled and per-centre test accuracy.
 
-Each cell is simulations/heart_disease.toml with some keys set, run in-process over the
-seeds (one torch thread); a row gives the mean (and the range) over the seeds of the
+Each cell is simulations/heart_disease.toml with some keys set, run over the seeds (one
+torch thread) in-process, or with ``--transport flower`` through the project's ServerApp
+and ClientApp over Flower's Grid in this process (every message through each site's
+guard; at the ``secure`` placement the shares come from the operating system, so a seed
+fixes the split, the sampling and theta_0 but not the noise); a row gives the mean (and the range) over the seeds of the
 pooled test accuracy and of the mean of the four centres' accuracies, for the last
 iterate and for the posterior average (the mean softmax over the kept iterates), and the
 run's epsilon (PLD). FLamby's published rows (Ogier du Terrail et al. 2022; logistic
@@ -10,6 +13,7 @@ regression, 5 seeds) are printed beside ours, marked as theirs.
     python benchmarks/heart_disease.py                         # the cells of docs/hospitals.md
     python benchmarks/heart_disease.py --seeds 0 1 2 3 4 --cell "dpsgld server" \\
         --set noise_placement=sites --out runs/heart_disease.md
+    python benchmarks/heart_disease.py --cell "dpsgld secure, pooled" --transport flower
 
 Cells are named settings; ``--cell`` picks some, ``--set KEY=VALUE`` changes every cell.
 """
@@ -24,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import fedsgld
 from fedsgld import engine
 from fedsgld.config import load_config, parse_overrides
 
@@ -51,13 +56,23 @@ FLAMBY = [
 ]
 
 
-def run_cell(settings: dict[str, Any], seeds: list[int], root: Path) -> list[dict[str, float]]:
+def _results(cfg, run_dir: Path, transport: str) -> dict[str, Any]:
+    """One run's results.json, in-process or over Flower."""
+    if transport == "in-process":
+        return engine.run(cfg, out_dir=run_dir, progress=False, log=lambda s: None).results
+    run = fedsgld.simulate(config=cfg, out_dir=run_dir, progress=False, transport=transport)
+    return run.results
+
+
+def run_cell(
+    settings: dict[str, Any], seeds: list[int], root: Path, transport: str = "in-process"
+) -> list[dict[str, float]]:
     """One run per seed; each run's accuracies and epsilon."""
     out = []
     for seed in seeds:
         cfg = load_config(CONFIG, {**settings, "seed": seed, "threads": 1})
         run_dir = root / f"{abs(hash(json.dumps(settings, sort_keys=True)))}-{seed}"
-        res = engine.run(cfg, out_dir=run_dir, progress=False, log=lambda s: None)
+        res = _results(cfg, run_dir, transport)
         m = res["metrics"]
         row = {"pooled": m["pooled"]["accuracy"], "centres": _centre_mean(m["sites"])}
         post = m.get("posterior")
@@ -108,14 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--cell", action="append", choices=list(CELLS), help="default: every cell")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="over every cell")
+    ap.add_argument("--transport", choices=["in-process", "flower"], default="in-process",
+                    help="flower: the ServerApp and ClientApp over Flower's Grid")  # fmt: skip
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     extra = parse_overrides(args.set)
     rows = {}
     with tempfile.TemporaryDirectory(prefix="fedsgld-heart-") as tmp:
         for name in args.cell or list(CELLS):
-            rows[name] = run_cell({**CELLS[name], **extra}, args.seeds, Path(tmp))
-            print(f"{name}: {_fmt([r['pooled'] for r in rows[name]])}", file=sys.stderr)
+            label = name if args.transport == "in-process" else f"{name}, over Flower"
+            runs = run_cell({**CELLS[name], **extra}, args.seeds, Path(tmp), args.transport)
+            rows[label] = runs
+            print(f"{label}: {_fmt([r['pooled'] for r in runs])}", file=sys.stderr)
     text = table(rows, args.seeds)
     print(text)
     if args.out:

@@ -8,7 +8,9 @@ centres, each node with its own policy, key and key list, a state directory, led
 audit log; the run's ledger and every site's charged once for the release beside the
 rounds, the epsilon the reference composition of the release and the rounds; the server's
 whole view of the round leaves one site's moment sums uniform; a site refuses a round
-whose numbers are not the run config's, a replay, and a next round, each uncharged.
+whose numbers are not the run config's, a replay, and a next round, each uncharged; a
+dropout within the plan leaves that site out of the counts, more stop the run with the
+release charged.
 (The release at ``server`` and ``sites``: tests/privacy/test_site_standardize.py; the
 engine's secure release: tests/engine/test_standardization.py.)
 """
@@ -247,3 +249,49 @@ def test_the_server_cannot_unmask_one_sites_moment_sums_from_everything_it_recei
     total = sum(residual(v) for v in range(4)) & modulus_mask(sp.bits)
     centred = (total.astype(np.float64) / 2**sp.bits + 0.5) % 1.0
     assert np.abs(centred - 0.5).max() < 0.1  # the small noisy sum, centred on zero
+
+
+class Lose(Wire):
+    """Loses the standardisation round's replies of ``sites`` at ``step``."""
+
+    def __init__(self, step: str, sites: set[int]) -> None:
+        super().__init__()
+        self.step, self.sites = step, sites
+
+    def __call__(self, msg: Message, reply: Message) -> Message | None:
+        reply = super().__call__(msg, reply)
+        plan = msg.content["plan"] if msg.metadata.message_type == SECAGG else {}
+        if (plan.get("secagg-kind"), plan.get("secagg-step")) == ("standardize", self.step) and (
+            plan.get("site-id") in self.sites
+        ):
+            return None
+        return reply
+
+
+def test_a_site_that_drops_out_of_the_round_is_left_out_of_the_counts(tmp_path):
+    """With one dropout planned (min_sites 3), site 2's masked input is lost: the statistics come from
+    the three survivors, divided by their published counts, and site 2 trains with them."""
+    wire = Lose("masked_input", {2})
+    run = {**SECURE, "max_dropouts": 1, "min_sites": 3, "rounds": 2, "out": str(tmp_path / "run")}
+    run_local(run, **APPS, fault=wire)
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    s = r["privacy"]["standardization"]
+    assert s["sites"] == [0, 1, 3] and s["records"] == 199 + 172 + 85
+    assert [f["site"] for f in s["refused"]] == [2]
+    assert r["privacy"]["steps"] == 2
+    trained = {m.content["plan"]["site-id"] for m, _ in wire.of("train", "masked_input")}
+    assert trained == {0, 1, 2, 3}
+
+
+def test_more_dropouts_than_planned_stop_the_run_with_the_release_charged(tmp_path):
+    """Two sites lost with one planned: the round aborts, nothing is released, the run
+    stops before round 1 with its ledger holding the release (charged before any share:
+    a resumed run releases anew, in its new epoch)."""
+    wire = Lose("masked_input", {1, 2})
+    run = {**SECURE, "max_dropouts": 1, "out": str(tmp_path / "run")}
+    with pytest.raises(Exception, match="pooled standardisation's secure round"):
+        run_local(run, **APPS, fault=wire)
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert sum(int(c) for *_, c in ledger["ddg"]) == 1
+    assert not wire.of("train", "masked_input")
+    assert not (tmp_path / "run" / "results.json").exists()
