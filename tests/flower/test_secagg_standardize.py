@@ -285,8 +285,8 @@ def test_a_site_that_drops_out_of_the_round_is_left_out_of_the_counts(tmp_path):
 
 def test_more_dropouts_than_planned_stop_the_run_with_the_release_charged(tmp_path):
     """Two sites lost with one planned: the round aborts, nothing is released, the run
-    stops before round 1 with its ledger holding the release (charged before any share:
-    a resumed run releases anew, in its new epoch)."""
+    stops before round 1 with its ledger holding the release (charged before any share);
+    resumed, it releases anew in its new epoch, both releases in its ledger."""
     wire = Lose("masked_input", {1, 2})
     run = {**SECURE, "max_dropouts": 1, "out": str(tmp_path / "run")}
     with pytest.raises(Exception, match="pooled standardisation's secure round"):
@@ -295,3 +295,10 @@ def test_more_dropouts_than_planned_stop_the_run_with_the_release_charged(tmp_pa
     assert sum(int(c) for *_, c in ledger["ddg"]) == 1
     assert not wire.of("train", "masked_input")
     assert not (tmp_path / "run" / "results.json").exists()
+    # resumed: a new epoch, a new release (the aborted one stays charged), then the rounds
+    run_local({**run, "resume": True}, **APPS)
+    r = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert r["privacy"]["standardization"]["sites"] == [0, 1, 2, 3]
+    releases = [c for q, _, c in json.loads((tmp_path / "run" / "ledger.json").read_text())["ddg"]
+                if q == 1.0]  # fmt: skip
+    assert releases == [2] and r["privacy"]["steps"] == 3
