@@ -122,19 +122,18 @@ def _charge(lc, server, event, sigma: float):
 
 
 def _secure(strategy: LangevinStrategy, mechanism: Mechanism, length: int, send,
-            log: Log) -> tuple[list[int], list[dict[str, Any]], torch.Tensor]:  # fmt: skip
-    """The secure round: the sites it sums (the survivors), those it does not, and the
-    noisy total of the survivors' moment sums."""
+            log: Log) -> tuple[list[int], list[dict[str, Any]], torch.Tensor, dict[str, Any]]:  # fmt: skip
+    """The secure round: the sites it sums (the survivors), those it does not, the noisy
+    total of the survivors' moment sums, and the round's cost."""
+    rounds = SecureRounds(strategy, send, pipeline=False)
     try:
-        total, survivors = SecureRounds(strategy, send, pipeline=False).standardize_sum(
-            mechanism, length=length
-        )
+        total, survivors = rounds.standardize_sum(mechanism, length=length)
     except RoundAborted as err:  # charged already: a resumed run releases anew
         raise StandardizationFailed(f"the pooled standardisation's secure round: {err}") from None
     log(f"standardize: the secure round summed sites {survivors}")
     failed = [{"site": k, "reason": "dropped out of the secure round"}
               for k in strategy.directory if k not in survivors]  # fmt: skip
-    return survivors, failed, total
+    return survivors, failed, total, rounds.summary()
 
 
 def _secure_release(lc, grid: Grid, strategy: LangevinStrategy, config: Config, d: int,
@@ -152,8 +151,9 @@ def _secure_release(lc, grid: Grid, strategy: LangevinStrategy, config: Config, 
     def send(msgs: list[Message]) -> list[Message]:
         return exchange(grid, msgs, timeout=timeout, poll=poll)
 
-    sites, failed, total = _secure(strategy, mechanism, 2 * d, send, log)
-    info = {"event": "DistributedDiscreteGaussianStep", "mechanism": mechanism.params.describe()}
+    sites, failed, total, cost = _secure(strategy, mechanism, 2 * d, send, log)
+    info = {"event": "DistributedDiscreteGaussianStep", "mechanism": mechanism.params.describe(),
+            "secure_round": cost}  # fmt: skip
     return sites, failed, total, info
 
 

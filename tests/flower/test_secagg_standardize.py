@@ -113,6 +113,10 @@ def test_the_release_is_one_secure_round_charged_to_the_run_and_to_every_site(se
     assert s["placement"] == "secure" and s["transport"] == "flower"
     assert s["event"] == "DistributedDiscreteGaussianStep"
     assert s["sites"] == [0, 1, 2, 3] and s["records"] == sum(RECORDS)
+    assert (
+        s["secure_round"]["rounds"] == 1 and s["secure_round"]["median_server_received_bytes"] > 0
+    )
+    assert r["flower"]["secure_aggregation"]["rounds"] == 3  # the training rounds alone
     # what the sites were asked: round 0 of the standardisation key, q = 1, the config's
     # sigma, clip sqrt(2 d), no pre-noise, 2 d sums, no theta at any step
     asked = [decode_secure(m.content) for m, _ in wire.seen
