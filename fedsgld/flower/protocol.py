@@ -55,8 +55,8 @@ The message types, one (node, site) pair per message (a SuperNode may host sever
 
 Each training message type has one codec here, between its typed value and its records:
 ``train`` is a :class:`fedsgld.core.plan.TrainPlan` (:func:`encode_train`,
-:func:`decode_train`), ``train.secagg`` a :class:`SecureStep` (:func:`encode_secure`,
-:func:`decode_secure`). The server encodes; the site's guard decodes once, refusing a
+:func:`decode_train`), ``train.secagg`` a :class:`~fedsgld.flower.secure_protocol.SecureStep`
+(:mod:`fedsgld.flower.secure_protocol`, built on the train plan's fields here). The server encodes; the site's guard decodes once, refusing a
 malformed record (a field of the wrong type, a field no site reads, a run config that does
 not parse), and hands the typed value to the handler (:mod:`fedsgld.flower.handoff`).
 
@@ -74,14 +74,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedsgld.clients.site_ledger import standardization_key
 from fedsgld.config import Config
 from fedsgld.core.plan import VECTOR_DTYPE, TrainPlan, unpack_vector  # noqa: F401 - re-exported
-from fedsgld.flower.secure_requests import bound_plan
-from fedsgld.secagg import SecAggPlan
-from fedsgld.secagg.driver import STEPS as SECAGG_STEPS
-from fedsgld.secagg.wire import flatten, unflatten
-from fedsgld.strategies.secure_sum import round_label
 
 QUERY = "query"
 TRAIN = "train"
@@ -206,7 +200,7 @@ TRAIN_FIELDS = ("site-id", "round", "epoch", "run-key", "sample-rate", "sigma", 
                 "clip", "local-steps", "first-step", "theta")  # fmt: skip
 
 
-def _train_fields(plan: TrainPlan) -> dict[str, Any]:
+def train_fields(plan: TrainPlan) -> dict[str, Any]:
     rec: dict[str, Any] = {} if plan.site_id is None else {"site-id": plan.site_id}
     rec |= {
         "round": plan.round,
@@ -227,7 +221,7 @@ def _train_fields(plan: TrainPlan) -> dict[str, Any]:
 
 def encode_train(plan: TrainPlan) -> RecordDict:
     """A ``train`` message's content: one ``plan`` record (module docstring)."""
-    rec = _train_fields(plan)
+    rec = train_fields(plan)
     if plan.theta is not None:
         rec["theta"] = plan.theta
     return RecordDict({"plan": plan_record(rec, run_record(plan.config))})
@@ -242,7 +236,7 @@ def _whole(rec: dict[str, Any], key: str, *, optional: bool = False) -> int | No
     return v
 
 
-def _real(rec: dict[str, Any], key: str, *, optional: bool = False) -> float | None:
+def real_field(rec: dict[str, Any], key: str, *, optional: bool = False) -> float | None:
     """A number as sent (NaN and infinities too: the site's policy judges the value)."""
     v = rec.get(key)
     if v is None and optional:
@@ -252,7 +246,9 @@ def _real(rec: dict[str, Any], key: str, *, optional: bool = False) -> float | N
     return float(v)
 
 
-def _train_plan(rec: ConfigRecord, *, extra: tuple[str, ...] = (), prefix: str = "") -> TrainPlan:
+def read_train_plan(
+    rec: ConfigRecord, *, extra: tuple[str, ...] = (), prefix: str = ""
+) -> TrainPlan:
     """The :class:`TrainPlan` in a plan record whose other fields are ``extra`` and those
     under ``prefix``; ``ValueError`` for a malformed one."""
     config = config_from_plan(rec)
@@ -277,10 +273,10 @@ def _train_plan(rec: ConfigRecord, *, extra: tuple[str, ...] = (), prefix: str =
         round=_whole(fields, "round"),
         epoch=_whole(fields, "epoch"),
         run_key=key,
-        sample_rate=_real(fields, "sample-rate"),
-        sigma=_real(fields, "sigma"),
-        prenoise=_real(fields, "prenoise"),
-        clip=_real(fields, "clip", optional=True),
+        sample_rate=real_field(fields, "sample-rate"),
+        sigma=real_field(fields, "sigma"),
+        prenoise=real_field(fields, "prenoise"),
+        clip=real_field(fields, "clip", optional=True),
         config=config,
         theta=theta,
         site_id=site_id,
@@ -294,10 +290,10 @@ def decode_train(content: RecordDict) -> TrainPlan:
     ``ValueError`` (or ``KeyError`` without a ``plan`` record) for a malformed one: a field
     of the wrong type, a field no site reads, a run config that does not parse. Whether the
     numbers are acceptable is the site's policy's to judge (:mod:`fedsgld.clients.guard`)."""
-    return _train_plan(_plan_record(content))
+    return read_train_plan(plan_record_in(content))
 
 
-def _plan_record(content: RecordDict) -> ConfigRecord:
+def plan_record_in(content: RecordDict) -> ConfigRecord:
     rec = content.get("plan")
     if not isinstance(rec, ConfigRecord):
         raise ValueError("request has no ConfigRecord 'plan'")
@@ -345,135 +341,6 @@ def decode_evaluate(content: RecordDict) -> EvaluateRequest:
         raise ValueError(f"groups must be a JSON object {{group: [indices]}}, got {groups!r}")
     config = config_from_record(content["run"])
     return EvaluateRequest(ev.get("site-id"), ev.get("run-key"), groups, content["thetas"], config)
-
-
-# -- the train.secagg message: one codec ----------------------------------------------------
-
-SECAGG_FIELDS = ("signal-norm", "secagg-step", "secagg-sites", "secagg-length", "secagg-bits",
-                 "secagg-dropouts", "secagg-colluders", "secagg-neighbours",
-                 "secagg-one-shot", "secagg-kind")  # fmt: skip
-# what a secure round sums: a training round's clipped gradient sums, or (once, before round
-# 1, ``standardize = "pooled"``) the sites' clipped moment sums of the pooled standardisation
-SECAGG_KINDS = ("train", "standardize")
-
-
-@dataclass(frozen=True)
-class SecureStep:
-    """One step of a secure-aggregation round for one site (a ``train.secagg`` message):
-    the round's :class:`TrainPlan` (theta_t only at ``masked_input``), the step, the round's
-    public :class:`~fedsgld.secagg.SecAggPlan`, the norm bound of the sum the mechanism is
-    chosen for (``signal_norm``: C times the sites' records) and the step's protocol message
-    (:mod:`fedsgld.secagg.wire`, its shape checked by the site's admission)."""
-
-    plan: TrainPlan
-    step: str
-    secagg: SecAggPlan
-    signal_norm: float | None
-    message: dict[str, Any]
-    kind: str = "train"  # or "standardize": :data:`SECAGG_KINDS`
-
-    @property
-    def round_of(self) -> tuple[str, int, int]:
-        """(key, epoch, round): what the site's ledger numbers the round by; the pooled
-        standardisation's is the run's standardisation key (one release per epoch)."""
-        if self.kind == "standardize":
-            return (standardization_key(self.plan.run_key), self.plan.epoch, 0)
-        return self.plan.round_of
-
-
-def secagg_label(run_key: str, epoch: int, rnd: int) -> bytes:
-    """The round label of a Flower secure-aggregation round: a resumed run (new epoch)
-    never repeats one."""
-    return round_label(f"{run_key}/{epoch}", rnd)
-
-
-def standardize_label(run_key: str, epoch: int) -> bytes:
-    """The label of the pooled standardisation's secure round: never a training round's."""
-    return secagg_label(standardization_key(run_key), epoch, 0)
-
-
-def secagg_fields(sp: SecAggPlan, step: str) -> dict[str, Any]:
-    """A step's public secure-aggregation plan, as ``plan`` record fields."""
-    return {
-        "secagg-step": step,
-        "secagg-sites": list(sp.sites),
-        "secagg-length": sp.length,
-        "secagg-bits": sp.bits,
-        "secagg-dropouts": sp.max_dropouts,
-        "secagg-colluders": sp.max_colluders,
-        "secagg-neighbours": sp.neighbours,
-        "secagg-one-shot": sp.one_shot,
-    }
-
-
-def secagg_plan(
-    rec: Any, *, run_key: str, epoch: int, rnd: int, label: bytes | None = None
-) -> SecAggPlan:
-    """The round's :class:`SecAggPlan` from a ``train.secagg`` plan record (``ValueError``,
-    ``TypeError`` or ``KeyError`` for a malformed one); its label ``label``, else training
-    round ``rnd``'s."""
-    sites = rec["secagg-sites"]
-    names = ("secagg-length", "secagg-bits", "secagg-dropouts", "secagg-colluders",
-             "secagg-neighbours")  # fmt: skip
-    ints = [rec[k] for k in names]
-    if not isinstance(sites, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in [*sites, *ints]
-    ):
-        raise TypeError(
-            "secagg-sites, -length, -bits, -dropouts, -colluders, -neighbours must be integers"
-        )
-    length, bits, dropouts, colluders, neighbours = ints
-    one_shot = rec["secagg-one-shot"]
-    if not isinstance(one_shot, bool):
-        raise TypeError("secagg-one-shot must be true or false")
-    return SecAggPlan(
-        round_label=label or secagg_label(run_key, epoch, rnd), sites=tuple(sites), length=length,
-        bits=bits, max_dropouts=dropouts, max_colluders=colluders, neighbours=neighbours,
-        one_shot=one_shot,
-    )  # fmt: skip
-
-
-def encode_secure(step: SecureStep) -> RecordDict:
-    """A ``train.secagg`` message's content: one ``plan`` record (module docstring)."""
-    p = step.plan
-    rec = _train_fields(p)
-    rec |= {"signal-norm": step.signal_norm, **secagg_fields(step.secagg, step.step)}
-    rec["secagg-kind"] = step.kind
-    if step.signal_norm is None:
-        del rec["signal-norm"]
-    if p.theta is not None:
-        rec["theta"] = p.theta
-    rec |= flatten(step.message, SECAGG_PREFIX)
-    return RecordDict({"plan": plan_record(rec, run_record(p.config))})
-
-
-def decode_secure(content: RecordDict) -> SecureStep:
-    """The :class:`SecureStep` a ``train.secagg`` message carries (:func:`encode_secure`);
-    ``ValueError``, ``TypeError`` or ``KeyError`` for a malformed one. The step's name is
-    one of the protocol's; its message's shape is the step's admission's to check."""
-    rec = _plan_record(content)
-    plan = _train_plan(rec, extra=SECAGG_FIELDS, prefix=SECAGG_PREFIX)
-    step = rec.get("secagg-step")
-    if step not in SECAGG_STEPS:
-        raise ValueError(f"secagg-step {step!r} refused: must be one of {', '.join(SECAGG_STEPS)}")
-    kind = rec.get("secagg-kind", "train")
-    if kind not in SECAGG_KINDS:
-        raise ValueError(f"secagg-kind {kind!r} refused: must be one of {', '.join(SECAGG_KINDS)}")
-    label = None
-    if kind == "standardize":  # one round, no parameters: its own label
-        if plan.round != 0 or plan.theta is not None:
-            raise ValueError("a standardisation round is round 0 and carries no theta")
-        label = standardize_label(plan.run_key, plan.epoch)
-    sp = secagg_plan(rec, run_key=plan.run_key, epoch=plan.epoch, rnd=plan.round, label=label)
-    norm = _real(dict(rec.items()), "signal-norm", optional=True)
-    return SecureStep(
-        plan=plan,
-        step=step,
-        secagg=bound_plan(sp, plan, norm),  # the mechanism the request's numbers make
-        signal_norm=norm,
-        message=unflatten(rec, SECAGG_PREFIX),
-        kind=kind,
-    )
 
 
 # -- the query.standardize message: one codec --------------------------------------------------

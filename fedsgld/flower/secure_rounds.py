@@ -66,16 +66,14 @@ import torch
 from flwr.app import Message, RecordDict
 
 from fedsgld.core.plan import RoundPlan, TrainPlan
-from fedsgld.flower.protocol import (
-    SECAGG,
+from fedsgld.flower.protocol import SECAGG, config_from_record, pack_vector
+from fedsgld.flower.replies import check_secagg_reply
+from fedsgld.flower.secure_protocol import (
     SecureStep,
-    config_from_record,
     encode_secure,
-    pack_vector,
     secagg_label,
     standardize_label,
 )
-from fedsgld.flower.replies import check_secagg_reply
 from fedsgld.flower.secure_requests import next_plan
 from fedsgld.flower.strategy import LangevinStrategy
 from fedsgld.privacy.distributed import DDGParameters

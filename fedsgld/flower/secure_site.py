@@ -23,7 +23,7 @@ its admission (:func:`secagg_door`) checks, in order:
    charges to the site's ledger before the handler runs.
 
 The handler (:func:`handle_secagg`) computes from what the guard admitted (the decoded
-:class:`~fedsgld.flower.protocol.SecureStep`, the site, and at ``masked_input`` the checked
+:class:`~fedsgld.flower.secure_protocol.SecureStep`, the site, and at ``masked_input`` the checked
 training request and the charge's receipt: :mod:`fedsgld.flower.handoff`). It plays the
 site's :class:`~fedsgld.secagg.SiteParty`, which signs its round keys and the survivor set
 it is shown with the site's long-term key, refuses a roster with an unauthenticated entry
@@ -41,7 +41,7 @@ round t's ``consistency`` (its keys advertised) and kept beside round t's; at ro
 ``share_keys`` on the roster the request carries. The ledger refuses a second
 ``masked_input`` for a round (replay numbering), so no round draws two shares.
 
-A round of kind ``standardize`` (:attr:`fedsgld.flower.protocol.SecureStep.kind`: the
+A round of kind ``standardize`` (:attr:`fedsgld.flower.secure_protocol.SecureStep.kind`: the
 pooled standardisation's one release at the ``secure`` placement, before round 1) passes
 the same door, with the request checked at EVERY step (the site signs keys for no other
 release): no next round, the checks of every pooled request
@@ -85,7 +85,7 @@ from fedsgld.flower.guard import (
     request_record,
 )
 from fedsgld.flower.handoff import admitted
-from fedsgld.flower.protocol import SecureStep, decode_secure, secagg_label
+from fedsgld.flower.secure_protocol import SecureStep, decode_secure, secagg_label
 from fedsgld.flower.secure_requests import next_plan, step_message
 from fedsgld.flower.site_runtime import SiteRuntime, site_runtime
 from fedsgld.privacy.distributed import DDGParameters, choose_ddg, padded_dimension

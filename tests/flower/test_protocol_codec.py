@@ -12,17 +12,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from fedsgld.config import Config
 from fedsgld.core.plan import RoundPlan, TrainPlan
 from fedsgld.flower.protocol import (
-    SecureStep,
     decode_evaluate,
-    decode_secure,
     decode_train,
     encode_evaluate,
-    encode_secure,
     encode_train,
     pack_vector,
     run_record,
-    secagg_label,
 )
+from fedsgld.flower.secure_protocol import SecureStep, decode_secure, encode_secure, secagg_label
 from fedsgld.secagg import Mechanism, SecAggPlan
 
 CONFIG = Config.from_flat({"dataset": "synthetic", "model": "mlp", "sites": 3, "seed": 5})

@@ -18,7 +18,8 @@ from fedsgld.config import load_config
 from fedsgld.federation import Federation
 from fedsgld.flower.guard import LEDGER_STATE
 from fedsgld.flower.local_grid import run_local
-from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.protocol import SECAGG
+from fedsgld.flower.secure_protocol import secagg_plan
 from fedsgld.flower.secure_site import STATE
 from fedsgld.privacy.distributed import ddg_epsilon
 from fedsgld.secagg import RoundAborted, identity

@@ -18,7 +18,8 @@ from test_secagg_flower import SMALL, EditReply, Wire, _ddg_rounds, _ledgers, _r
 
 from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
-from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.protocol import SECAGG
+from fedsgld.flower.secure_protocol import secagg_plan
 from fedsgld.flower.secure_site import STATE, STATE_NEXT
 from fedsgld.secagg import RoundAborted
 from fedsgld.secagg.crypto import modulus_mask

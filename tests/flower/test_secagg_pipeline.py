@@ -17,7 +17,7 @@ from test_secagg_flower import SMALL, EditReply, Wire, _resend, _run
 
 from fedsgld.apps import APPS
 from fedsgld.flower.local_grid import run_local
-from fedsgld.flower.protocol import secagg_plan
+from fedsgld.flower.secure_protocol import secagg_plan
 from fedsgld.flower.secure_site import STATE, STATE_NEXT
 from fedsgld.secagg import RoundAborted
 from fedsgld.secagg.crypto import mask, modulus_mask

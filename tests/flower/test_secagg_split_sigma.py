@@ -12,7 +12,8 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from test_secagg_flower import Wire, _ddg_rounds, _ledgers, _run
 
-from fedsgld.flower.protocol import SECAGG, secagg_plan
+from fedsgld.flower.protocol import SECAGG
+from fedsgld.flower.secure_protocol import secagg_plan
 from fedsgld.privacy.distributed import choose_ddg
 from fedsgld.secagg.crypto import modulus_mask
 from fedsgld.secagg.wire import flatten, unflatten

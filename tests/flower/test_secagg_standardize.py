@@ -37,7 +37,8 @@ from fedsgld.config import Config  # noqa: E402
 from fedsgld.config.checks import encode_stats  # noqa: E402
 from fedsgld.data.standardize import sensitivity  # noqa: E402
 from fedsgld.flower.local_grid import run_local  # noqa: E402
-from fedsgld.flower.protocol import SECAGG, decode_secure  # noqa: E402
+from fedsgld.flower.protocol import SECAGG  # noqa: E402
+from fedsgld.flower.secure_protocol import decode_secure  # noqa: E402
 from fedsgld.privacy.distributed import ddg_epsilon, padded_dimension  # noqa: E402
 from fedsgld.run.standardization import release_mechanism  # noqa: E402
 from fedsgld.secagg import identity  # noqa: E402

@@ -66,8 +66,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from fedsgld.config import Config
 from fedsgld.core.plan import TrainPlan
-from fedsgld.flower.protocol import (SECAGG, SecureStep, encode_secure, pack_vector,
-                                     plan_record, run_record, secagg_label)
+from fedsgld.flower.protocol import SECAGG, pack_vector, plan_record, run_record
+from fedsgld.flower.secure_protocol import SecureStep, encode_secure, secagg_label
 from fedsgld.pate.flower import pate_config_from_run_config, pate_record
 from fedsgld.privacy.distributed import choose_ddg, padded_dimension
 from fedsgld.secagg import SecAggPlan
