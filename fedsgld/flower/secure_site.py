@@ -398,11 +398,10 @@ def _standardize_request(r: _Request) -> Standardizing:
 def _standardizing(r: _Request, creds: Credentials) -> tuple[DDGParameters, float, _Request]:
     """The standardisation round's masked_input (its request checked at every step): the
     mechanism as the site builds it for its 2 d moment sums."""
-    s = r.standardizing
     params = site_mechanism(
         r, creds, clip=sensitivity(r.dimension() // 2), sigma=r.secure.plan.sigma, sample_rate=1.0
     )
-    return params, 1.0, replace(r, standardizing=s)
+    return params, 1.0, r
 
 
 def _masked_input(
