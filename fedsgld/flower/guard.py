@@ -279,7 +279,7 @@ def _standardize(msg: Message, context: Context) -> Admission:
     as one release of a run key and epoch (a second is a replay), noised here at the
     ``sites`` placement; a non-private run's exact sums only where the policy allows them.
     (At the ``secure`` placement the release is a secure round instead:
-    :mod:`fedsgld.flower.secure_site`.)"""
+    :mod:`fedsgld.flower.secure_door`.)"""
     req = decode_standardize(msg.content)  # the one decoding of the message
     config = req.config
     runtime = site_runtime(context, config)

@@ -3,7 +3,7 @@ message type): a :class:`SecureStep` is one step of a secure-aggregation round f
 site, its record the train plan's fields (:func:`fedsgld.flower.protocol.train_fields`)
 plus the round's public plan and the step's protocol message. The server encodes
 (:func:`encode_secure`); the site's door decodes once (:func:`decode_secure`), refusing a
-malformed record, and checks the rest against its policy (:mod:`fedsgld.flower.secure_site`).
+malformed record, and checks the rest against its policy (:mod:`fedsgld.flower.secure_door`).
 A round's kind is ``train`` (a training round's clipped gradient sums) or ``standardize``
 (the pooled standardisation's one release at the ``secure`` placement, its own label).
 """

@@ -1,5 +1,5 @@
 """The shapes of the protocol messages a ``train.secagg`` request may carry, as the site's
-door checks them (:func:`fedsgld.flower.secure_site.secagg_door`) before anything else
+door checks them (:func:`fedsgld.flower.secure_door.secagg_door`) before anything else
 reads them: site ids as keys, 32-byte public keys, 64-byte signatures, bytes for
 ciphertexts, lists of site ids for survivor sets. A message of another shape is a
 ``ValueError``, which the door turns into a refusal.
