@@ -24,8 +24,8 @@ The message types, one (node, site) pair per message (a SuperNode may host sever
               every deployed round.
 ``train.secagg``  server -> node, one step of a secure-aggregation round
               (``secure_aggregation = true``; :mod:`fedsgld.flower.secure_rounds`,
-              :mod:`fedsgld.flower.secure_door`, :mod:`fedsgld.flower.secure_site`), one message per site: ``plan`` (the
-              train plan's fields and run config, without ``theta`` except at the
+              :mod:`fedsgld.flower.secure_door`, :mod:`fedsgld.flower.secure_site`), one
+              message per site: ``plan`` (the train plan's fields and run config, without ``theta`` except at the
               ``masked_input`` step, plus the round's public secure-aggregation plan:
               ``secagg-step``, ``secagg-sites``, ``secagg-length``, ``secagg-bits``,
               ``secagg-dropouts``, ``secagg-colluders``, ``secagg-neighbours``,
