@@ -18,7 +18,7 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedsgld.config import Config
-from fedsgld.flower.exchange import discover, exchange
+from fedsgld.flower.exchange import asked_node, discover, exchange
 from fedsgld.flower.protocol import QUERY, run_record
 from fedsgld.flower.strategy import LangevinStrategy, SiteEntry
 from fedsgld.strategies.placement import PLACEMENT_SETTINGS
@@ -114,9 +114,10 @@ def rejoin_sites(
         return []
     asked.update(new)
     ask = _query(config)
+    msgs = [ask(n) for n in new]
     back: list[dict[str, int]] = []
-    for r in exchange(grid, [ask(n) for n in new], timeout=timeout, poll=poll):
-        node = int(r.metadata.src_node_id)
+    for r in exchange(grid, msgs, timeout=timeout, poll=poll):
+        node = asked_node(r, msgs)
         try:
             if r.has_error():
                 raise ValueError(str(r.error.reason or "")[-300:])
@@ -132,6 +133,7 @@ def rejoin_sites(
                 log(f"node {node} hosts site {site} with other public sizes; not rejoined")
                 continue
             strategy.directory[site] = entry
+            asked.add(old.node_id)  # the node it left is never asked again
             missing.discard(site)
             back.append({"round": strategy.server.t, "site": site, "node": node})
             log(f"site {site} rejoined at node {node} (was node {old.node_id})")

@@ -144,6 +144,16 @@ def exchange(
     return replies
 
 
+def asked_node(reply: Message, sent: list[Message]) -> int:
+    """The node that ``reply`` answers for: the one its message was sent to. An error
+    reply the SuperLink makes itself (a node that stopped sending heartbeats) names the
+    SuperLink as its source, not the node."""
+    for m in sent:
+        if m.metadata.message_id == reply.metadata.reply_to_message_id:
+            return int(m.metadata.dst_node_id)
+    return int(reply.metadata.src_node_id)
+
+
 def discover(
     grid: Grid,
     *,
@@ -171,10 +181,11 @@ def discover(
         new = sorted(set(grid.get_node_ids()) - asked)
         if new:
             left = max(deadline - time.monotonic(), 1.0)
-            replies = exchange(grid, [message(n) for n in new], timeout=left, poll=poll)
+            msgs = [message(n) for n in new]
+            replies = exchange(grid, msgs, timeout=left, poll=poll)
             asked.update(new)
             for r in replies:
-                node = int(r.metadata.src_node_id)
+                node = asked_node(r, msgs)
                 if r.has_error():
                     errors[node] = str(r.error.reason or "")[-500:]
                     log(f"node {node} could not prepare its sites: {errors[node]}")
@@ -211,6 +222,7 @@ __all__ = [
     "DISCOVERY_POLL_S",
     "ReplyPacer",
     "SitesUnavailable",
+    "asked_node",
     "discover",
     "exchange",
     "polls_are_requests",

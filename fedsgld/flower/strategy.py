@@ -195,7 +195,9 @@ class LangevinStrategy(Strategy):
             try:
                 value = check(msg, entry)
             except ReplyRejected as err:
-                self._drop(rnd, kind, entry.site if entry else None, source_node(msg), str(err))
+                # the node asked (an error reply the SuperLink makes names itself as source)
+                node = entry.node_id if entry else source_node(msg)
+                self._drop(rnd, kind, entry.site if entry else None, node, str(err))
             else:
                 good[entry.site] = value
             if entry is not None:

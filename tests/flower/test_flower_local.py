@@ -16,6 +16,7 @@ import pytest
 import torch
 from flower_support import ROOT, SMALL
 from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 
 from fedsgld import engine
 from fedsgld.apps import APPS
@@ -349,6 +350,7 @@ def zero_reply_run(tmp_path_factory):
         ("extra-record", "reply records"),
         ("wrong-site", "was asked for site 1"),
         ("error", "error reply"),
+        ("unavailable", "Node Unavailable"),
         ("lost", "no reply"),
     ],
 )
@@ -357,13 +359,14 @@ def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(
 ):
     """Site 1's reply in round 5 is bad: it is dropped with a logged reason, the run goes
     on, and the step equals one where site 1 sent an all-zero sum (no record sampled)."""
-    size = {}
+    size, asked = {}, {}
 
     def bad(ins, reply):
         if _site(ins, reply) != 1 or _round(ins) != 5:
             return reply
         s = _sum(reply)
         size["p"] = s.size
+        asked["node"] = ins.metadata.dst_node_id
         if kind == "nan":
             return _replace_sum(ins, reply, np.full_like(s, np.nan))
         if kind == "shape":
@@ -380,6 +383,10 @@ def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(
             return m
         if kind == "error":
             return Message(Error(2, "Traceback: RuntimeError: disk full"), reply_to=ins)
+        if kind == "unavailable":  # as the SuperLink answers for a node without heartbeats:
+            m = Message(Error(5, "Node Unavailable"), reply_to=ins)
+            m.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID  # it is the source
+            return m
         return None  # lost
 
     # a lost reply is waited for until round-timeout, then dropped; min_sites 2 lets the
@@ -390,6 +397,7 @@ def test_a_bad_reply_is_dropped_as_if_the_site_sampled_nothing(
     drops = r["flower"]["dropped_replies"]
     assert len(drops) == 1 and drops[0]["round"] == 5 and drops[0]["kind"] == "train"
     assert reason in drops[0]["reason"]
+    assert drops[0]["site"] == 1 and drops[0]["node_id"] == asked["node"]  # the node asked
     assert r["privacy"]["steps"] == 12 and r["privacy"]["ledger_steps"] == 12
     assert r["privacy"]["ledger"] == _results(ref)["privacy"]["ledger"]
     assert torch.equal(_theta(out)["theta"], _theta(ref)["theta"])
