@@ -154,6 +154,32 @@ def asked_node(reply: Message, sent: list[Message]) -> int:
     return int(reply.metadata.src_node_id)
 
 
+def _hosted(
+    r: Message,
+    node: int,
+    sites: int,
+    entries: Callable[[Message], list[tuple[int, Any]]],
+    errors: dict[int, str],
+    log: Callable[[str], None],
+) -> list[tuple[int, Any]]:
+    """The (site, entry) pairs of ``node``'s answer ``r``; none where it is an error or
+    bad (recorded in ``errors`` and logged against the node)."""
+    if r.has_error():
+        errors[node] = str(r.error.reason or "")[-500:]
+        log(f"node {node} could not prepare its sites: {errors[node]}")
+        return []
+    try:
+        pairs = entries(r)
+        for site, _ in pairs:
+            if not 0 <= site < sites:
+                raise ValueError(f"site {site} is not in 0..{sites - 1}")
+    except (KeyError, TypeError, ValueError) as err:
+        errors[node] = f"bad query reply: {err}"
+        log(f"node {node}: {errors[node]}")
+        return []
+    return pairs
+
+
 def discover(
     grid: Grid,
     *,
@@ -186,19 +212,7 @@ def discover(
             asked.update(new)
             for r in replies:
                 node = asked_node(r, msgs)
-                if r.has_error():
-                    errors[node] = str(r.error.reason or "")[-500:]
-                    log(f"node {node} could not prepare its sites: {errors[node]}")
-                    continue
-                try:
-                    pairs = entries(r)
-                    for site, _ in pairs:
-                        if site not in want:
-                            raise ValueError(f"site {site} is not in 0..{sites - 1}")
-                except (KeyError, TypeError, ValueError) as err:
-                    errors[node] = f"bad query reply: {err}"
-                    log(f"node {node}: {errors[node]}")
-                    continue
+                pairs = _hosted(r, node, sites, entries, errors, log)
                 for site, entry in pairs:
                     if site in found:
                         raise ValueError(

@@ -310,7 +310,8 @@ def _private_release(
         )
     guard.check_placement(policy, site.site_id, p.placement)
     request, sigma = private_standardizing(policy, site, config)
-    delta = sensitivity(int(site.x_train.shape[1]))
+    d = int(site.x_train.shape[1])
+    delta = sensitivity(d)
     at_site = p.placement == "sites"
     return Admission(
         policy,
@@ -318,7 +319,7 @@ def _private_release(
         # the noise the site adds, or (server placement, deployed) the noise it is promised
         event=GaussianRelease(sigma, delta) if at_site or not policy.simulated else None,
         round_of=round_of,
-        noise_shape=(2 * int(site.x_train.shape[1]),) if at_site else None,
+        noise_shape=(2 * d,) if at_site else None,
         noise_std=sigma * delta,
         run_secure=config.run.secure,
         release=release.moments,
