@@ -86,11 +86,17 @@ def discover_sites(
     return directory
 
 
+#: a node new to the run that gives no usable answer (none before the round timeout: a
+#: restarted SuperNode's first task starts a cold interpreter; or an error) is asked again
+#: at the next rounds that miss a site, this many times in all
+REJOIN_TRIES = 3
+
+
 def rejoin_sites(
     grid: Grid,
     config: Config,
     strategy: LangevinStrategy,
-    asked: set[int],
+    asked: dict[int, int],
     *,
     timeout: float,
     poll: float,
@@ -100,31 +106,38 @@ def rejoin_sites(
 
     A SuperNode that crashed and was started again registers as a new node: the sites
     that did not answer the last round are looked for among the nodes new to the run
-    (each asked once, with ``query``), and a site is bound to its new node only where
-    everything public about it (sizes, classes, input shape, placements) is what it was
-    discovered with. Nothing is asked while every site answers. Returns one
-    ``{"round", "site", "node"}`` per site that rejoined.
+    (asked with ``query`` until one answers, at most :data:`REJOIN_TRIES` times each;
+    ``asked`` counts the tries per node across rounds), and a site is bound to its new
+    node only where everything public about it (sizes, classes, input shape, placements)
+    is what it was discovered with. Nothing is asked while every site answers. Returns
+    one ``{"round", "site", "node"}`` per site that rejoined.
     """
     missing = set(strategy.directory) - set(strategy.last_train_sites)
     if not missing or not strategy.last_train_sites:
         return []
-    known = {e.node_id for e in strategy.directory.values()} | asked
-    new = sorted(set(grid.get_node_ids()) - known)
+    done = {n for n, tries in asked.items() if tries >= REJOIN_TRIES}
+    new = sorted(set(grid.get_node_ids()) - {e.node_id for e in strategy.directory.values()} - done)
     if not new:
         return []
-    asked.update(new)
+    for n in new:
+        asked[n] = asked.get(n, 0) + 1
     ask = _query(config)
     msgs = [ask(n) for n in new]
     back: list[dict[str, int]] = []
+    silent = set(new)
     for r in exchange(grid, msgs, timeout=timeout, poll=poll):
         node = asked_node(r, msgs)
+        silent.discard(node)
         try:
             if r.has_error():
                 raise ValueError(str(r.error.reason or "")[-300:])
             pairs = _entries(r)
         except (KeyError, TypeError, ValueError) as err:
-            log(f"node {node} (new to the run) could not say which sites it hosts: {err}")
+            log(
+                f"node {node} (new to the run) could not say which sites it hosts: {err}{_again(asked, node)}"
+            )
             continue
+        asked[node] = REJOIN_TRIES  # it answered: never asked again
         for site, entry in pairs:
             old = strategy.directory.get(site)
             if site not in missing or old is None:
@@ -133,11 +146,24 @@ def rejoin_sites(
                 log(f"node {node} hosts site {site} with other public sizes; not rejoined")
                 continue
             strategy.directory[site] = entry
-            asked.add(old.node_id)  # the node it left is never asked again
+            asked[old.node_id] = REJOIN_TRIES  # the node it left is never asked again
             missing.discard(site)
             back.append({"round": strategy.server.t, "site": site, "node": node})
             log(f"site {site} rejoined at node {node} (was node {old.node_id})")
+    for node in sorted(silent):
+        log(
+            f"node {node} (new to the run) did not answer within {timeout:g} s{_again(asked, node)}"
+        )
     return back
+
+
+def _again(asked: dict[int, int], node: int) -> str:
+    left = REJOIN_TRIES - asked[node]
+    return (
+        f"; asked again at the next round ({left} more time(s))"
+        if left > 0
+        else "; not asked again"
+    )
 
 
 class PlacementRefused(ValueError):
@@ -167,4 +193,10 @@ def check_placements(directory: dict[int, SiteEntry], config: Config) -> None:
             )
 
 
-__all__ = ["PlacementRefused", "check_placements", "discover_sites", "rejoin_sites"]
+__all__ = [
+    "REJOIN_TRIES",
+    "PlacementRefused",
+    "check_placements",
+    "discover_sites",
+    "rejoin_sites",
+]

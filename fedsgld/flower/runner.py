@@ -97,7 +97,7 @@ class _Exchanges:
     ) -> None:
         self.grid, self.strategy, self.pacer, self.config = grid, strategy, pacer, config
         self.rejoined: list[dict[str, int]] = []  # sites bound to a new node after a crash
-        self._asked: set[int] = set()
+        self._asked: dict[int, int] = {}  # node new to the run -> times asked (rejoin_sites)
         self.server = strategy.server
         self.timeout, self.poll = opts["round-timeout"], opts["poll-interval"]
         self.secure = SecureRounds(

@@ -27,6 +27,7 @@ from flwr.serverapp import ServerApp
 from fedsgld.apps import APPS
 from fedsgld.config import load_config
 from fedsgld.deploy.loopback import site_node_configs
+from fedsgld.flower.directory import REJOIN_TRIES
 from fedsgld.flower.local_grid import run_local
 from fedsgld.flower.strategy import AllSitesFailed, TooFewSites
 
@@ -229,11 +230,13 @@ def test_the_deploy_command_exits_non_zero_for_a_failed_run(flower_tmp):
 # -- a site's node restarted: the site rejoins ------------------------------------------------
 
 
-def _restarting_grid(tmp_path, *, other_sizes: bool = False):
+def _restarting_grid(tmp_path, *, other_sizes: bool = False, silent: int = 0, queries=None):
     """A LocalGrid whose node of site 1 "crashes" while it answers round 3 (its reply is lost)
     and comes back as a new node (a new id, its node config, fresh state), as a SuperNode
     started again registers anew. ``other_sizes``: the new node's query reply publishes
-    other sizes for site 1."""
+    other sizes for site 1; ``silent``: its first so many query replies are lost (a
+    restarted node's first task runs cold and may miss the round timeout). ``queries``: a
+    list that gets the round of every query the new node is sent."""
     from flwr.app import ConfigRecord, Context, RecordDict
 
     from fedsgld.flower.local_grid import SUPERLINK_NODE_ID, LocalGrid, _app
@@ -241,8 +244,16 @@ def _restarting_grid(tmp_path, *, other_sizes: bool = False):
     run = {**SMALL, "out": str(tmp_path / "out"), "min_sites": 2, "round-timeout": 0.5}
     ncs = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
     grid: LocalGrid
+    grid_round = [0]  # the round of the last train message
+    asks = [] if queries is None else queries  # the round of each query to the new node
 
     def fault(ins: Message, reply: Message):
+        if ins.metadata.message_type == "query" and ins.metadata.dst_node_id == 7:
+            asks.append(grid_round[0])
+            if len(asks) <= silent:
+                return None
+        if ins.metadata.message_type == "train":
+            grid_round[0] = _round(ins)
         if ins.metadata.message_type == "query" and other_sizes and ins.metadata.dst_node_id == 7:
             entries = json.loads(str(reply.content["sites"]["json"]))
             entries[0]["n_train"] += 1
@@ -275,6 +286,27 @@ def test_a_site_whose_node_restarts_rejoins_at_the_next_round(tmp_path):
         {"rounds": [4, 11], "sites": [0, 1, 2]},
     ]
     assert r["flower"]["nodes"]["1"] == 7
+
+
+def test_a_restarted_node_that_misses_its_first_query_is_asked_again(tmp_path):
+    """The new node's answer to the first query is lost (its first task ran cold past the
+    round timeout): it is asked again at the next round, and its site rejoins then."""
+    queries: list[int] = []
+    r = _restarting_grid(tmp_path, silent=1, queries=queries)
+    assert queries == [3, 4]  # before rounds 4 and 5 (the last train message: rounds 3, 4)
+    assert r["flower"]["rejoined"] == [{"round": 5, "site": 1, "node": 7}]
+    assert r["round_contributors"] == [
+        {"rounds": [0, 2], "sites": [0, 1, 2]},
+        {"rounds": [3, 4], "sites": [0, 2]},
+        {"rounds": [5, 11], "sites": [0, 1, 2]},
+    ]
+
+
+def test_a_new_node_that_never_answers_is_asked_a_bounded_number_of_times(tmp_path):
+    queries: list[int] = []
+    r = _restarting_grid(tmp_path, silent=REJOIN_TRIES, queries=queries)
+    assert len(queries) == REJOIN_TRIES and r["flower"]["rejoined"] == []
+    assert r["round_contributors"][-1] == {"rounds": [3, 11], "sites": [0, 2]}
 
 
 def test_a_new_node_that_publishes_other_sizes_does_not_take_the_site(tmp_path):

@@ -115,12 +115,25 @@ class Sites:
             assert problem is None and n > 0, (pol, problem)
 
 
-def _when(cond, what: str, timeout: float = 600.0, every: float = 0.005) -> None:
+def _when(cond, what: str, timeout: float = 600.0, every: float = 0.005, run=None, logs=()):
+    """Wait for ``cond``; an AssertionError after ``timeout`` s, or at once when ``run``
+    (a :class:`Submitted`) has ended, with the run's own log lines and the tails of
+    ``logs`` (what the next reader needs to see why)."""
     end = time.monotonic() + timeout
     while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"no {what} after {timeout:g} s")
+        ended = run is not None and run.proc.poll() is not None
+        if ended or time.monotonic() > end:
+            why = "the run ended" if ended else f"{timeout:g} s"
+            shown = [] if run is None else [run.log, *logs]
+            raise AssertionError(f"no {what} ({why})\n" + "\n".join(map(_tail, shown)))
         time.sleep(every)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    """The run's ``[fedsgld]`` lines, or the last ``lines`` lines, of the log ``path``."""
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    own = [t for t in text if "[fedsgld]" in t]
+    return f"--- {path.name}\n" + "\n".join((own or text)[-lines:])
 
 
 def _contributors(r: dict[str, Any]) -> dict[int, list[int]]:
@@ -149,11 +162,16 @@ def test_a_killed_and_a_stopped_site_are_charged_once_and_the_run_goes_on(tmp_pa
         _when(lambda: sites.charged(3, 1), "charge of site 3 in round 1")
         lo.procs.signal("supernode-3", signal.SIGKILL)
         lo.procs.restart("supernode-3")
-        _when(lambda: any(t > 1 for t in sites.rounds(3, "charged")), "site 3 on its new node")
+        _when(
+            lambda: any(t > 1 for t in sites.rounds(3, "charged")),
+            "site 3 on its new node",
+            run=run,
+            logs=[lo.root / "supernode-3.log"],
+        )
         stop = min(t for t in sites.rounds(3, "charged") if t > 1) + 1
         # rounds are numbered from 0: a round after the stopped one must be left
         assert stop < run_cfg["rounds"] - 1, f"site 3 came back only in round {stop - 1}"
-        _when(lambda: sites.charged(1, stop), f"charge of site 1 in round {stop}")
+        _when(lambda: sites.charged(1, stop), f"charge of site 1 in round {stop}", run=run)
         lo.procs.signal("supernode-1", signal.SIGSTOP)
         time.sleep(TIMEOUT + 5.0)
         lo.procs.signal("supernode-1", signal.SIGCONT)
