@@ -119,25 +119,8 @@ def rejoin_sites(
     new = sorted(set(grid.get_node_ids()) - {e.node_id for e in strategy.directory.values()} - done)
     if not new:
         return []
-    for n in new:
-        asked[n] = asked.get(n, 0) + 1
-    ask = _query(config)
-    msgs = [ask(n) for n in new]
     back: list[dict[str, int]] = []
-    silent = set(new)
-    for r in exchange(grid, msgs, timeout=timeout, poll=poll):
-        node = asked_node(r, msgs)
-        silent.discard(node)
-        try:
-            if r.has_error():
-                raise ValueError(str(r.error.reason or "")[-300:])
-            pairs = _entries(r)
-        except (KeyError, TypeError, ValueError) as err:
-            log(
-                f"node {node} (new to the run) could not say which sites it hosts: {err}{_again(asked, node)}"
-            )
-            continue
-        asked[node] = REJOIN_TRIES  # it answered: never asked again
+    for node, pairs in _answers(grid, config, new, asked, timeout=timeout, poll=poll, log=log):
         for site, entry in pairs:
             old = strategy.directory.get(site)
             if site not in missing or old is None:
@@ -150,20 +133,45 @@ def rejoin_sites(
             missing.discard(site)
             back.append({"round": strategy.server.t, "site": site, "node": node})
             log(f"site {site} rejoined at node {node} (was node {old.node_id})")
-    for node in sorted(silent):
-        log(
-            f"node {node} (new to the run) did not answer within {timeout:g} s{_again(asked, node)}"
-        )
     return back
 
 
-def _again(asked: dict[int, int], node: int) -> str:
-    left = REJOIN_TRIES - asked[node]
-    return (
-        f"; asked again at the next round ({left} more time(s))"
-        if left > 0
-        else "; not asked again"
-    )
+def _answers(
+    grid: Grid,
+    config: Config,
+    nodes: list[int],
+    asked: dict[int, int],
+    *,
+    timeout: float,
+    poll: float,
+    log: Callable[[str], None],
+) -> list[tuple[int, list[tuple[int, SiteEntry]]]]:
+    """Ask ``nodes`` (new to the run) which sites they host: (node, its (site, entry)
+    pairs) for each usable answer. Each try is counted in ``asked``; a node that answered
+    is never asked again, one that did not (silent, an error or a bad answer) is logged
+    with the tries it has left."""
+    msgs = [_query(config)(n) for n in nodes]
+    for n in nodes:
+        asked[n] = asked.get(n, 0) + 1
+    out, problems = [], dict.fromkeys(nodes, f"did not answer within {timeout:g} s")
+    for r in exchange(grid, msgs, timeout=timeout, poll=poll):
+        node = asked_node(r, msgs)
+        try:
+            if r.has_error():
+                raise ValueError(str(r.error.reason or "")[-300:])
+            out.append((node, _entries(r)))
+        except (KeyError, TypeError, ValueError) as err:
+            problems[node] = f"could not say which sites it hosts: {err}"
+            continue
+        asked[node] = REJOIN_TRIES  # it answered: never asked again
+        problems.pop(node, None)
+    for node, problem in sorted(problems.items()):
+        left = REJOIN_TRIES - asked.get(node, REJOIN_TRIES)
+        again = (
+            f"asked again at the next round ({left} more time(s))" if left else "not asked again"
+        )
+        log(f"node {node} (new to the run) {problem}; {again}")
+    return out
 
 
 class PlacementRefused(ValueError):
